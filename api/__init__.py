@@ -1,0 +1,1 @@
+"""Adapters over the library facade: the ``tracelake`` command line (and, later, the REST API)."""

@@ -1,0 +1,299 @@
+"""The ``tracelake`` command: a thin adapter over :class:`tracelake.warehouse.Warehouse`.
+
+Every command maps :class:`TracelakeError` to a one-line message and an exit code
+in one place (:func:`_errors`); no traceback reaches the user for bad input.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, ParamSpec, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
+from tracelake.analysis import overview
+from tracelake.warehouse import IngestResult, Settings, TracelakeError, Warehouse
+from tracelake.warehouse.results import QueryResult
+from tracelake.warehouse.store import parse_labels
+
+from .output import OutputFormat, to_csv, to_json, to_table
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+app = typer.Typer(
+    name="tracelake",
+    help="Ingest ML training and inference traces (PyTorch profiler, ...) into a Parquet + DuckDB "
+    "warehouse and find where the time goes.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+console = Console()
+err_console = Console(stderr=True)
+
+HomeOption = Annotated[
+    Path | None,
+    typer.Option("--home", envvar="TRACELAKE_HOME", help="Warehouse directory [default: ~/.tracelake].",
+                 show_default=False),
+]
+FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")]
+
+
+def _errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """Turn tracelake errors into a message on stderr and the error's exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except TracelakeError as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper
+
+
+def _warehouse(home: Path | None) -> Warehouse:
+    return Warehouse(settings=Settings.from_env(home=home))
+
+
+def _print_result(result: QueryResult, fmt: OutputFormat, title: str | None = None) -> None:
+    if fmt is OutputFormat.json:
+        sys.stdout.write(to_json(result) + "\n")
+    elif fmt is OutputFormat.csv:
+        sys.stdout.write(to_csv(result))
+    else:
+        console.print(to_table(result, title=title))
+
+
+class _BarProgress:
+    """Draws one rich progress bar over bytes and files for a multi-file ingest."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task: TaskID | None = None
+        self.total_files = 0
+        self.done_files = 0
+
+    def start(self, files: list[tuple[Path, int]]) -> None:
+        self.total_files = len(files)
+        self.task = self.progress.add_task("ingest", total=sum(size for _, size in files) or None,
+                                           files=f"0/{self.total_files} files")
+
+    def advance(self, nbytes: int) -> None:
+        if self.task is not None:
+            self.progress.advance(self.task, nbytes)
+
+    def file_done(self, result: IngestResult) -> None:
+        self.done_files += 1
+        if self.task is not None:
+            self.progress.update(self.task, files=f"{self.done_files}/{self.total_files} files")
+        if result.status == "failed":
+            self.progress.console.print(f"[red]failed[/] {result.error}", highlight=False, soft_wrap=True)
+        for warning in result.warnings:
+            self.progress.console.print(f"[yellow]warning[/] {result.path}: {warning}", highlight=False)
+
+
+@contextmanager
+def _progress_bar(enabled: bool) -> Iterator[_BarProgress | None]:
+    if not enabled:
+        yield None
+        return
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TextColumn("{task.fields[files]}"),
+        TimeRemainingColumn(),
+        console=err_console,
+        transient=True,
+    )
+    with progress:
+        yield _BarProgress(progress)
+
+
+def _ingest_summary(results: list[IngestResult], seconds: float) -> None:
+    ingested = [r for r in results if r.status == "ingested"]
+    duplicates = [r for r in results if r.status == "duplicate"]
+    failed = [r for r in results if r.status == "failed"]
+    for r in duplicates:
+        console.print(f"[dim]skipped[/] {r.path}: already ingested as {r.trace_id} (job {r.job})",
+                      highlight=False, soft_wrap=True)
+    mb = sum(r.uncompressed_bytes for r in ingested) / 1e6
+    rows = sum(sum(r.rows.values()) for r in ingested)
+    rate = f", {mb / seconds:.1f} MB/s" if seconds > 0 and mb else ""
+    console.print(
+        f"[green]{len(ingested)} ingested[/], {len(duplicates)} already there, "
+        f"[{'red' if failed else 'green'}]{len(failed)} failed[/] "
+        f"({mb:.1f} MB of JSON, {rows:,} rows in {seconds:.2f}s{rate})",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+@app.command()
+@_errors
+def ingest(
+    paths: Annotated[list[Path], typer.Argument(help="Trace files or directories of them (.json, .json.gz).",
+                                                show_default=False)],
+    job: Annotated[str, typer.Option("--job", "-j", help="Job name to file the traces under.")] = "default",
+    label: Annotated[list[str] | None, typer.Option("--label", "-l", help="A key=value label; repeatable.",
+                                                    show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    home: HomeOption = None,
+) -> None:
+    """Ingest trace files into the warehouse.
+
+    Exit code 0 when every input ingested (or was already there), 1 when any failed;
+    the others are ingested either way, and each failure is printed as `path: what went wrong`.
+    """
+    labels = parse_labels(label)
+    warehouse = _warehouse(home)
+    started = time.perf_counter()
+    with _progress_bar(not quiet and err_console.is_terminal) as bar:
+        report = warehouse.ingest(paths, job=job, labels=labels, progress=bar)
+    if bar is None:
+        for r in report.failed:
+            err_console.print(f"[red]failed[/] {r.error}", highlight=False, soft_wrap=True)
+        for r in report.results:
+            for warning in r.warnings:
+                err_console.print(f"[yellow]warning[/] {r.path}: {warning}", highlight=False)
+    if not report.results:
+        err_console.print("[red]error:[/] no trace files found in the given paths")
+        raise typer.Exit(1)
+    _ingest_summary(report.results, time.perf_counter() - started)
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command()
+@_errors
+def traces(
+    job: Annotated[str | None, typer.Option("--job", "-j", help="Only this job's traces.")] = None,
+    fmt: FormatOption = OutputFormat.table,
+    home: HomeOption = None,
+) -> None:
+    """List ingested traces."""
+    warehouse = _warehouse(home)
+    sql = (
+        "SELECT trace_id, job, rank, format, source_name, device_name, device_op_count, "
+        "round((end_ns - start_ns) / 1e6, 3) AS span_ms, ingested_at FROM traces"
+    )
+    params: list[Any] = []
+    if job:
+        sql += " WHERE job = ?"
+        params.append(job)
+    result = warehouse.query(sql + " ORDER BY job, rank, source_name", params)
+    _print_result(result, fmt, title=f"{len(result.rows)} traces in {warehouse.home}")
+
+
+@app.command()
+@_errors
+def sql(
+    query: Annotated[str, typer.Argument(help="SQL over the tables: traces, device_ops, host_ops, "
+                                              "collectives, steps, counters.", show_default=False)],
+    fmt: FormatOption = OutputFormat.table,
+    home: HomeOption = None,
+) -> None:
+    """Run a SQL query over the warehouse (DuckDB dialect)."""
+    _print_result(_warehouse(home).query(query), fmt)
+
+
+@app.command()
+@_errors
+def demo(
+    home: Annotated[Path, typer.Option("--home", help="Fresh warehouse directory for the demo (replaced if "
+                                       "it holds an earlier demo).")] = Path("tracelake-demo"),
+) -> None:
+    """Ingest the bundled sample traces into a fresh warehouse and show what they reveal."""
+    _fresh_demo_home(home)
+    warehouse = Warehouse(settings=Settings.from_env(home=home))
+    samples = resources.files("tracelake.sample_traces") / "kineto"
+    started = time.perf_counter()
+    results: list[IngestResult] = []
+    with resources.as_file(samples) as folder:
+        scenarios = sorted(p for p in Path(folder).iterdir() if p.is_dir())
+        with _progress_bar(err_console.is_terminal) as bar:
+            for scenario in scenarios:
+                report = warehouse.ingest([scenario], job=f"demo-{scenario.name}", progress=bar)
+                results.extend(report.results)
+    _ingest_summary(results, time.perf_counter() - started)
+    con = warehouse.connect()
+    try:
+        for scenario in scenarios:
+            job = f"demo-{scenario.name}"
+            summary = overview.rank_summary(con, job)
+            console.print()
+            console.print(to_table(_frame_result(summary), title=f"job {job}: device time per rank"))
+            arrivals = overview.last_arrivals(con, job)
+            if arrivals.height:
+                top = arrivals.row(0, named=True)
+                console.print(
+                    f"  rank {top['rank']} starts last in {top['times_last']} of {top['collectives']} "
+                    f"collectives (mean arrival skew {top['mean_skew_us']} us): the others wait for it.",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+    finally:
+        con.close()
+    console.print()
+    console.print(f"Warehouse: {warehouse.home}", highlight=False)
+    console.print(f'Explore it:  tracelake sql --home {home} "SELECT * FROM traces"', highlight=False)
+    console.print(f"        or:  duckdb -readonly {warehouse.store.catalog_path}", highlight=False)
+    if any(not r.ok for r in results):
+        raise typer.Exit(1)
+
+
+def _frame_result(frame: Any) -> QueryResult:
+    return QueryResult(list(frame.columns), [str(t) for t in frame.dtypes], [tuple(r) for r in frame.iter_rows()])
+
+
+def _fresh_demo_home(home: Path) -> None:
+    """Empty ``home`` if it holds an earlier demo; refuse to touch anything else."""
+    if not home.exists():
+        return
+    if not any(home.iterdir()):
+        return
+    if (home / "tracelake.duckdb").exists() and (home / "tables").is_dir():
+        shutil.rmtree(home)
+        return
+    from tracelake.warehouse import InvalidArgument
+
+    raise InvalidArgument(f"{home} exists and is not a tracelake demo warehouse; choose another --home")
+
+
+@app.command()
+def version() -> None:
+    """Print the tracelake version."""
+    from tracelake.warehouse.core import tracelake_version
+
+    console.print(tracelake_version())
+
+
+def main() -> None:
+    """Entry point of the ``tracelake`` console script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

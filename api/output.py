@@ -1,0 +1,75 @@
+"""Rendering query results for the terminal: table, CSV or JSON."""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import decimal
+import io
+import json
+from enum import Enum
+from typing import Any
+
+from rich.table import Table
+
+from tracelake.warehouse.results import QueryResult
+
+
+class OutputFormat(str, Enum):
+    """How ``tracelake sql`` and ``tracelake traces`` print rows."""
+
+    table = "table"
+    csv = "csv"
+    json = "json"
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-friendly form of a DuckDB value."""
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    return value
+
+
+def to_json(result: QueryResult) -> str:
+    """Rows as a JSON array of objects."""
+    return json.dumps([{c: jsonable(v) for c, v in zip(result.columns, row)} for row in result.rows], indent=2)
+
+
+def to_csv(result: QueryResult) -> str:
+    """Rows as CSV with a header line."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(result.columns)
+    for row in result.rows:
+        writer.writerow(["" if v is None else json.dumps(jsonable(v)) if isinstance(v, dict | list) else jsonable(v) for v in row])
+    return buf.getvalue()
+
+
+def to_table(result: QueryResult, title: str | None = None, max_rows: int = 1000) -> Table:
+    """Rows as a rich table (at most ``max_rows``, with a note of how many were left out)."""
+    table = Table(title=title, show_lines=False, header_style="bold")
+    for name, type_ in zip(result.columns, result.types):
+        numeric = any(t in type_.upper() for t in ("INT", "DOUBLE", "DECIMAL", "FLOAT", "HUGEINT"))
+        table.add_column(name, justify="right" if numeric else "left", overflow="fold")
+    for row in result.rows[:max_rows]:
+        table.add_row(*("" if v is None else _cell(v) for v in row))
+    if len(result.rows) > max_rows:
+        table.caption = f"{len(result.rows) - max_rows} more rows not shown (use --format csv or json)"
+    return table
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:,.3f}".rstrip("0").rstrip(".") if abs(value) < 1e15 else f"{value:g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    jv = jsonable(value)
+    return json.dumps(jv) if isinstance(jv, dict | list) else str(jv)

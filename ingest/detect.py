@@ -1,0 +1,64 @@
+"""Content-based format detection: the registry of parsers.
+
+A parser registers a :class:`Format`; :func:`detect` reads the first bytes of a
+file (decompressed if gzip) and asks each format in turn. Nothing outside a
+parser module knows format details, so XLA and NCCL parsers plug in here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tracelake.warehouse.errors import TraceFormatError, UnknownFormatError
+
+from . import pytorch_profiler
+from .model import ParseFunction
+from .source import read_head
+
+
+@dataclass(frozen=True)
+class Format:
+    """A trace format tracelake can ingest."""
+
+    name: str
+    description: str
+    sniff: Callable[[bytes, str], bool]
+    parse: ParseFunction
+
+
+#: Formats in the order they are tried; the most specific first.
+FORMATS: list[Format] = [
+    Format(
+        pytorch_profiler.FORMAT,
+        "PyTorch profiler / Kineto Chrome-trace JSON (.json, .json.gz)",
+        pytorch_profiler.sniff,
+        pytorch_profiler.parse,
+    ),
+]
+
+
+def detect(path: Path, name: str | None = None) -> Format:
+    """Return the format of the file at ``path``, judged by its content.
+
+    Raises:
+        TraceFormatError: the file is empty or unreadable.
+        UnknownFormatError: no registered format recognises it.
+    """
+    label = name or path.name
+    if path.stat().st_size == 0:
+        raise TraceFormatError(label, "file is empty (0 bytes)", where="byte 0")
+    head = read_head(path)
+    for fmt in FORMATS:
+        if fmt.sniff(head, label):
+            return fmt
+    stripped = head.lstrip()
+    if not stripped:
+        raise UnknownFormatError(label, "file holds only whitespace, not a trace", where="byte 0")
+    if stripped[:1] in (b"{", b"["):
+        hint = 'JSON, but not a trace tracelake knows (no "traceEvents")'
+    else:
+        hint = "not a trace format tracelake knows"
+    known = ", ".join(f.description for f in FORMATS)
+    raise UnknownFormatError(label, f"{hint}; supported: {known}", where="byte 0")

@@ -1,0 +1,54 @@
+"""What a parser receives and returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: Called with the number of source bytes consumed since the last call.
+ByteCallback = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class ParseOptions:
+    """How a parser should run; built by the warehouse from its settings."""
+
+    #: Name to use for the source in messages (the file name as the user gave it).
+    source_name: str
+    #: Content hash identifying the trace; every row the parser writes carries it.
+    trace_id: str = ""
+    memory_limit: str = "1GB"
+    threads: int = 2
+    batch_bytes: int = 8 << 20
+    on_bytes: ByteCallback | None = None
+
+
+@dataclass
+class TraceInfo:
+    """What a parser learned about a trace as a whole: most of its `traces` row.
+
+    The warehouse adds the rest (id, job, labels, row counts, timings).
+    """
+
+    format: str
+    host: str | None = None
+    pid: int | None = None
+    rank: int = 0
+    rank_source: str = "default"
+    world_size: int | None = None
+    backend: str | None = None
+    nccl_version: str | None = None
+    device_type: str | None = None
+    device_name: str | None = None
+    device_count: int | None = None
+    start_ns: int | None = None
+    end_ns: int | None = None
+    event_count: int = 0
+    uncompressed_bytes: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+
+#: A parser reads ``source`` and writes one Parquet file per warehouse table,
+#: named ``<table>.parquet``, into the staging directory it is given.
+ParseFunction = Callable[[Path, Path, ParseOptions], TraceInfo]

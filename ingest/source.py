@@ -1,0 +1,129 @@
+"""Reading input files: transparent gzip, bounded chunks, byte progress, clear errors."""
+
+from __future__ import annotations
+
+import io
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from isal import igzip_threaded
+
+from tracelake.warehouse.errors import TraceFormatError
+
+GZIP_MAGIC = b"\x1f\x8b"
+CHUNK_BYTES = 4 << 20
+
+#: Called with the number of (compressed) source bytes read since the last call.
+ByteCallback = Callable[[int], None]
+
+
+class _CountingReader(io.RawIOBase):
+    """Wraps a file and reports every read to a callback, for progress bars."""
+
+    def __init__(self, raw: BinaryIO, on_bytes: ByteCallback | None) -> None:
+        self._raw = raw
+        self._on_bytes = on_bytes
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
+        n = self._raw.readinto(buffer)  # type: ignore[attr-defined]
+        if n:
+            self.position += n
+            if self._on_bytes is not None:
+                self._on_bytes(n)
+        return n or 0
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
+def is_gzip(path: Path) -> bool:
+    """True when the file starts with the gzip magic bytes (whatever its name)."""
+    with open(path, "rb") as f:
+        return f.read(2) == GZIP_MAGIC
+
+
+def read_head(path: Path, n: int = 64 << 10) -> bytes:
+    """Return up to ``n`` decoded bytes from the start of the file, for format detection."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != GZIP_MAGIC:
+                f.seek(0)
+                return f.read(n)
+            f.seek(0)
+            decoder = zlib.decompressobj(wbits=31)
+            out = bytearray()
+            while len(out) < n:
+                block = f.read(64 << 10)
+                if not block:
+                    break
+                out += decoder.decompress(block, n - len(out))
+                if decoder.eof:
+                    break
+            return bytes(out)
+    except zlib.error as exc:
+        raise TraceFormatError(path, f"not a valid gzip file ({exc})", where="byte 0") from None
+
+
+def iter_chunks(
+    path: Path,
+    *,
+    chunk_bytes: int = CHUNK_BYTES,
+    on_bytes: ByteCallback | None = None,
+    name: str | None = None,
+) -> Iterator[bytes]:
+    """Yield the decoded content of ``path`` in chunks of about ``chunk_bytes``.
+
+    Gzip files (by content, not by name) are decompressed on a background thread
+    with ISA-L, which releases the GIL, so decompression overlaps parsing.
+
+    Raises:
+        TraceFormatError: the file is empty, or its gzip stream is damaged or ends early.
+    """
+    label = name or path.name
+    size = path.stat().st_size
+    if size == 0:
+        raise TraceFormatError(label, "file is empty (0 bytes)", where="byte 0")
+    raw = open(path, "rb")  # noqa: SIM115 - closed by the reader below
+    counter = _CountingReader(raw, on_bytes)
+    if raw.read(2) == GZIP_MAGIC:
+        raw.seek(0)
+        yield from _gunzip_chunks(counter, label, chunk_bytes)
+        return
+    raw.seek(0)
+    with counter:
+        while True:
+            block = counter.read(chunk_bytes)
+            if not block:
+                return
+            yield block
+
+
+def _gunzip_chunks(counter: _CountingReader, label: str, chunk_bytes: int) -> Iterator[bytes]:
+    # ISA-L's threaded reader decompresses ahead of us on its own thread.
+    stream = igzip_threaded.open(counter, "rb", threads=1, block_size=1 << 20)
+    try:
+        while True:
+            try:
+                block = stream.read(chunk_bytes)
+            except EOFError:
+                raise TraceFormatError(
+                    label,
+                    "gzip stream ends early (truncated file or upload?)",
+                    where=f"byte {counter.position}",
+                ) from None
+            except (OSError, zlib.error) as exc:
+                raise TraceFormatError(
+                    label, f"damaged gzip data ({exc})", where=f"byte {counter.position}"
+                ) from None
+            if not block:
+                return
+            yield block
+    finally:
+        stream.close()

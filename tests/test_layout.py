@@ -1,0 +1,55 @@
+"""The repository layout and the packaging map: every code folder ships as tracelake.<folder>."""
+
+from __future__ import annotations
+
+import importlib
+import tomllib
+from pathlib import Path
+
+from conftest import ROOT
+
+CODE_FOLDERS = ("ingest", "warehouse", "analysis", "api")
+
+
+def _pyproject() -> dict:  # type: ignore[type-arg]
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def test_design_card_layout_exists() -> None:
+    for name in ("pyproject.toml", "README.md", *CODE_FOLDERS, "tests", "sample_traces"):
+        assert (ROOT / name).exists(), name
+
+
+def test_every_package_folder_is_mapped() -> None:
+    mapping = _pyproject()["tool"]["setuptools"]["package-dir"]
+    packages = set(_pyproject()["tool"]["setuptools"]["packages"])
+    folders = {p.parent for p in ROOT.glob("*/__init__.py")} - {ROOT / "tests"}
+    assert folders, "no package folders found"
+    for folder in folders:
+        name = f"tracelake.{folder.name}"
+        assert mapping.get(name) == folder.name, f"{folder.name}/ is not mapped to {name} in pyproject.toml"
+        assert name in packages, f"{name} is missing from [tool.setuptools] packages"
+    # No sub-package folders left out either.
+    for init in ROOT.glob("*/*/__init__.py"):
+        sub = f"tracelake.{init.parent.parent.name}.{init.parent.name}"
+        assert sub in packages, f"{sub} is missing from [tool.setuptools] packages"
+
+
+def test_code_folders_import_from_this_repository() -> None:
+    for folder in CODE_FOLDERS:
+        module = importlib.import_module(f"tracelake.{folder}")
+        assert module.__file__ is not None
+        assert Path(module.__file__).resolve().parent == (ROOT / folder).resolve()
+        assert (ROOT / folder / "py.typed").exists(), f"{folder}/py.typed missing"
+
+
+def test_no_generic_top_level_modules_are_installed() -> None:
+    mapping = _pyproject()["tool"]["setuptools"]["package-dir"]
+    assert all(name.startswith("tracelake.") for name in mapping), mapping
+    assert "" not in mapping
+
+
+def test_console_script_points_at_the_cli() -> None:
+    target = _pyproject()["project"]["scripts"]["tracelake"]
+    module_name, _, attr = target.partition(":")
+    assert callable(getattr(importlib.import_module(module_name), attr))

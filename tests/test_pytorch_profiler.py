@@ -1,0 +1,163 @@
+"""The Kineto parser against its input: counts, times, steps, nesting and collectives."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from conftest import REAL_KINETO, SAMPLES
+from tracelake.ingest import parse
+from tracelake.ingest.pytorch_profiler_sql import KIND_BY_CAT
+
+DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "cuda_sync": "sync"}
+
+
+def _load(path: Path) -> dict:  # type: ignore[type-arg]
+    opener = gzip.open if path.read_bytes()[:2] == b"\x1f\x8b" else open
+    with opener(path, "rb") as f:
+        return json.load(f)
+
+
+def _device_events(doc: dict) -> list[dict]:  # type: ignore[type-arg]
+    return [e for e in doc["traceEvents"] if e.get("cat") in DEVICE_KINDS]
+
+
+@pytest.fixture(scope="module")
+def straggler_rank0():  # type: ignore[no-untyped-def]
+    path = SAMPLES / "ddp_straggler" / "rank-0.json.gz"
+    return path, _load(path), parse(path)
+
+
+def test_device_op_counts_per_kind_match_the_trace(straggler_rank0) -> None:  # type: ignore[no-untyped-def]
+    _, doc, parsed = straggler_rank0
+    expected = Counter(DEVICE_KINDS[e["cat"]] for e in _device_events(doc))
+    got = Counter(parsed.tables["device_ops"].column("kind").to_pylist())
+    assert got == expected
+    assert parsed.info.event_count == len(doc["traceEvents"])
+
+
+def test_timestamps_are_exact_integer_ns(straggler_rank0) -> None:  # type: ignore[no-untyped-def]
+    _, doc, parsed = straggler_rank0
+    base = doc.get("baseTimeNanoseconds", 0)
+    by_id = {r["event_id"]: r for r in parsed.tables["device_ops"].to_pylist()}
+    for index, event in enumerate(doc["traceEvents"]):
+        if index in by_id:
+            ts = base + int(Decimal(str(event["ts"])) * 1000)
+            assert by_id[index]["ts_ns"] == ts
+            assert by_id[index]["dur_ns"] == int(Decimal(str(event["dur"])) * 1000)
+
+
+def test_nanosecond_resolution_real_trace() -> None:
+    path = REAL_KINETO / "ns_resolution_trace" / "rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+    if not path.exists():
+        pytest.skip("real traces not present")
+    raw = gzip.decompress(path.read_bytes())
+    # Decimal parsing keeps the ns digits a float would lose at epoch-microsecond scale.
+    doc = json.loads(raw, parse_float=Decimal)
+    parsed = parse(path)
+    host = {r["event_id"]: r for r in parsed.tables["host_ops"].to_pylist()}
+    checked = 0
+    for index, event in enumerate(doc["traceEvents"]):
+        if index in host:
+            assert host[index]["ts_ns"] == int(event["ts"] * 1000)
+            checked += 1
+    assert checked > 1000
+    assert any(r["ts_ns"] % 1000 for r in host.values()), "no sub-microsecond digits survived"
+
+
+def test_rank_and_distributed_info(straggler_rank0) -> None:  # type: ignore[no-untyped-def]
+    _, doc, parsed = straggler_rank0
+    assert parsed.info.rank == doc["distributedInfo"]["rank"] == 0
+    assert parsed.info.rank_source == "distributedInfo"
+    assert parsed.info.world_size == 4
+    assert parsed.info.device_type == "cuda"
+    assert set(parsed.tables["device_ops"].column("rank").to_pylist()) == {0}
+
+
+def test_rank_from_file_name_when_distributed_info_is_missing(tmp_path: Path) -> None:
+    doc = _load(SAMPLES / "ddp_straggler" / "rank-2.json.gz")
+    del doc["distributedInfo"]
+    for name, rank, source in [("trainer_rank3.json", 3, "file name"), ("host_rank_5.json", 5, "file name"),
+                               ("worker-rank-7.json", 7, "file name"), ("profile.json", 0, "default")]:
+        path = tmp_path / name
+        path.write_text(json.dumps(doc))
+        parsed = parse(path)
+        assert (parsed.info.rank, parsed.info.rank_source) == (rank, source), name
+        assert bool(parsed.info.warnings) == (source == "default")
+
+
+def test_steps_come_from_profiler_step_annotations(straggler_rank0) -> None:  # type: ignore[no-untyped-def]
+    _, doc, parsed = straggler_rank0
+    names = sorted(
+        int(e["name"].split("#")[1]) for e in doc["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")
+        and e.get("cat") == "user_annotation"
+    )
+    steps = parsed.tables["steps"].to_pylist()
+    assert [s["step"] for s in steps] == names
+    assert all(s["device_op_count"] > 0 and s["device_end_ns"] > s["device_start_ns"] for s in steps)
+    # Every kernel launched inside a step is attributed to it.
+    assert parsed.tables["device_ops"].column("step").null_count == 0
+
+
+def test_host_nesting_matches_a_brute_force_check(straggler_rank0) -> None:  # type: ignore[no-untyped-def]
+    _, _, parsed = straggler_rank0
+    rows = parsed.tables["host_ops"].to_pylist()
+    by_thread: dict[tuple[int, int], list[dict]] = {}  # type: ignore[type-arg]
+    for r in rows:
+        by_thread.setdefault((r["pid"], r["tid"]), []).append(r)
+    checked = 0
+    for events in by_thread.values():
+        for e in events[:400]:
+            end = e["ts_ns"] + e["dur_ns"]
+            enclosing = [
+                o for o in events
+                if o is not e and o["ts_ns"] <= e["ts_ns"] and o["ts_ns"] + o["dur_ns"] >= end
+                and (o["dur_ns"] > e["dur_ns"] or (o["dur_ns"] == e["dur_ns"] and o["event_id"] < e["event_id"]))
+            ]
+            assert e["depth"] == len(enclosing), e
+            if enclosing:
+                parent = max(enclosing, key=lambda o: (o["ts_ns"], -o["dur_ns"], o["event_id"]))
+                assert e["parent_id"] == parent["event_id"], e
+            else:
+                assert e["parent_id"] is None
+            checked += 1
+    assert checked > 100
+
+
+def test_collectives_are_linked_to_their_nccl_kernels(straggler_rank0) -> None:  # type: ignore[no-untyped-def]
+    _, doc, parsed = straggler_rank0
+    calls = [e for e in doc["traceEvents"] if e.get("name") == "record_param_comms"]
+    coll = parsed.tables["collectives"].to_pylist()
+    assert len(coll) == len(calls) > 0
+    kernels = {r["event_id"]: r for r in parsed.tables["device_ops"].to_pylist()}
+    for c in coll:
+        kernel = kernels[c["kernel_event_id"]]
+        assert kernel["category"] == "communication"
+        assert c["ts_ns"] == kernel["ts_ns"] and c["kernel_name"] == kernel["name"]
+        assert c["cpu_ts_ns"] <= kernel["ts_ns"]
+        assert c["seq"] is not None and c["process_group"] == "0"
+        assert c["message_bytes"] == max(c["in_nelems"], c["out_nelems"]) * 2  # BFloat16
+    assert sorted(c["seq"] for c in coll) == sorted(e["args"]["Seq"] for e in calls)
+
+
+def test_no_negative_durations_and_known_kinds(straggler_rank0) -> None:  # type: ignore[no-untyped-def]
+    _, _, parsed = straggler_rank0
+    for name in ("device_ops", "host_ops"):
+        assert min(parsed.tables[name].column("dur_ns").to_pylist()) >= 0
+    assert set(parsed.tables["device_ops"].column("kind").to_pylist()) <= set(KIND_BY_CAT.values())
+
+
+def test_negative_durations_are_clamped(tmp_path: Path) -> None:
+    doc = {"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10.5, "dur": -0.001,
+         "args": {"correlation": 1, "stream": 7, "device": 0}},
+    ]}
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps(doc))
+    ops = parse(path).tables["device_ops"].to_pylist()
+    assert ops[0]["dur_ns"] == 0 and ops[0]["ts_ns"] == 10500

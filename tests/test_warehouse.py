@@ -1,0 +1,136 @@
+"""Warehouse behaviour: idempotence, atomic visibility, jobs and labels, locks, relocation."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import SAMPLES
+from tracelake.warehouse import InvalidArgument, NotFound, QueryError, Warehouse
+from tracelake.warehouse.store import parse_labels
+
+
+def test_fresh_warehouse_is_queryable_and_empty(warehouse: Warehouse) -> None:
+    for table in ("traces", "device_ops", "host_ops", "collectives", "steps", "counters"):
+        assert warehouse.query(f"SELECT count(*) FROM {table}").rows == [(0,)]
+    assert (warehouse.home / "tracelake.duckdb").exists()
+
+
+def test_ingest_registers_trace_and_rows(warehouse: Warehouse) -> None:
+    report = warehouse.ingest([SAMPLES / "ddp_straggler"], job="ddp", labels={"team": "infra"})
+    assert report.ok and report.count("ingested") == 4
+    traces = warehouse.traces(job="ddp")
+    assert sorted(t["rank"] for t in traces) == [0, 1, 2, 3]
+    assert all(t["labels"] == {"team": "infra"} and t["job"] == "ddp" for t in traces)
+    for t in traces:
+        n = warehouse.query("SELECT count(*) FROM device_ops WHERE trace_id = ?", [t["trace_id"]]).rows[0][0]
+        assert n == t["device_op_count"] > 0
+    by_label = warehouse.query("SELECT count(*) FROM traces WHERE labels['team'] = 'infra'").rows[0][0]
+    assert by_label == 4
+
+
+def test_same_content_twice_is_a_noop(warehouse: Warehouse, tmp_path: Path) -> None:
+    source = SAMPLES / "launch_bound" / "rank-0.json.gz"
+    first = warehouse.ingest_file(source, job="a")
+    copy = tmp_path / "renamed.json.gz"
+    shutil.copy(source, copy)
+    second = warehouse.ingest_file(copy, job="b")
+    assert first.status == "ingested"
+    assert second.status == "duplicate" and second.trace_id == first.trace_id and second.job == "a"
+    assert warehouse.query("SELECT count(*) FROM traces").rows == [(1,)]
+    files = list((warehouse.home / "tables" / "device_ops").glob("job=*/[!_]*.parquet"))
+    assert len(files) == 1
+
+
+def test_unregistered_files_are_invisible(warehouse: Warehouse, tmp_path: Path) -> None:
+    """Files of an ingest that died before registering its trace never show in queries."""
+    warehouse.ingest_file(SAMPLES / "launch_bound" / "rank-0.json.gz", job="x")
+    before = warehouse.query("SELECT count(*) FROM device_ops").rows[0][0]
+    registered = next((warehouse.home / "tables" / "traces").glob("job=x/*.parquet"))
+    # Another trace's data file, published without its registration (as a crash would leave it).
+    other = Warehouse(tmp_path / "other")
+    other.ingest_file(SAMPLES / "ddp_straggler" / "rank-1.json.gz", job="x")
+    for table in ("device_ops", "host_ops", "collectives", "steps"):
+        source = next((other.home / "tables" / table).glob("job=x/*.parquet"))
+        shutil.copy(source, warehouse.home / "tables" / table / "job=x" / source.name)
+    assert warehouse.query("SELECT count(*) FROM device_ops").rows[0][0] == before
+    assert warehouse.query("SELECT count(DISTINCT trace_id) FROM host_ops").rows[0][0] == 1
+    # Take the registration away: the trace's rows disappear with it.
+    registered.unlink()
+    assert warehouse.query("SELECT count(*) FROM device_ops").rows[0][0] == 0
+
+
+def test_partial_temp_files_do_not_break_views(warehouse: Warehouse) -> None:
+    warehouse.ingest_file(SAMPLES / "launch_bound" / "rank-0.json.gz", job="x")
+    half = warehouse.home / "tables" / "device_ops" / "job=x" / ".abc.parquet.123.tmp"
+    half.write_bytes(b"PAR1 half written")
+    assert warehouse.query("SELECT count(*) FROM device_ops").rows[0][0] > 0
+
+
+@pytest.mark.parametrize("job", ["", "../etc", "a/b", "_schema", "-x", "x" * 200, "a b"])
+def test_bad_job_names_are_refused(warehouse: Warehouse, job: str) -> None:
+    with pytest.raises(InvalidArgument, match="invalid job name"):
+        warehouse.ingest([SAMPLES / "launch_bound"], job=job)
+
+
+def test_labels_parsing() -> None:
+    assert parse_labels(["team=infra", "model = llama 3"]) == {"team": "infra", "model": "llama 3"}
+    with pytest.raises(InvalidArgument, match="key=value"):
+        parse_labels(["novalue"])
+    with pytest.raises(InvalidArgument):
+        parse_labels(["bad key=1"])
+
+
+def test_query_errors_carry_duckdb_message(warehouse: Warehouse) -> None:
+    with pytest.raises(QueryError, match="no_such_table"):
+        warehouse.query("SELECT * FROM no_such_table")
+    with pytest.raises(NotFound):
+        warehouse.trace("0" * 20)
+
+
+def test_catalog_file_is_never_locked_by_ingest(warehouse: Warehouse) -> None:
+    """A reader holding the catalog open (like the DuckDB shell) does not block an ingest."""
+    reader = duckdb.connect(str(warehouse.store.catalog_path), read_only=True)
+    try:
+        report = warehouse.ingest([SAMPLES / "ddp_straggler"], job="ddp")
+        assert report.ok
+        # The reader sees the new trace through its views without reopening.
+        assert reader.execute("SELECT count(*) FROM traces").fetchone() == (4,)
+        # And another process can open the catalog at the same time.
+        out = subprocess.run(
+            [sys.executable, "-c", "import duckdb,sys; c=duckdb.connect(sys.argv[1], read_only=True);"
+             "print(c.execute('select count(*) from device_ops').fetchone()[0])", str(warehouse.store.catalog_path)],
+            capture_output=True, text=True, check=True,
+        )
+        assert int(out.stdout) > 0
+    finally:
+        reader.close()
+
+
+def test_moved_warehouse_rebuilds_its_catalog(home: Path, tmp_path: Path) -> None:
+    Warehouse(home).ingest([SAMPLES / "launch_bound"], job="lb")
+    moved = tmp_path / "elsewhere"
+    shutil.move(str(home), moved)
+    wh = Warehouse(moved)
+    assert wh.query("SELECT count(*) FROM traces").rows == [(1,)]
+    con = duckdb.connect(str(wh.store.catalog_path), read_only=True)
+    assert con.execute("SELECT count(*) FROM traces").fetchone() == (1,)
+
+
+def test_home_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRACELAKE_HOME", str(tmp_path / "envhome"))
+    wh = Warehouse()
+    assert wh.home == (tmp_path / "envhome").resolve()
+
+
+def test_staging_is_cleaned_up(warehouse: Warehouse) -> None:
+    warehouse.ingest([SAMPLES / "ddp_straggler"], job="ddp")
+    assert list((warehouse.home / "staging").iterdir()) == []
+    for path in (warehouse.home / "tables").rglob("*.parquet"):
+        assert pq.read_metadata(path).num_columns > 0

@@ -1,0 +1,289 @@
+"""The library facade: ``Warehouse(home).ingest(...)``, ``.query(sql)``, ``.traces()``.
+
+The CLI and the REST API are thin adapters over this class.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Iterable
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracelake import ingest
+from tracelake.ingest.model import ByteCallback, TraceInfo
+
+from . import catalog, schema
+from .errors import InvalidArgument, NotFound, QueryError, TraceFormatError, TracelakeError, WarehouseError
+from .results import IngestProgress, IngestReport, IngestResult, QueryResult
+from .settings import Settings
+from .store import Store, check_job
+
+log = logging.getLogger(__name__)
+
+#: File name endings taken from a directory given to ``ingest`` (files named
+#: explicitly are always tried, whatever their name).
+TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
+
+
+def tracelake_version() -> str:
+    """The installed tracelake version."""
+    try:
+        return version("tracelake")
+    except PackageNotFoundError:  # running from a source tree
+        return "0+unknown"
+
+
+class Warehouse:
+    """A tracelake warehouse: Parquet tables plus a DuckDB catalog in one directory.
+
+    Args:
+        home: Warehouse directory; default from ``settings`` (``TRACELAKE_HOME``,
+            else ``~/.tracelake``). Created if missing.
+        settings: Settings to use; default read from the environment.
+    """
+
+    def __init__(self, home: str | Path | None = None, *, settings: Settings | None = None) -> None:
+        base = settings or Settings.from_env()
+        self.settings = base if home is None else Settings(**{**base.__dict__, "home": Path(home)})
+        self.home = self.settings.home_path
+        self.store = Store(self.home)
+        try:
+            self.store.initialise()
+            if not catalog.catalog_is_current(self.store):
+                catalog.write_catalog(self.store)
+        except OSError as exc:
+            raise WarehouseError(f"cannot use warehouse directory {self.home}: {exc.strerror or exc}") from exc
+
+    def __repr__(self) -> str:
+        return f"Warehouse({str(self.home)!r})"
+
+    # -- ingest ----------------------------------------------------------------------
+    def ingest(
+        self,
+        paths: Iterable[str | Path],
+        *,
+        job: str = "default",
+        labels: dict[str, str] | None = None,
+        progress: IngestProgress | None = None,
+    ) -> IngestReport:
+        """Ingest trace files (and directories of them) under ``job``.
+
+        Every input is tried; a bad file is reported in its result and does not
+        stop the others. Files already in the warehouse are skipped.
+        """
+        check_job(job)
+        files = expand_inputs(paths)
+        if progress is not None:
+            progress.start([(f, _size(f)) for f in files])
+        report = IngestReport()
+        for path in files:
+            on_bytes = progress.advance if progress is not None else None
+            result = self.ingest_file(path, job=job, labels=labels, on_bytes=on_bytes)
+            report.results.append(result)
+            if progress is not None:
+                progress.file_done(result)
+        return report
+
+    def ingest_file(
+        self,
+        path: str | Path,
+        *,
+        job: str = "default",
+        labels: dict[str, str] | None = None,
+        source_name: str | None = None,
+        on_bytes: ByteCallback | None = None,
+    ) -> IngestResult:
+        """Ingest one file; failures are returned in the result, never raised."""
+        path = Path(path)
+        started = time.perf_counter()
+        result = IngestResult(path=path, status="failed", job=job)
+        try:
+            check_job(job)
+            self._ingest_one(path, job, labels or {}, source_name or path.name, on_bytes, result)
+        except TracelakeError as exc:
+            result.error = str(exc)
+        except OSError as exc:
+            result.error = f"{path}: cannot read ({exc.strerror or exc})"
+        result.seconds = time.perf_counter() - started
+        if result.error:
+            log.info("ingest failed: %s", result.error)
+        return result
+
+    def _ingest_one(
+        self,
+        path: Path,
+        job: str,
+        labels: dict[str, str],
+        source_name: str,
+        on_bytes: ByteCallback | None,
+        result: IngestResult,
+    ) -> None:
+        if not path.is_file():
+            raise NotFound(f"{path}: no such file")
+        result.source_bytes = path.stat().st_size
+        trace_id = ingest.content_id(path)
+        result.trace_id = trace_id
+        existing = self.store.registered_job(trace_id)
+        if existing is not None:
+            result.status = "duplicate"
+            result.job = existing
+            if on_bytes is not None:
+                on_bytes(result.source_bytes)
+            return
+        started = time.perf_counter()
+        staging = self.store.new_staging(trace_id)
+        try:
+            options = ingest.ParseOptions(
+                source_name=source_name,
+                trace_id=trace_id,
+                memory_limit=self.settings.ingest_memory_limit,
+                threads=self.settings.threads,
+                batch_bytes=self.settings.parse_batch_bytes,
+                on_bytes=on_bytes,
+            )
+            fmt, info = ingest.parse_into(path, staging, options)
+            rows = {name: pq.read_metadata(staging / f"{name}.parquet").num_rows for name in schema.DATA_TABLES}
+            row = self._traces_row(path, source_name, trace_id, labels, fmt.name, info, rows, started)
+            pq.write_table(pa.Table.from_pylist([row], schema=schema.TRACES.arrow_schema),
+                           staging / "traces.parquet", compression="zstd")
+            self.store.publish(staging, job, trace_id)
+        except TraceFormatError:
+            raise
+        except (pa.ArrowException, duckdb.Error) as exc:
+            raise TraceFormatError(source_name, f"could not convert the trace ({exc})") from exc
+        finally:
+            self.store.discard(staging)
+        result.status = "ingested"
+        result.format = fmt.name
+        result.rank = info.rank
+        result.rows = rows
+        result.uncompressed_bytes = info.uncompressed_bytes
+        result.warnings = list(info.warnings)
+
+    def _traces_row(
+        self,
+        path: Path,
+        source_name: str,
+        trace_id: str,
+        labels: dict[str, str],
+        fmt: str,
+        info: TraceInfo,
+        rows: dict[str, int],
+        started: float,
+    ) -> dict[str, Any]:
+        return {
+            "trace_id": trace_id,
+            "format": fmt,
+            "source_name": source_name,
+            "source_path": str(path.resolve()),
+            "source_bytes": path.stat().st_size,
+            "uncompressed_bytes": info.uncompressed_bytes,
+            "labels": list(labels.items()),
+            "host": info.host,
+            "pid": info.pid,
+            "rank": info.rank,
+            "rank_source": info.rank_source,
+            "world_size": info.world_size,
+            "backend": info.backend,
+            "nccl_version": info.nccl_version,
+            "device_type": info.device_type,
+            "device_name": info.device_name,
+            "device_count": info.device_count,
+            "start_ns": info.start_ns,
+            "end_ns": info.end_ns,
+            "event_count": info.event_count,
+            "device_op_count": rows["device_ops"],
+            "host_op_count": rows["host_ops"],
+            "collective_count": rows["collectives"],
+            "step_count": rows["steps"],
+            "counter_count": rows["counters"],
+            "warnings": list(info.warnings),
+            "ingested_at": dt.datetime.now(dt.timezone.utc),
+            "parse_seconds": time.perf_counter() - started,
+            "tracelake_version": tracelake_version(),
+            "schema_version": schema.SCHEMA_VERSION,
+        }
+
+    # -- reading ----------------------------------------------------------------------
+    def connect(self) -> duckdb.DuckDBPyConnection:
+        """A fresh in-memory DuckDB connection with a view per table (no catalog lock)."""
+        return catalog.connect(self.store, threads=self.settings.threads)
+
+    def query(self, sql: str, params: list[Any] | None = None) -> QueryResult:
+        """Run SQL over the warehouse views and return all rows.
+
+        Raises:
+            QueryError: DuckDB rejected or failed the query; the message is DuckDB's.
+        """
+        if not sql.strip():
+            raise InvalidArgument("empty SQL query")
+        con = self.connect()
+        try:
+            rel = con.execute(sql, params or [])
+            if rel.description is None:
+                return QueryResult([], [], [])
+            columns = [d[0] for d in rel.description]
+            types = [str(d[1]) for d in rel.description]
+            return QueryResult(columns, types, rel.fetchall())
+        except duckdb.Error as exc:
+            raise QueryError(str(exc).strip()) from None
+        finally:
+            con.close()
+
+    def traces(self, job: str | None = None) -> list[dict[str, Any]]:
+        """Registered traces, newest first (optionally of one job)."""
+        sql = "SELECT * FROM traces"
+        params: list[Any] = []
+        if job is not None:
+            sql += " WHERE job = ?"
+            params.append(job)
+        sql += " ORDER BY ingested_at DESC, job, rank"
+        return self.query(sql, params).as_dicts()
+
+    def trace(self, trace_id: str) -> dict[str, Any]:
+        """One trace's registry row.
+
+        Raises:
+            NotFound: no trace has this id.
+        """
+        rows = self.query("SELECT * FROM traces WHERE trace_id = ?", [trace_id]).as_dicts()
+        if not rows:
+            raise NotFound(f"no trace with id {trace_id!r}")
+        return rows[0]
+
+
+def expand_inputs(paths: Iterable[str | Path]) -> list[Path]:
+    """Files named directly, plus trace files found under directories, sorted and de-duplicated.
+
+    A path that does not exist is kept, so that ingest reports it as a failure.
+    """
+    out: list[Path] = []
+    seen: set[Path] = set()
+    for raw in paths:
+        path = Path(raw)
+        found = sorted(p for p in path.rglob("*") if p.is_file() and _looks_like_trace(p)) if path.is_dir() else [path]
+        for p in found:
+            key = p.resolve()
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+    return out
+
+
+def _looks_like_trace(path: Path) -> bool:
+    return not path.name.startswith(".") and path.name.endswith(TRACE_SUFFIXES)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

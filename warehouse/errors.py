@@ -1,0 +1,58 @@
+"""The one error hierarchy of tracelake.
+
+Domain code raises these; the CLI maps them to a message and an exit code in one
+place, and the REST API maps them to HTTP statuses in one exception handler.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class TracelakeError(Exception):
+    """Base class of every error tracelake raises on purpose."""
+
+    #: What the CLI exits with and the API answers with for this kind of error.
+    exit_code: int = 1
+    http_status: int = 400
+
+
+class TraceFormatError(TracelakeError):
+    """An input file is not a trace tracelake can read, or is damaged.
+
+    The message always names the file and the place (byte offset, event index or
+    line) so that a person can find the problem.
+    """
+
+    http_status = 422
+
+    def __init__(self, source: str | Path, message: str, *, where: str | None = None) -> None:
+        self.source = str(source)
+        self.where = where
+        self.reason = message
+        place = f" at {where}" if where else ""
+        super().__init__(f"{self.source}: {message}{place}")
+
+
+class UnknownFormatError(TraceFormatError):
+    """No parser recognises the file's content."""
+
+
+class InvalidArgument(TracelakeError):
+    """A caller passed a value tracelake cannot use (a bad job name, label, option)."""
+
+
+class NotFound(TracelakeError):
+    """A trace, job or file that was asked for does not exist."""
+
+    http_status = 404
+
+
+class QueryError(TracelakeError):
+    """A SQL query failed; the message is DuckDB's."""
+
+
+class WarehouseError(TracelakeError):
+    """The warehouse directory or its catalog cannot be used as it is."""
+
+    http_status = 500

@@ -1,0 +1,269 @@
+"""Every warehouse table, declared once as data.
+
+The declaration drives everything else: the Arrow schema parsers must produce, the
+SQL casts that normalise a parser's output, the DuckDB views of the catalog and
+``docs/schema.md`` (a test checks that the document matches this module).
+
+Units live in column names: ``*_ns`` are integer nanoseconds (timestamps since the
+Unix epoch where the trace gives absolute time), ``*_bytes``/``bytes`` are bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+#: Bumped whenever a table or column changes meaning or type.
+SCHEMA_VERSION = 1
+
+_ARROW_TYPES: dict[str, pa.DataType] = {
+    "VARCHAR": pa.string(),
+    "BIGINT": pa.int64(),
+    "INTEGER": pa.int32(),
+    "DOUBLE": pa.float64(),
+    "BOOLEAN": pa.bool_(),
+    "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
+    "VARCHAR[]": pa.list_(pa.string()),
+    "INTEGER[]": pa.list_(pa.int32()),
+    "MAP(VARCHAR, VARCHAR)": pa.map_(pa.string(), pa.string()),
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: its name, DuckDB type and what it means."""
+
+    name: str
+    type: str
+    doc: str
+
+    @property
+    def arrow_type(self) -> pa.DataType:
+        """The Arrow type Parquet files store this column as."""
+        return _ARROW_TYPES[self.type]
+
+
+@dataclass(frozen=True)
+class Table:
+    """A warehouse table: one Parquet file per trace under ``tables/<name>/job=<job>/``."""
+
+    name: str
+    doc: str
+    columns: tuple[Column, ...]
+    #: Columns that come from the directory layout (hive partitioning), not the file.
+    partition_columns: tuple[Column, ...] = field(default=())
+
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        """The schema of this table's Parquet files (partition columns excluded)."""
+        return pa.schema([pa.field(c.name, c.arrow_type) for c in self.columns])
+
+    def column(self, name: str) -> Column:
+        """Return the column called ``name``."""
+        for col in (*self.columns, *self.partition_columns):
+            if col.name == name:
+                return col
+        raise KeyError(f"table {self.name} has no column {name!r}")
+
+    @property
+    def column_names(self) -> list[str]:
+        """Names of the columns stored in each file, in order."""
+        return [c.name for c in self.columns]
+
+
+def _c(name: str, type_: str, doc: str) -> Column:
+    return Column(name, type_, doc)
+
+
+JOB = _c("job", "VARCHAR", "Job the trace was ingested under (from the `job=<job>` folder).")
+TRACE_ID = _c("trace_id", "VARCHAR", "Content hash of the source file; joins every table to `traces`.")
+RANK = _c("rank", "INTEGER", "Global rank of the process that wrote the trace.")
+EVENT_ID = _c("event_id", "BIGINT", "Index of the event in the source file's event list (unique per trace).")
+TS = _c("ts_ns", "BIGINT", "Start time, ns since the epoch (or the profiler's clock when the trace has no epoch).")
+DUR = _c("dur_ns", "BIGINT", "Duration in ns, never negative.")
+STEP = _c("step", "BIGINT", "Training step (`ProfilerStep#N`) the event belongs to; null outside steps.")
+
+TRACES = Table(
+    "traces",
+    "One row per ingested trace file. A trace is visible in every other table only once its row here exists.",
+    (
+        TRACE_ID,
+        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON); later `xla`, `nccl_log`, ..."),
+        _c("source_name", "VARCHAR", "File name as given at ingest."),
+        _c("source_path", "VARCHAR", "Absolute path of the file on the ingesting machine (null for uploads)."),
+        _c("source_bytes", "BIGINT", "Size of the file as stored (compressed if it was)."),
+        _c("uncompressed_bytes", "BIGINT", "Size of the decoded content."),
+        _c("labels", "MAP(VARCHAR, VARCHAR)", "User labels given at ingest (`--label key=value`)."),
+        _c("host", "VARCHAR", "Host name, from the trace or its file name."),
+        _c("pid", "BIGINT", "Process id of the profiled process."),
+        RANK,
+        _c("rank_source", "VARCHAR", "Where the rank came from: `distributedInfo`, `file name` or `default`."),
+        _c("world_size", "INTEGER", "Number of ranks in the job, when the trace says."),
+        _c("backend", "VARCHAR", "Distributed backend (`nccl`, `gloo`, ...)."),
+        _c("nccl_version", "VARCHAR", "NCCL version the trace reports."),
+        _c("device_type", "VARCHAR", "`cuda`, `rocm`, `tpu` or `cpu`."),
+        _c("device_name", "VARCHAR", "Accelerator model, e.g. `NVIDIA H100 80GB HBM3`."),
+        _c("device_count", "INTEGER", "Number of devices with operations in the trace."),
+        _c("start_ns", "BIGINT", "First event start, ns."),
+        _c("end_ns", "BIGINT", "Last event end, ns."),
+        _c("event_count", "BIGINT", "Events in the source file."),
+        _c("device_op_count", "BIGINT", "Rows in `device_ops` for this trace."),
+        _c("host_op_count", "BIGINT", "Rows in `host_ops` for this trace."),
+        _c("collective_count", "BIGINT", "Rows in `collectives` for this trace."),
+        _c("step_count", "BIGINT", "Rows in `steps` for this trace."),
+        _c("counter_count", "BIGINT", "Rows in `counters` for this trace."),
+        _c("warnings", "VARCHAR[]", "Things the parser worked around (e.g. rank defaulted to 0)."),
+        _c("ingested_at", "TIMESTAMPTZ", "When the trace was registered."),
+        _c("parse_seconds", "DOUBLE", "Wall time the ingest took."),
+        _c("tracelake_version", "VARCHAR", "tracelake version that ingested it."),
+        _c("schema_version", "INTEGER", "Warehouse schema version of its files."),
+    ),
+    (JOB,),
+)
+
+DEVICE_OPS = Table(
+    "device_ops",
+    "Every operation on a device stream: kernels, memcpys, memsets and device-side syncs.",
+    (
+        TRACE_ID,
+        EVENT_ID,
+        RANK,
+        _c("device", "INTEGER", "Device index on the host (CUDA/HIP ordinal)."),
+        _c("stream", "BIGINT", "Stream (or XLA line) the op ran on."),
+        _c("kind", "VARCHAR", "`kernel`, `memcpy`, `memset` or `sync`."),
+        _c("category", "VARCHAR", "`compute`, `communication`, `memory` or `sync` (rules: `tracelake.analysis.classify.RULES`)."),
+        _c("name", "VARCHAR", "Kernel or operation name."),
+        TS,
+        DUR,
+        _c("correlation", "BIGINT", "Correlation id joining the op to the runtime call that launched it."),
+        _c("external_id", "BIGINT", "External id joining the op to the CPU operator that issued it."),
+        STEP,
+        _c("bytes", "BIGINT", "Bytes moved, for memcpy and memset."),
+        _c("grid", "INTEGER[]", "Kernel grid dimensions."),
+        _c("block", "INTEGER[]", "Kernel block dimensions."),
+        _c("registers_per_thread", "INTEGER", "Registers per thread."),
+        _c("shared_memory_bytes", "BIGINT", "Shared memory per block."),
+        _c("occupancy_pct", "DOUBLE", "Estimated achieved occupancy, percent."),
+    ),
+    (JOB,),
+)
+
+HOST_OPS = Table(
+    "host_ops",
+    "CPU-side events: operators, runtime and driver calls, annotations, Python functions.",
+    (
+        TRACE_ID,
+        EVENT_ID,
+        RANK,
+        _c("pid", "BIGINT", "Process id."),
+        _c("tid", "BIGINT", "Thread id."),
+        _c("cat", "VARCHAR", "Profiler category: `cpu_op`, `user_annotation`, `cuda_runtime`, `cuda_driver`, `python_function`, ..."),
+        _c("name", "VARCHAR", "Operator, call or annotation name."),
+        TS,
+        DUR,
+        _c("depth", "INTEGER", "Nesting depth on its thread (0 = outermost)."),
+        _c("parent_id", "BIGINT", "`event_id` of the innermost enclosing event on the same thread."),
+        _c("correlation", "BIGINT", "Correlation id (runtime and driver calls)."),
+        _c("external_id", "BIGINT", "External id (operators; launch calls carry the id of their operator)."),
+        _c("sequence_number", "BIGINT", "Autograd sequence number joining forward and backward operators."),
+        _c("fwd_thread_id", "BIGINT", "For backward operators, the forward thread."),
+        _c("input_dims", "VARCHAR", "Input shapes as JSON text, when recorded."),
+        _c("input_types", "VARCHAR", "Input dtypes as JSON text, when recorded."),
+        _c("flops", "DOUBLE", "Estimated FLOPs of the operator (with_flops)."),
+        STEP,
+    ),
+    (JOB,),
+)
+
+COLLECTIVES = Table(
+    "collectives",
+    "One row per collective or point-to-point call, linked to the device kernel that ran it.",
+    (
+        TRACE_ID,
+        EVENT_ID,
+        RANK,
+        _c("collective", "VARCHAR", "Operation as PyTorch names it: `allreduce`, `allgather`, `reduce_scatter`, `all_to_all`, `broadcast`, `send`, `recv`, ..."),
+        _c("process_group", "VARCHAR", "Process group name."),
+        _c("process_group_desc", "VARCHAR", "Process group description (`default_pg`, ...)."),
+        _c("group_ranks", "VARCHAR", "Global ranks in the group, as written by the profiler (e.g. `[0, 1]`)."),
+        _c("group_size", "INTEGER", "Ranks in the group."),
+        _c("seq", "BIGINT", "Sequence number of the collective in its process group (same on every rank)."),
+        _c("dtype", "VARCHAR", "Element type (`Float`, `BFloat16`, ...)."),
+        _c("in_nelems", "BIGINT", "Input elements on this rank."),
+        _c("out_nelems", "BIGINT", "Output elements on this rank."),
+        _c("message_bytes", "BIGINT", "Size of the operation as nccl-tests counts it: max(input, output) bytes on this rank."),
+        _c("src_rank", "INTEGER", "Source rank (point-to-point, broadcast)."),
+        _c("dst_rank", "INTEGER", "Destination rank (point-to-point)."),
+        _c("ts_ns", "BIGINT", "Start of the device kernel (the CPU call when no kernel is linked)."),
+        _c("dur_ns", "BIGINT", "Duration of the device kernel (the CPU call when no kernel is linked)."),
+        _c("cpu_ts_ns", "BIGINT", "Start of the CPU-side call."),
+        _c("cpu_dur_ns", "BIGINT", "Duration of the CPU-side call."),
+        _c("kernel_event_id", "BIGINT", "`device_ops.event_id` of its kernel, when linked."),
+        _c("kernel_name", "VARCHAR", "Name of its kernel."),
+        _c("stream", "BIGINT", "Stream of its kernel."),
+        STEP,
+    ),
+    (JOB,),
+)
+
+STEPS = Table(
+    "steps",
+    "Training or inference steps per rank, from `ProfilerStep#N` annotations.",
+    (
+        TRACE_ID,
+        RANK,
+        STEP,
+        _c("ts_ns", "BIGINT", "Step start on the CPU, ns."),
+        _c("dur_ns", "BIGINT", "Step duration on the CPU, ns."),
+        _c("device_start_ns", "BIGINT", "First device op of the step starts, ns."),
+        _c("device_end_ns", "BIGINT", "Last device op of the step ends, ns."),
+        _c("device_op_count", "BIGINT", "Device ops in the step."),
+    ),
+    (JOB,),
+)
+
+COUNTERS = Table(
+    "counters",
+    "Counter samples: memory allocator totals and other `C` (counter) events.",
+    (
+        TRACE_ID,
+        RANK,
+        _c("name", "VARCHAR", "Counter series, e.g. `Total Allocated`."),
+        _c("device", "INTEGER", "Device the sample is for, when known (-1 for the CPU)."),
+        TS,
+        _c("value", "DOUBLE", "Sample value."),
+    ),
+    (JOB,),
+)
+
+#: Every table, in the order they are written; `traces` is last because writing
+#: its row is what makes a trace visible.
+TABLES: dict[str, Table] = {
+    t.name: t for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, TRACES)
+}
+
+#: Tables holding one trace's data (everything except the registry itself).
+DATA_TABLES: tuple[str, ...] = tuple(name for name in TABLES if name != "traces")
+
+
+def table(name: str) -> Table:
+    """Return the declared table called ``name``."""
+    try:
+        return TABLES[name]
+    except KeyError:
+        raise KeyError(f"no table {name!r}; tables: {', '.join(TABLES)}") from None
+
+
+def select_list(tbl: Table, exprs: dict[str, str]) -> str:
+    """A SQL select list casting ``exprs`` to ``tbl``'s columns, in order.
+
+    Columns missing from ``exprs`` become typed NULLs, so every parser's output
+    has exactly the declared columns and types.
+    """
+    unknown = set(exprs) - set(tbl.column_names)
+    if unknown:
+        raise KeyError(f"{tbl.name} has no columns {sorted(unknown)}")
+    return ",\n  ".join(
+        f"CAST({exprs.get(c.name, 'NULL')} AS {c.type}) AS {c.name}" for c in tbl.columns
+    )

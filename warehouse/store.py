@@ -1,0 +1,113 @@
+"""The warehouse directory layout and atomic publication of a trace's files.
+
+Layout under the warehouse home::
+
+    tracelake.duckdb                      DuckDB catalog: one view per table
+    tables/<table>/job=<job>/<trace_id>.parquet
+    tables/<table>/job=_schema/_schema.parquet   empty file fixing the schema
+    staging/<trace_id>-<random>/          work area of an ingest in progress
+
+A trace becomes visible when its ``traces`` file appears; every other view joins
+on ``traces``, so files published earlier by an ingest that died are never seen.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import schema
+from .errors import InvalidArgument
+
+SCHEMA_JOB = "_schema"
+_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+
+
+def check_job(job: str) -> str:
+    """Return ``job`` if it is a valid job name, else raise :class:`InvalidArgument`."""
+    if not _JOB.match(job) or job == SCHEMA_JOB:
+        raise InvalidArgument(
+            f"invalid job name {job!r}: use letters, digits, '.', '_' or '-' "
+            "(up to 128 characters, starting with a letter or digit)"
+        )
+    return job
+
+
+def parse_labels(pairs: list[str] | None) -> dict[str, str]:
+    """Turn ``["team=infra", "model=llama"]`` into a dict, with a clear error for bad pairs."""
+    labels: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not _LABEL_KEY.match(key):
+            raise InvalidArgument(f"invalid label {pair!r}: expected key=value, e.g. team=infra")
+        labels[key] = value.strip()
+    return labels
+
+
+class Store:
+    """Paths and file operations of one warehouse directory."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.tables = home / "tables"
+        self.staging_root = home / "staging"
+        self.catalog_path = home / "tracelake.duckdb"
+
+    def initialise(self) -> None:
+        """Create the directory tree and the empty schema file of every table."""
+        for tbl in schema.TABLES.values():
+            folder = self.tables / tbl.name / f"job={SCHEMA_JOB}"
+            folder.mkdir(parents=True, exist_ok=True)
+            target = folder / f"{SCHEMA_JOB}.parquet"
+            if not target.exists() or pq.read_schema(target).names != tbl.column_names:
+                self.write_atomic(tbl.arrow_schema.empty_table(), target)
+        self.staging_root.mkdir(parents=True, exist_ok=True)
+
+    def glob(self, table: str) -> str:
+        """The glob the catalog views read for ``table`` (absolute)."""
+        return str(self.tables / table / "*" / "*.parquet")
+
+    def path(self, table: str, job: str, trace_id: str) -> Path:
+        """Where ``table``'s file of one trace lives."""
+        return self.tables / table / f"job={job}" / f"{trace_id}.parquet"
+
+    def registered_job(self, trace_id: str) -> str | None:
+        """The job a trace is registered under, or None if it is not registered."""
+        for found in (self.tables / "traces").glob(f"job=*/{trace_id}.parquet"):
+            return found.parent.name.partition("=")[2]
+        return None
+
+    def new_staging(self, trace_id: str) -> Path:
+        """A fresh private directory for one ingest."""
+        return Path(tempfile.mkdtemp(prefix=f"{trace_id}-", dir=self.staging_root))
+
+    def publish(self, staging: Path, job: str, trace_id: str) -> None:
+        """Move a trace's staged table files into place, ``traces`` last.
+
+        Each move is an atomic rename within one file system, so a reader sees a
+        file whole or not at all, and the trace only once its registration lands.
+        """
+        for name in (*schema.DATA_TABLES, "traces"):
+            source = staging / f"{name}.parquet"
+            target = self.path(name, job, trace_id)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(source, target)
+
+    @staticmethod
+    def write_atomic(table: pa.Table, target: Path) -> None:
+        """Write a Parquet file under a name no view matches, then rename it into place."""
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        pq.write_table(table, tmp, compression="zstd")
+        os.replace(tmp, target)
+
+    def discard(self, staging: Path) -> None:
+        """Remove a staging directory and everything in it."""
+        shutil.rmtree(staging, ignore_errors=True)
