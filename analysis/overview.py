@@ -13,7 +13,7 @@ import polars as pl
 
 
 def rank_summary(con: duckdb.DuckDBPyConnection, job: str) -> pl.DataFrame:
-    """Per rank of ``job``: steps, device ops and op time per category (ms), mean step time."""
+    """Per rank of ``job``: steps, device ops, op time per category (ms) and mean step time (ms)."""
     return con.sql(
         """
         WITH ops AS (
@@ -28,8 +28,9 @@ def rank_summary(con: duckdb.DuckDBPyConnection, job: str) -> pl.DataFrame:
             FROM steps WHERE job = ? GROUP BY ALL
         )
         SELECT t.rank, coalesce(st.steps, 0) AS steps, coalesce(ops.device_ops, 0) AS device_ops,
-               round(ops.compute_ms, 3) AS compute_ms, round(ops.communication_ms, 3) AS communication_ms,
-               round(ops.memory_ms, 3) AS memory_ms, round(st.mean_step_ms, 3) AS mean_step_ms
+               round(coalesce(ops.compute_ms, 0), 3) AS compute_ms,
+               round(coalesce(ops.communication_ms, 0), 3) AS comm_ms,
+               round(coalesce(ops.memory_ms, 0), 3) AS memory_ms, round(st.mean_step_ms, 3) AS step_ms
         FROM traces t LEFT JOIN ops USING (trace_id) LEFT JOIN st USING (trace_id)
         WHERE t.job = ?
         ORDER BY t.rank

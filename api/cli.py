@@ -18,6 +18,7 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
@@ -66,7 +67,7 @@ def _errors(fn: Callable[P, R]) -> Callable[P, R]:
         try:
             return fn(*args, **kwargs)
         except TracelakeError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
             raise typer.Exit(exc.exit_code) from None
 
     return wrapper
@@ -108,9 +109,9 @@ class _BarProgress:
         if self.task is not None:
             self.progress.update(self.task, files=f"{self.done_files}/{self.total_files} files")
         if result.status == "failed":
-            self.progress.console.print(f"[red]failed[/] {result.error}", highlight=False, soft_wrap=True)
+            self.progress.console.print(f"[red]failed[/] {escape(result.error or '')}", highlight=False, soft_wrap=True)
         for warning in result.warnings:
-            self.progress.console.print(f"[yellow]warning[/] {result.path}: {warning}", highlight=False)
+            self.progress.console.print(f"[yellow]warning[/] {escape(f'{result.path}: {warning}')}", highlight=False)
 
 
 @contextmanager
@@ -137,7 +138,7 @@ def _ingest_summary(results: list[IngestResult], seconds: float) -> None:
     duplicates = [r for r in results if r.status == "duplicate"]
     failed = [r for r in results if r.status == "failed"]
     for r in duplicates:
-        console.print(f"[dim]skipped[/] {r.path}: already ingested as {r.trace_id} (job {r.job})",
+        console.print(f"[dim]skipped[/] {escape(str(r.path))}: already ingested as {r.trace_id} (job {r.job})",
                       highlight=False, soft_wrap=True)
     mb = sum(r.uncompressed_bytes for r in ingested) / 1e6
     rows = sum(sum(r.rows.values()) for r in ingested)
@@ -174,10 +175,10 @@ def ingest(
         report = warehouse.ingest(paths, job=job, labels=labels, progress=bar)
     if bar is None:
         for r in report.failed:
-            err_console.print(f"[red]failed[/] {r.error}", highlight=False, soft_wrap=True)
+            err_console.print(f"[red]failed[/] {escape(r.error or '')}", highlight=False, soft_wrap=True)
         for r in report.results:
             for warning in r.warnings:
-                err_console.print(f"[yellow]warning[/] {r.path}: {warning}", highlight=False)
+                err_console.print(f"[yellow]warning[/] {escape(f'{r.path}: {warning}')}", highlight=False)
     if not report.results:
         err_console.print("[red]error:[/] no trace files found in the given paths")
         raise typer.Exit(1)
@@ -257,9 +258,9 @@ def demo(
     finally:
         con.close()
     console.print()
-    console.print(f"Warehouse: {warehouse.home}", highlight=False)
-    console.print(f'Explore it:  tracelake sql --home {home} "SELECT * FROM traces"', highlight=False)
-    console.print(f"        or:  duckdb -readonly {warehouse.store.catalog_path}", highlight=False)
+    console.print(f"Warehouse: {warehouse.home}", highlight=False, markup=False)
+    console.print(f'Explore it:  tracelake sql --home {home} "SELECT * FROM traces"', highlight=False, markup=False)
+    console.print(f"        or:  duckdb -readonly {warehouse.store.catalog_path}", highlight=False, markup=False)
     if any(not r.ok for r in results):
         raise typer.Exit(1)
 

@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
 from tracelake.warehouse.results import QueryResult
 
@@ -60,7 +61,8 @@ def to_table(result: QueryResult, title: str | None = None, max_rows: int = 1000
         numeric = any(t in type_.upper() for t in ("INT", "DOUBLE", "DECIMAL", "FLOAT", "HUGEINT"))
         table.add_column(name, justify="right" if numeric else "left", overflow="fold")
     for row in result.rows[:max_rows]:
-        table.add_row(*("" if v is None else _cell(v) for v in row))
+        # Text cells: values are data, never rich markup ("[bold]" in a kernel name stays as it is).
+        table.add_row(*(Text("" if v is None else _cell(v)) for v in row))
     if len(result.rows) > max_rows:
         table.caption = f"{len(result.rows) - max_rows} more rows not shown (use --format csv or json)"
     return table

@@ -2,14 +2,16 @@
 
 A profiler trace can be gigabytes of JSON. Parsing it whole costs several times
 its size in memory, so this reader cuts the ``traceEvents`` array into batches of
-whole events and decodes each batch with a typed msgspec decoder.
+whole events and decodes each batch on its own.
 
-Cutting without a full parse: a batch ends at a ``}`` followed by ``,`` and ``{``.
-Such a place can also occur inside an event (objects nested in ``args``, or a
-string), but then the left part has an unclosed bracket or string and does not
-decode; the reader then tries an earlier cut. A batch that decodes is therefore a
-correct cut, and a batch that decodes at no cut is malformed JSON, reported with
-its byte offset.
+Finding a cut without parsing: between two events there is ``}``, a comma and
+``{`` (whitespace allowed). The same bytes can occur inside an event (objects
+nested in ``args``, or a string), but then the part left of the cut has an
+unclosed bracket or string and does not decode, so a batch that decodes is a
+correct cut. The reader tries a few such places from the end of the buffer; when
+none works (events full of nested objects, or malformed JSON) it finds the last
+element boundary with an exact scan that tracks strings and brackets, and only
+then reports malformed JSON, with the byte offset msgspec gives.
 """
 
 from __future__ import annotations
@@ -28,10 +30,15 @@ T = TypeVar("T")
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _JSON_BYTE = re.compile(r"\(byte (\d+)\)")
 _VALIDATION_AT = re.compile(r"`\$\[(\d+)\](.*)`")
+#: Strings (closed, or running to the end of the buffer) and structural characters.
+_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\\?\Z)|[\[\]{},]', re.DOTALL)
+_WHITESPACE = b" \t\r\n"
 #: How much of the file may precede ``traceEvents`` before we give up looking.
 MAX_HEADER_BYTES = 256 << 20
-#: How many alternative cuts to try before declaring a batch malformed.
-MAX_CUT_ATTEMPTS = 64
+#: The largest single event accepted (a bound on the buffer, not a format limit).
+MAX_EVENT_BYTES = 1 << 30
+#: Cuts tried by pattern (each costs a decode) before the exact scan.
+QUICK_CUT_ATTEMPTS = 4
 
 
 @dataclass
@@ -59,8 +66,8 @@ class ChromeTraceReader(Generic[T]):
         self._eof = False
 
     # -- reading -----------------------------------------------------------------
-    def _fill(self, want: int) -> bool:
-        """Read until the buffer holds ``want`` bytes or the file ends; False at EOF."""
+    def _fill(self, want: int) -> None:
+        """Read until the buffer holds ``want`` bytes or the file ends."""
         while len(self._buf) < want and not self._eof:
             try:
                 block = next(self.chunks)
@@ -69,7 +76,6 @@ class ChromeTraceReader(Generic[T]):
                 break
             self.json_bytes += len(block)
             self._buf += block
-        return not self._eof
 
     def _consume(self, n: int) -> None:
         del self._buf[:n]
@@ -79,25 +85,33 @@ class ChromeTraceReader(Generic[T]):
         where = f"byte {offset}" if offset is not None else None
         return TraceFormatError(self.source, message, where=where)
 
-    # -- the three parts of the object ------------------------------------------
+    # -- before the events -------------------------------------------------------
     def _read_header(self) -> None:
-        searched = 0
+        start = 0
         while True:
-            match = _EVENTS_KEY.search(self._buf, max(0, searched - 32))
-            if match:
-                break
-            searched = len(self._buf)
-            if self._eof or searched > MAX_HEADER_BYTES:
-                raise self._not_a_trace()
-            self._fill(len(self._buf) + (1 << 20))
-        head = bytes(self._buf[: match.start()]).strip()
-        if not head.startswith(b"{"):
+            match = _EVENTS_KEY.search(self._buf, start)
+            if match is None:
+                if self._eof or len(self._buf) > MAX_HEADER_BYTES:
+                    raise self._not_a_trace()
+                start = max(0, len(self._buf) - 64)
+                self._fill(len(self._buf) + (1 << 20))
+                continue
+            head = bytes(self._buf[: match.start()]).strip()
+            if head.startswith(b"{"):
+                try:
+                    header = msgspec.json.decode(head + b'"traceEvents":[]}')
+                except msgspec.DecodeError as exc:
+                    # A "traceEvents" key nested deeper than the top level: look further.
+                    if "truncated" in str(exc):
+                        start = match.end()
+                        continue
+                    raise self._error(f"invalid JSON before traceEvents ({_short(exc)})", _offset(exc, 0)) from None
+                if isinstance(header, dict):
+                    header.pop("traceEvents", None)
+                    self.header = header
+                    self._consume(match.end())
+                    return
             raise self._not_a_trace()
-        try:
-            self.header = msgspec.json.decode(head + b'"traceEvents":[]}')
-        except msgspec.DecodeError as exc:
-            raise self._error(f"invalid JSON before traceEvents ({_short(exc)})", _offset(exc, 0)) from None
-        self._consume(match.end())
 
     def _not_a_trace(self) -> TraceFormatError:
         start = bytes(self._buf[:1024]).lstrip()
@@ -106,98 +120,131 @@ class ChromeTraceReader(Generic[T]):
         if start[:1] not in (b"{", b"["):
             return self._error("not JSON (does not start with '{' or '[')", 0)
         if start[:1] == b"[":
-            return self._error("a JSON array, not a PyTorch profiler trace object (no \"traceEvents\")", 0)
-        # Is it at least valid JSON? Say which, so the user knows what to fix.
+            return self._error('a JSON array, not a trace object with "traceEvents"', 0)
         if self._eof:
             try:
                 msgspec.json.decode(bytes(self._buf))
             except msgspec.DecodeError as exc:
-                return self._error(f"invalid JSON ({_short(exc)})", _offset(exc, 0))
+                return self._error(f"invalid JSON ({_short(exc)})", _offset(exc, 0, len(self._buf)))
         return self._error('JSON object without a "traceEvents" array: not a PyTorch profiler trace')
 
+    # -- the events --------------------------------------------------------------
     def batches(self) -> Iterator[tuple[int, list[T], bytes]]:
         """Yield ``(index of the first event, events, batch JSON)`` per batch, in file order.
 
-        The batch JSON is the array text the events were decoded from, for a
-        parser that needs a second, differently typed look at a few events.
+        The batch JSON is the array text the events were decoded from.
         """
         self._fill(self.batch_bytes)
         self._read_header()
+        want = self.batch_bytes
         while True:
-            self._fill(self.batch_bytes)
+            self._fill(want)
             if self._eof:
                 yield from self._read_last()
                 return
-            cut = self._buf.rfind(b"},")
-            decoded = None
-            attempts = 0
-            while cut > 0 and attempts < MAX_CUT_ATTEMPTS:
-                if _next_is_object(self._buf, cut + 2):
-                    decoded = self._try_decode(0, cut + 1)
-                    if decoded is not None:
-                        break
-                    attempts += 1
-                cut = self._buf.rfind(b"},", 0, cut)
+            decoded = self._cut()
             if decoded is None:
-                # No usable cut in this batch: one huge event, or malformed JSON.
-                if len(self._buf) > 16 * self.batch_bytes:
-                    self._decode_or_raise(0, len(self._buf))
-                self._fill(len(self._buf) * 2)
+                # No element boundary in the buffer: one event bigger than it. Read on.
+                if len(self._buf) > MAX_EVENT_BYTES:
+                    raise self._error(f"an event larger than {MAX_EVENT_BYTES >> 20} MB", self._base)
+                want = 2 * len(self._buf)
                 continue
-            events, data = decoded
+            want = self.batch_bytes
+            events, data, consumed = decoded
             first = self.event_count
             self.event_count += len(events)
-            self._consume(cut + 2)
+            self._consume(consumed)
             yield first, events, data
+
+    def _cut(self) -> tuple[list[T], bytes, int] | None:
+        """Decode the longest run of whole events at the start of the buffer.
+
+        Returns the events, their array text and how many buffer bytes they took
+        (separator included), or None when the buffer holds no element boundary.
+        """
+        buf = self._buf
+        end = len(buf)
+        attempts = 0
+        while attempts < QUICK_CUT_ATTEMPTS:
+            end = buf.rfind(b"}", 0, end)
+            if end <= 0:
+                break
+            comma = _skip_ws(buf, end + 1)
+            if comma < len(buf) and buf[comma] == 0x2C and _at(buf, _skip_ws(buf, comma + 1), 0x7B):
+                attempts += 1
+                decoded = self._try_decode(end + 1)
+                if decoded is not None:
+                    return (*decoded, comma + 1)
+        comma = _last_top_level_comma(buf)
+        if comma is None:
+            return None
+        events, data = self._decode_or_raise(comma)
+        return events, data, comma + 1
 
     def _read_last(self) -> Iterator[tuple[int, list[T], bytes]]:
         """Find where ``traceEvents`` closes: the ``]`` after which the object ends validly."""
         buf = self._buf
+        truncated = self._error("file ends inside the traceEvents array (truncated?)", self._base + len(buf))
+        close = _closing_bracket(buf)
+        if close is None:
+            # Malformed events, or a truncated file: find a ']' the object could end at,
+            # and let the decoder say where the events go wrong.
+            close = self._plausible_close()
+            if close is None:
+                raise truncated
+            try:
+                self._decode_or_raise(len(bytes(buf[:close]).rstrip()))
+            except TraceFormatError as exc:
+                if "truncated" in exc.reason:
+                    raise truncated from None
+                raise
+            raise truncated
+        tail_text = bytes(buf[close + 1 :])
+        prefix = b'{"traceEvents":[]'
+        try:
+            tail = msgspec.json.decode(prefix + tail_text)
+        except msgspec.DecodeError as exc:
+            shift = self._base + close + 1 - len(prefix)
+            if "trailing characters" in str(exc):
+                # msgspec places "trailing characters" one byte past where they start.
+                raise self._error("unexpected data after the end of the trace object", _offset(exc, shift - 1)) from None
+            if not tail_text.rstrip().endswith(b"}"):
+                raise truncated from None
+            raise self._error(
+                f"invalid JSON after traceEvents ({_short(exc)})", _offset(exc, shift, len(prefix) + len(tail_text))
+            ) from None
+        body = bytes(buf[:close]).rstrip()
+        if body.lstrip().endswith(b","):
+            raise self._error("trailing comma after the last event", self._base + len(body) - 1)
+        if body.strip():
+            events, data = self._decode_or_raise(len(body))
+        else:
+            events, data = [], b"[]"
+        if isinstance(tail, dict):
+            tail.pop("traceEvents", None)
+            self.tail = tail
+        first = self.event_count
+        self.event_count += len(events)
+        yield first, events, data
+
+    def _plausible_close(self) -> int | None:
+        """The last ``]`` after which the rest of the buffer ends a JSON object."""
+        buf = self._buf
         end = len(buf)
-        attempts = 0
-        first_error: TraceFormatError | None = None
-        while attempts <= MAX_CUT_ATTEMPTS:
+        for _ in range(256):
             end = buf.rfind(b"]", 0, end)
             if end < 0:
-                break
-            attempts += 1
+                return None
             try:
-                tail = msgspec.json.decode(b'{"traceEvents":[]' + bytes(buf[end + 1 :]))
+                msgspec.json.decode(b'{"traceEvents":[]' + bytes(buf[end + 1 :]))
             except msgspec.DecodeError:
                 continue
-            if not isinstance(tail, dict):
-                continue
-            body = bytes(buf[:end]).rstrip()
-            if body.lstrip().endswith(b","):
-                first_error = first_error or self._error(
-                    "trailing comma after the last event", self._base + len(body) - 1
-                )
-                continue
-            if not body.strip():
-                events: list[T] = []
-                data = b"[]"
-            else:
-                decoded = self._try_decode(0, len(body))
-                if decoded is None:
-                    if first_error is None:
-                        try:
-                            self._decode_or_raise(0, len(body))
-                        except TraceFormatError as exc:
-                            first_error = exc
-                    continue
-                events, data = decoded
-            self.tail = tail
-            first = self.event_count
-            self.event_count += len(events)
-            yield first, events, data
-            return
-        raise first_error or self._error(
-            "file ends inside the traceEvents array (truncated?)", self._base + len(buf)
-        )
+            return end
+        return None
 
     # -- decoding ----------------------------------------------------------------
-    def _try_decode(self, start: int, stop: int) -> tuple[list[T], bytes] | None:
-        data = b"[" + self._buf[start:stop] + b"]"
+    def _try_decode(self, stop: int) -> tuple[list[T], bytes] | None:
+        data = b"[" + self._buf[:stop] + b"]"
         try:
             return self._decoder.decode(data), data
         except msgspec.ValidationError as exc:
@@ -206,14 +253,15 @@ class ChromeTraceReader(Generic[T]):
         except msgspec.DecodeError:
             return None
 
-    def _decode_or_raise(self, start: int, stop: int) -> tuple[list[T], bytes]:
-        data = b"[" + self._buf[start:stop] + b"]"
+    def _decode_or_raise(self, stop: int) -> tuple[list[T], bytes]:
+        data = b"[" + self._buf[:stop] + b"]"
         try:
             return self._decoder.decode(data), data
         except msgspec.ValidationError as exc:
             raise self._validation_error(exc) from None
         except msgspec.DecodeError as exc:
-            raise self._error(f"invalid JSON in traceEvents ({_short(exc)})", _offset(exc, self._base - 1)) from None
+            offset = _offset(exc, self._base - 1, len(data))
+            raise self._error(f"invalid JSON in traceEvents ({_short(exc)})", offset) from None
 
     def _validation_error(self, exc: msgspec.ValidationError) -> TraceFormatError:
         text = str(exc)
@@ -222,23 +270,69 @@ class ChromeTraceReader(Generic[T]):
             return self._error(f"unexpected event content: {text}", self._base)
         index = self.event_count + int(match.group(1))
         what = text.split(" - at ")[0]
-        path = match.group(2).lstrip(".") or "the event"
+        path = match.group(2).lstrip(".")
+        missing = re.match(r"Object missing required field `(.+)`", what)
+        if missing:
+            field = f"{path}.{missing.group(1)}" if path else missing.group(1)
+            return TraceFormatError(self.source, f"event has no {field!r}", where=f"traceEvents[{index}]")
         return TraceFormatError(
-            self.source, f"{what} in field {path!r}", where=f"traceEvents[{index}]"
+            self.source, f"{what} in field {path or 'the event'!r}", where=f"traceEvents[{index}]"
         )
 
 
-def _next_is_object(buf: bytearray, pos: int) -> bool:
+def _skip_ws(buf: bytearray, pos: int) -> int:
     n = len(buf)
-    while pos < n and buf[pos] in b" \t\r\n":
+    while pos < n and buf[pos] in _WHITESPACE:
         pos += 1
-    return pos < n and buf[pos] == 0x7B  # "{"
+    return pos
+
+
+def _at(buf: bytearray, pos: int, char: int) -> bool:
+    return pos < len(buf) and buf[pos] == char
+
+
+def _last_top_level_comma(buf: bytearray) -> int | None:
+    """Offset of the last comma between two elements of the array the buffer starts inside."""
+    depth = 0
+    last = None
+    for match in _TOKENS.finditer(buf):
+        char = buf[match.start()]
+        if char == 0x22:  # a string: skip it whole
+            continue
+        if char in b"[{":
+            depth += 1
+        elif char in b"]}":
+            depth -= 1
+            if depth < 0:  # the array itself closes: only the last batch sees this
+                break
+        elif depth == 0 and not _at(buf, _skip_ws(buf, match.end()), 0x5D):
+            last = match.start()  # a comma followed by "]" is a trailing comma, not a boundary
+    return last
+
+
+def _closing_bracket(buf: bytearray) -> int | None:
+    """Offset of the ``]`` closing the array the buffer starts inside, by an exact scan."""
+    depth = 0
+    for match in _TOKENS.finditer(buf):
+        char = buf[match.start()]
+        if char in b"[{":
+            depth += 1
+        elif char in b"]}":
+            depth -= 1
+            if depth < 0:
+                return match.start() if char == 0x5D else None
+    return None
 
 
 def _short(exc: Exception) -> str:
     return _JSON_BYTE.sub("", str(exc)).strip().rstrip(".")
 
 
-def _offset(exc: Exception, base: int) -> int | None:
+def _offset(exc: Exception, base: int, length: int | None = None) -> int | None:
+    """Absolute offset of a msgspec decode error; a truncation is reported at the end of the data."""
     match = _JSON_BYTE.search(str(exc))
-    return base + int(match.group(1)) if match else None
+    if match:
+        return base + int(match.group(1))
+    if length is not None and "truncated" in str(exc):
+        return base + length
+    return None

@@ -49,14 +49,16 @@ def detect(path: Path, name: str | None = None) -> Format:
     label = name or path.name
     if path.stat().st_size == 0:
         raise TraceFormatError(label, "file is empty (0 bytes)", where="byte 0")
-    head = read_head(path)
+    head = read_head(path, name=label)
     for fmt in FORMATS:
         if fmt.sniff(head, label):
             return fmt
     stripped = head.lstrip()
     if not stripped:
         raise UnknownFormatError(label, "file holds only whitespace, not a trace", where="byte 0")
-    if stripped[:1] in (b"{", b"["):
+    if stripped[:1] == b"[":
+        hint = 'a JSON array, not a trace object with "traceEvents"'
+    elif stripped[:1] == b"{":
         hint = 'JSON, but not a trace tracelake knows (no "traceEvents")'
     else:
         hint = "not a trace format tracelake knows"

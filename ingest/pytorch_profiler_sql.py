@@ -1,7 +1,14 @@
-"""Stage 2 of the Kineto parser: staged rows -> warehouse tables, in DuckDB.
+"""Stage 2 of the Kineto parser: batch files of events -> warehouse tables, in DuckDB.
 
-Runs out of core (DuckDB spills to the staging directory) so a trace of any size
-normalises within the configured memory limit.
+Per group of batches (:meth:`Normaliser.load`), DuckDB's JSON reader parses the
+events on every core into typed columns (``ts`` and ``dur`` as exact decimals, so
+nanosecond digits survive). Everything that depends on one event only (names,
+kinds, categories, arguments) is written at once to Parquet parts in the staging
+directory; only narrow columns (ids, times, thread) stay in DuckDB. At the end
+(:meth:`Normaliser.finish`) the cross-event facts (nesting, steps, collective
+links) are derived from the narrow tables and joined back onto the parts as the
+final tables are written. Memory therefore grows with a few numbers per event,
+not with the trace text, and DuckDB spills past its limit.
 """
 
 from __future__ import annotations
@@ -20,6 +27,11 @@ from .model import TraceInfo
 
 log = logging.getLogger(__name__)
 
+
+class UnreadableValue(Exception):
+    """DuckDB could not convert a value in the events (a wrongly typed field)."""
+
+
 #: Bytes per element of the dtypes PyTorch writes in ``record_param_comms`` args.
 DTYPE_BYTES: dict[str, int] = {
     "Float": 4, "float": 4, "Float32": 4, "Double": 8, "Half": 2, "BFloat16": 2,
@@ -28,132 +40,285 @@ DTYPE_BYTES: dict[str, int] = {
     "ComplexFloat": 8, "ComplexDouble": 16, "UInt16": 2, "UInt32": 4, "UInt64": 8,
 }
 
-#: Device op kinds by Kineto event category.
+#: Device op kinds by Kineto event category (lower case).
 KIND_BY_CAT = {
     "kernel": "kernel", "gpu_memcpy": "memcpy", "memcpy": "memcpy",
     "gpu_memset": "memset", "memset": "memset", "cuda_sync": "sync",
 }
+#: Event phases of the Chrome trace format (``ph``); anything else is an error.
+PHASES = ("B", "E", "X", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M", "R", "c", "(", ")")
+#: Integer args whose presence with a value that is not a number is an error.
+CHECKED_INT_ARGS = ("external_id", "correlation", "device", "stream")
+#: Complete (``X``) events that are neither device ops nor host ops.
+NOT_HOST_CATS = ("gpu_user_annotation", "trace", "ac2g", "async_cpu_to_gpu", "fwdbwd")
 
-_STAGED_COLUMNS = {
-    "device": "event_id BIGINT, cat VARCHAR, name VARCHAR, pid BIGINT, pid_s VARCHAR, tid BIGINT, tid_s VARCHAR, "
-    "ts VARCHAR, dur VARCHAR, device BIGINT, stream BIGINT, correlation BIGINT, external_id BIGINT, bytes BIGINT, "
-    "grid INTEGER[], block INTEGER[], regs BIGINT, smem BIGINT, occupancy DOUBLE",
-    "host": "event_id BIGINT, cat VARCHAR, name VARCHAR, pid BIGINT, pid_s VARCHAR, tid BIGINT, tid_s VARCHAR, "
-    "ts VARCHAR, dur VARCHAR, correlation BIGINT, external_id BIGINT, seq_nr BIGINT, fwd_tid BIGINT, "
-    "input_dims VARCHAR, input_types VARCHAR, flops DOUBLE",
-    "coll": "event_id BIGINT, source VARCHAR, coll_name VARCHAR, dtype VARCHAR, in_nelems BIGINT, out_nelems BIGINT, "
-    "group_size BIGINT, pg_name VARCHAR, pg_desc VARCHAR, pg_ranks VARCHAR, coll_seq BIGINT, src_rank BIGINT, dst_rank BIGINT",
-    "meta": "name VARCHAR, pid BIGINT, pid_s VARCHAR, tid BIGINT, value VARCHAR",
-    "memory": "pid BIGINT, ts VARCHAR, total_allocated DOUBLE, total_reserved DOUBLE, device_id BIGINT",
-    "counter": "name VARCHAR, pid BIGINT, ts VARCHAR, value DOUBLE",
+#: ``args`` keys read from the JSON, by the name used in SQL. Numbers are read as
+#: text because some back-ends write them as strings ("stream": "0x0", "bytes": "256").
+ARGS: dict[str, tuple[str, str]] = {
+    "external_id": ("External id", "VARCHAR"),
+    "correlation": ("correlation", "VARCHAR"),
+    "device": ("device", "VARCHAR"),
+    "stream": ("stream", "VARCHAR"),
+    "bytes": ("bytes", "VARCHAR"),
+    "grid": ("grid", "JSON"),
+    "block": ("block", "JSON"),
+    "regs": ("registers per thread", "VARCHAR"),
+    "smem": ("shared memory", "VARCHAR"),
+    "occupancy": ("est. achieved occupancy %", "VARCHAR"),
+    "seq_nr": ("Sequence number", "VARCHAR"),
+    "fwd_tid": ("Fwd thread id", "VARCHAR"),
+    "input_dims": ("Input Dims", "JSON"),
+    "input_types": ("Input type", "JSON"),
+    "flops": ("flops", "VARCHAR"),
+    "coll_name": ("Collective name", "VARCHAR"),
+    "dtype": ("dtype", "VARCHAR"),
+    "in_nelems": ("In msg nelems", "VARCHAR"),
+    "out_nelems": ("Out msg nelems", "VARCHAR"),
+    "group_size": ("Group size", "VARCHAR"),
+    "pg_name": ("Process Group Name", "VARCHAR"),
+    "pg_desc": ("Process Group Description", "VARCHAR"),
+    "pg_ranks": ("Process Group Ranks", "VARCHAR"),
+    "coll_seq": ("Seq", "VARCHAR"),
+    "src_rank": ("Src Rank", "VARCHAR"),
+    "dst_rank": ("Dst Rank", "VARCHAR"),
+    "total_allocated": ("Total Allocated", "VARCHAR"),
+    "total_reserved": ("Total Reserved", "VARCHAR"),
+    "device_id": ("Device Id", "VARCHAR"),
+    "device_type": ("Device Type", "VARCHAR"),
 }
 
 
+def _q(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _columns_spec() -> str:
+    columns = {
+        "ph": "VARCHAR", "cat": "VARCHAR", "name": "VARCHAR", "pid": "VARCHAR", "tid": "VARCHAR",
+        "ts": "DECIMAL(20,3)", "dur": "DECIMAL(20,3)", "args": _args_type(),
+    }
+    return "{" + ", ".join(f"{_q(k)}: {_q(v)}" for k, v in columns.items()) + "}"
+
+
+def _args_type() -> str:
+    return "STRUCT(" + ", ".join(f'"{key}" {type_}' for key, type_ in ARGS.values()) + ")"
+
+
+def _arg(name: str) -> str:
+    return f'args."{ARGS[name][0]}"'
+
+
+def _int_arg(name: str) -> str:
+    """An integer arg written as a number, a decimal string or a hex string."""
+    raw = _arg(name)
+    return (f"coalesce(TRY_CAST({raw} AS BIGINT), TRY_CAST(TRY_CAST({raw} AS DOUBLE) AS BIGINT), "
+            f"CASE WHEN {raw} ILIKE '0x%' THEN TRY_CAST({raw} AS UBIGINT) END)")
+
+
+def _max_object(batch: Path) -> int:
+    """DuckDB's JSON reader buffers this much per thread: no event is larger than its batch."""
+    return max(16 << 20, batch.stat().st_size + 1024)
+
+
 def _connect(staging: Path, memory_limit: str, threads: int) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect(config={
+    return duckdb.connect(config={
         "memory_limit": memory_limit,
         "threads": threads,
         "temp_directory": str(staging / "duckdb_tmp"),
         "preserve_insertion_order": False,
     })
-    return con
 
 
-def _load_staged(con: duckdb.DuckDBPyConnection, staging: Path, staged: list[str]) -> None:
-    for name, columns in _STAGED_COLUMNS.items():
-        if name in staged:
-            path = staging / f"raw_{name}.parquet"
-            con.execute(f"CREATE VIEW raw_{name} AS SELECT * FROM read_parquet('{_sql_path(path)}')")
-        else:
-            con.execute(f"CREATE TABLE raw_{name} ({columns})")
+def _translate(exc: duckdb.Error, source: str) -> Exception:
+    if isinstance(exc, duckdb.ConversionException | duckdb.InvalidInputException):
+        return UnreadableValue(str(exc).splitlines()[0])
+    return TraceFormatError(source, f"could not normalise the trace ({exc})")
 
 
-def _sql_path(path: Path) -> str:
-    return str(path).replace("'", "''")
+_DEVICE_CATS = ", ".join(f"'{c}'" for c in KIND_BY_CAT)
+_NOT_HOST = ", ".join(f"'{c}'" for c in (*KIND_BY_CAT, *NOT_HOST_CATS))
+_KINDS = " ".join(f"WHEN '{cat}' THEN '{kind}'" for cat, kind in KIND_BY_CAT.items())
+
+#: Row-local columns of device ops, written to Parquet parts as each group loads.
+_DEVICE_PART = f"""
+    SELECT event_id, name, CASE lcat {_KINDS} END AS kind,
+           CAST(coalesce({_int_arg('device')}, num_id(pid)) AS INTEGER) AS device,
+           coalesce({_int_arg('stream')}, num_id(tid)) AS stream,
+           rel_ns(ts) AS ts_ns, dur_ns(dur) AS dur_ns,
+           {_int_arg('correlation')} AS correlation, {_int_arg('external_id')} AS external_id,
+           {_int_arg('bytes')} AS bytes,
+           TRY_CAST({_arg('grid')} AS INTEGER[]) AS grid, TRY_CAST({_arg('block')} AS INTEGER[]) AS block,
+           {_int_arg('regs')} AS regs, {_int_arg('smem')} AS smem,
+           TRY_CAST({_arg('occupancy')} AS DOUBLE) AS occupancy
+    FROM batch WHERE ph = 'X' AND lcat IN ({_DEVICE_CATS})
+"""
+#: Row-local columns of host ops.
+_HOST_PART = f"""
+    SELECT event_id, cat, name, num_id(pid) AS pid, num_id(tid) AS tid,
+           rel_ns(ts) AS ts_ns, dur_ns(dur) AS dur_ns,
+           {_int_arg('correlation')} AS correlation, {_int_arg('external_id')} AS external_id,
+           {_int_arg('seq_nr')} AS sequence_number, {_int_arg('fwd_tid')} AS fwd_thread_id,
+           {_arg('input_dims')} AS input_dims, {_arg('input_types')} AS input_types,
+           TRY_CAST({_arg('flops')} AS DOUBLE) AS flops
+    FROM batch WHERE ph = 'X' AND coalesce(lcat, '') NOT IN ({_NOT_HOST})
+"""
 
 
-def _check_times(con: duckdb.DuckDBPyConnection, table: str, source: str) -> None:
-    bad = con.execute(
-        f"SELECT event_id, name, ts_ns IS NULL AS no_ts FROM {table} "
-        "WHERE ts_ns IS NULL OR dur_ns IS NULL ORDER BY event_id LIMIT 1"
-    ).fetchone()
-    if bad:
-        event_id, name, no_ts = bad
-        field = "ts" if no_ts else "dur"
-        raise TraceFormatError(
-            source,
-            f"event {name!r} has a missing or non-numeric {field!r}",
-            where=f"traceEvents[{event_id}]",
-        )
+class Normaliser:
+    """Loads groups of event batches into DuckDB as they are cut, then writes the tables.
+
+    :meth:`load` may run on a background thread while the next batches are cut:
+    DuckDB releases the GIL, so JSON parsing in DuckDB and cutting in Python use
+    both cores.
+    """
+
+    def __init__(self, staging: Path, *, memory_limit: str, threads: int, source: str) -> None:
+        self.staging = staging
+        self.source = source
+        self.parts = staging / "parts"
+        self.parts.mkdir()
+        self.groups = 0
+        self.con = _connect(staging, memory_limit, threads)
+        self._columns = _columns_spec()
+        for statement in _SETUP:
+            self.con.execute(statement)
+
+    def load(self, batches: list[Path], first: int) -> None:
+        """Parse batch files holding events ``first``, ``first + 1``, ... (in order).
+
+        Raises:
+            UnreadableValue: DuckDB could not convert a value (the caller locates it).
+            TraceFormatError: an event lacks a required field or has a bad one.
+        """
+        files = "[" + ", ".join(_q(str(b)) for b in batches) + "]"
+        con = self.con
+        group = self.groups
+        self.groups += 1
+        try:
+            con.execute(f"""
+                CREATE OR REPLACE TEMP TABLE batch AS
+                SELECT ordinality - 1 + {int(first)} AS event_id, ph, cat, lower(cat) AS lcat, name,
+                       pid, tid, ts, dur, args
+                FROM read_json({files}, format = 'array', columns = {self._columns},
+                               maximum_object_size = {max(_max_object(b) for b in batches)}) WITH ORDINALITY
+                WHERE ph IS NULL OR ph NOT IN ('s', 'f', 'M')
+            """)
+            _check_batch(con, self.source)
+            device_part = _q(str(self.parts / f"device-{group:06d}.parquet"))
+            host_part = _q(str(self.parts / f"host-{group:06d}.parquet"))
+            con.execute(f"COPY ({_DEVICE_PART}) TO {device_part} (FORMAT parquet, COMPRESSION lz4)")
+            con.execute(f"COPY ({_HOST_PART}) TO {host_part} (FORMAT parquet, COMPRESSION lz4)")
+            for statement in _PER_BATCH:
+                con.execute(statement.format(device_part=device_part, host_part=host_part))
+        except duckdb.Error as exc:
+            raise _translate(exc, self.source) from exc
+
+    def finish(self, info: TraceInfo, *, trace_id: str, base_ns: int, counter_batches: list[Path]) -> None:
+        """Derive the cross-event facts and write ``<table>.parquet`` for every data table; fill ``info``."""
+        started = time.perf_counter()
+        con = self.con
+        try:
+            con.execute("DROP TABLE IF EXISTS batch")
+            _steps(con)
+            _nesting(con)
+            _device_steps(con)
+            _collectives(con, self.parts)
+            _counters(con, counter_batches)
+            _fill_info(con, info, base_ns)
+            _write_tables(con, self.staging, self.parts, trace_id, info.rank, base_ns)
+        except duckdb.Error as exc:
+            raise _translate(exc, self.source) from exc
+        log.debug("normalised %s in %.3fs", self.source, time.perf_counter() - started)
+
+    def close(self) -> None:
+        """Release DuckDB's memory and temporary files."""
+        self.con.close()
 
 
-def normalise(
-    staging: Path,
-    staged: list[str],
-    info: TraceInfo,
-    *,
-    trace_id: str,
-    base_ns: int,
-    memory_limit: str,
-    threads: int,
-    source: str,
-) -> None:
-    """Write ``<table>.parquet`` for every data table into ``staging`` and fill ``info``."""
-    started = time.perf_counter()
-    con = _connect(staging, memory_limit, threads)
-    try:
-        _load_staged(con, staging, staged)
-        con.execute(f"CREATE MACRO us_ns(x) AS CAST(TRY_CAST(x AS DECIMAL(20,3)) * 1000 AS BIGINT) + {int(base_ns)}")
-        con.execute("CREATE MACRO dur_ns(x) AS greatest(CAST(TRY_CAST(x AS DECIMAL(20,3)) * 1000 AS BIGINT), 0)")
-        con.execute("CREATE MACRO num_id(i, s) AS coalesce(i, TRY_CAST(regexp_extract(s, '\\d+') AS BIGINT))")
-        kinds = " ".join(f"WHEN '{cat}' THEN '{kind}'" for cat, kind in KIND_BY_CAT.items())
-        con.execute(f"""
-            CREATE TABLE dev AS
-            SELECT event_id, name,
-                   CASE lower(cat) {kinds} ELSE 'kernel' END AS kind,
-                   CAST(coalesce(device, num_id(pid, pid_s)) AS INTEGER) AS device,
-                   coalesce(stream, num_id(tid, tid_s)) AS stream,
-                   us_ns(ts) AS ts_ns, dur_ns(dur) AS dur_ns,
-                   correlation, external_id, bytes, grid, block, regs, smem, occupancy
-            FROM raw_device
-        """)
-        _check_times(con, "dev", source)
-        con.execute("""
-            CREATE TABLE host0 AS
-            SELECT event_id, cat, name, num_id(pid, pid_s) AS pid, num_id(tid, tid_s) AS tid,
-                   us_ns(ts) AS ts_ns, dur_ns(dur) AS dur_ns,
-                   correlation, external_id, seq_nr, fwd_tid, input_dims, input_types, flops
-            FROM raw_host
-        """)
-        _check_times(con, "host0", source)
-        _steps(con)
-        _nesting(con)
-        _device_steps(con)
-        _collectives(con)
-        _counters(con)
-        _fill_info(con, info)
-        _write_tables(con, staging, trace_id, info.rank)
-    except duckdb.Error as exc:
-        raise TraceFormatError(source, f"could not normalise the trace ({exc})") from exc
-    finally:
-        con.close()
-    log.debug("normalised %s in %.3fs", source, time.perf_counter() - started)
+_SETUP = (
+    # Times stay relative to the trace's own zero until the final write adds
+    # baseTimeNanoseconds, which some traces only give after the events.
+    "CREATE MACRO rel_ns(x) AS CAST(x * 1000 AS BIGINT)",
+    "CREATE MACRO dur_ns(x) AS greatest(CAST(x * 1000 AS BIGINT), 0)",
+    "CREATE MACRO num_id(s) AS coalesce(TRY_CAST(s AS BIGINT), TRY_CAST(regexp_extract(s, '\\d+') AS BIGINT))",
+    "CREATE TABLE host_n (event_id BIGINT, pid BIGINT, tid BIGINT, ts_ns BIGINT, dur_ns BIGINT, correlation BIGINT)",
+    "CREATE TABLE dev_n (event_id BIGINT, device INTEGER, ts_ns BIGINT, dur_ns BIGINT, correlation BIGINT, "
+    "category VARCHAR)",
+    "CREATE TABLE step_marks (step BIGINT, ts_ns BIGINT, dur_ns BIGINT)",
+    f"CREATE TABLE coll_args (event_id BIGINT, coll_name VARCHAR, dtype VARCHAR, process_group VARCHAR, "
+    "pg_desc VARCHAR, pg_ranks VARCHAR, in_nelems BIGINT, out_nelems BIGINT, group_size BIGINT, coll_seq BIGINT, "
+    "src_rank BIGINT, dst_rank BIGINT)",
+    "CREATE TABLE counter_rows (name VARCHAR, device INTEGER, ts_ns BIGINT, value DOUBLE)",
+    "CREATE TABLE facts (hip_calls BIGINT)",
+)
+
+_MEMORY_DEVICE = f"CASE WHEN {_int_arg('device_type')} = 0 THEN -1 ELSE CAST({_int_arg('device_id')} AS INTEGER) END"
+
+#: What each group leaves in DuckDB: narrow columns and the few rows the end needs.
+_PER_BATCH = (
+    "INSERT INTO host_n SELECT event_id, pid, tid, ts_ns, dur_ns, correlation FROM read_parquet({host_part})",
+    f"INSERT INTO dev_n SELECT event_id, device, ts_ns, dur_ns, correlation, {category_sql()} "
+    "FROM read_parquet({device_part})",
+    """INSERT INTO step_marks
+       SELECT TRY_CAST(regexp_extract(name, 'ProfilerStep#(\\d+)', 1) AS BIGINT), rel_ns(ts), dur_ns(dur)
+       FROM batch WHERE ph = 'X' AND name LIKE 'ProfilerStep#%'""",
+    f"""INSERT INTO coll_args
+       SELECT event_id, {_arg('coll_name')}, {_arg('dtype')}, {_arg('pg_name')}, {_arg('pg_desc')},
+              {_arg('pg_ranks')}, {_int_arg('in_nelems')}, {_int_arg('out_nelems')}, {_int_arg('group_size')},
+              {_int_arg('coll_seq')}, {_int_arg('src_rank')}, {_int_arg('dst_rank')}
+       FROM batch WHERE ph = 'X' AND {_arg('coll_name')} IS NOT NULL""",
+    f"""INSERT INTO counter_rows
+       SELECT 'Total Allocated', {_MEMORY_DEVICE}, rel_ns(ts), TRY_CAST({_arg('total_allocated')} AS DOUBLE)
+       FROM batch WHERE ph = 'i' AND name = '[memory]' AND {_arg('total_allocated')} IS NOT NULL AND ts IS NOT NULL
+       UNION ALL
+       SELECT 'Total Reserved', {_MEMORY_DEVICE}, rel_ns(ts), TRY_CAST({_arg('total_reserved')} AS DOUBLE)
+       FROM batch WHERE ph = 'i' AND name = '[memory]' AND {_arg('total_reserved')} IS NOT NULL AND ts IS NOT NULL""",
+    "INSERT INTO facts SELECT count(*) FROM batch WHERE lcat = 'cuda_runtime' AND name LIKE 'hip%'",
+)
+
+
+def _check_batch(con: duckdb.DuckDBPyConnection, source: str) -> None:
+    """Every event needs a known phase; complete events a start and a duration; ids must be numbers."""
+    phases = ", ".join(f"'{p}'" for p in PHASES)
+    bad_ids = " OR ".join(f"({_arg(n)} IS NOT NULL AND {_int_arg(n)} IS NULL)" for n in CHECKED_INT_ARGS)
+    which_id = " ".join(
+        f"WHEN {_arg(n)} IS NOT NULL AND {_int_arg(n)} IS NULL THEN 'args.{ARGS[n][0]}'" for n in CHECKED_INT_ARGS
+    )
+    bad = con.execute(f"""
+        SELECT event_id, name,
+               CASE WHEN ph IS NULL THEN 'missing' WHEN ph NOT IN ({phases}) THEN 'phase'
+                    WHEN ph = 'X' AND ts IS NULL THEN 'ts' WHEN ph = 'X' AND dur IS NULL THEN 'dur'
+                    ELSE CASE {which_id} END END AS problem,
+               ph
+        FROM batch
+        WHERE ph IS NULL OR ph NOT IN ({phases}) OR (ph = 'X' AND (ts IS NULL OR dur IS NULL)) OR {bad_ids}
+        ORDER BY event_id LIMIT 1
+    """).fetchone()
+    if bad is None:
+        return
+    event_id, name, problem, ph = bad
+    what = f"event {name!r}" if name else "an event"
+    if problem == "missing":
+        message = f"{what} has no 'ph' (event phase)"
+    elif problem == "phase":
+        message = f"{what} has an unknown phase 'ph': {ph!r}"
+    elif problem in ("ts", "dur"):
+        message = f"{what} has no {problem!r} (or it is null)"
+    else:
+        message = f"{what} has a non-numeric {problem!r}"
+    raise TraceFormatError(source, message, where=f"traceEvents[{event_id}]")
 
 
 def _steps(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("""
         CREATE TABLE steps AS
         SELECT step, min(ts_ns) AS ts_ns, max(ts_ns + dur_ns) - min(ts_ns) AS dur_ns
-        FROM (
-            SELECT TRY_CAST(regexp_extract(name, 'ProfilerStep#(\\d+)', 1) AS BIGINT) AS step, ts_ns, dur_ns
-            FROM host0 WHERE name LIKE 'ProfilerStep#%'
-        ) WHERE step IS NOT NULL
-        GROUP BY step
+        FROM step_marks WHERE step IS NOT NULL GROUP BY step
     """)
 
 
 def _nesting(con: duckdb.DuckDBPyConnection) -> None:
-    """Depth and parent of host events per thread, by a sweep over starts and ends.
+    """Depth, parent and step of host events per thread, by a sweep over starts and ends.
 
     At equal times ends come before starts (touching is not nesting), longer events
     start first (the parent), and the end of a zero-length event comes after its start.
@@ -161,10 +326,10 @@ def _nesting(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("""
         CREATE TABLE depths AS
         WITH points AS (
-            SELECT pid, tid, ts_ns AS t, 1 AS ord, dur_ns, event_id, 1 AS delta FROM host0
+            SELECT pid, tid, ts_ns AS t, 1 AS ord, dur_ns, event_id, 1 AS delta FROM host_n
             UNION ALL
             SELECT pid, tid, ts_ns + dur_ns AS t, CASE WHEN dur_ns = 0 THEN 2 ELSE 0 END AS ord,
-                   0 AS dur_ns, event_id, -1 AS delta FROM host0
+                   0 AS dur_ns, event_id, -1 AS delta FROM host_n
         ), running AS (
             SELECT event_id, ord,
                    sum(delta) OVER (PARTITION BY pid, tid ORDER BY t, ord, dur_ns DESC, event_id
@@ -176,27 +341,27 @@ def _nesting(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("""
         CREATE TABLE host1 AS
         SELECT h.*, d.depth, CASE WHEN h.ts_ns < s.ts_ns + s.dur_ns THEN s.step END AS step
-        FROM host0 h JOIN depths d USING (event_id)
+        FROM host_n h JOIN depths d USING (event_id)
         ASOF LEFT JOIN steps s ON h.ts_ns >= s.ts_ns
     """)
     con.execute("""
-        CREATE TABLE host AS
+        CREATE TABLE host_d AS
         SELECT c.*, p.event_id AS parent_id
-        FROM host1 c ASOF LEFT JOIN (SELECT pid, tid, depth, ts_ns, event_id FROM host1) p
+        FROM host1 c ASOF LEFT JOIN (SELECT pid, tid, depth + 1 AS child_depth, ts_ns, event_id FROM host1) p
           ON c.pid IS NOT DISTINCT FROM p.pid AND c.tid IS NOT DISTINCT FROM p.tid
-         AND c.depth - 1 = p.depth AND c.ts_ns >= p.ts_ns
+         AND c.depth = p.child_depth AND c.ts_ns >= p.ts_ns
     """)
+    con.execute("DROP TABLE depths; DROP TABLE host1")
 
 
 def _device_steps(con: duckdb.DuckDBPyConnection) -> None:
     """A device op belongs to the step of the runtime call that launched it, else by time."""
-    con.execute(f"""
-        CREATE TABLE device AS
-        SELECT d.*, {category_sql('d.kind', 'd.name')} AS category,
-               coalesce(l.step, CASE WHEN d.ts_ns < s.ts_ns + s.dur_ns THEN s.step END) AS step
-        FROM dev d
+    con.execute("""
+        CREATE TABLE dev_d AS
+        SELECT d.*, coalesce(l.step, CASE WHEN d.ts_ns < s.ts_ns + s.dur_ns THEN s.step END) AS step
+        FROM dev_n d
         LEFT JOIN (
-            SELECT correlation, any_value(step) AS step FROM host
+            SELECT correlation, any_value(step) AS step FROM host_d
             WHERE correlation IS NOT NULL GROUP BY correlation
         ) l USING (correlation)
         ASOF LEFT JOIN steps s ON d.ts_ns >= s.ts_ns
@@ -205,19 +370,19 @@ def _device_steps(con: duckdb.DuckDBPyConnection) -> None:
         CREATE TABLE step_rows AS
         SELECT s.step, s.ts_ns, s.dur_ns, min(d.ts_ns) AS device_start_ns,
                max(d.ts_ns + d.dur_ns) AS device_end_ns, count(d.event_id) AS device_op_count
-        FROM steps s LEFT JOIN device d ON d.step = s.step
+        FROM steps s LEFT JOIN dev_d d ON d.step = s.step
         GROUP BY ALL
     """)
 
 
-def _collectives(con: duckdb.DuckDBPyConnection) -> None:
+def _collectives(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
     """Collective calls from ``record_param_comms`` (or NCCL kernel args), linked to kernels."""
     sizes = ", ".join(f"('{k}', {v})" for k, v in DTYPE_BYTES.items())
     con.execute(f"CREATE TABLE dtype_bytes(dtype VARCHAR, size INTEGER); INSERT INTO dtype_bytes VALUES {sizes}")
     con.execute("""
         CREATE TABLE coll_cpu AS
         SELECT c.*, h.pid, h.tid, h.ts_ns, h.dur_ns, h.step
-        FROM raw_coll c JOIN host h USING (event_id) WHERE c.source = 'cpu_op'
+        FROM coll_args c JOIN host_d h USING (event_id)
     """)
     # The kernel of a CPU-side call is launched from inside it, on the same thread.
     con.execute("""
@@ -226,73 +391,78 @@ def _collectives(con: duckdb.DuckDBPyConnection) -> None:
             SELECT c.event_id, k.event_id AS kernel_event_id,
                    row_number() OVER (PARTITION BY c.event_id ORDER BY k.ts_ns, k.event_id) AS n
             FROM coll_cpu c
-            JOIN host r ON r.pid = c.pid AND r.tid = c.tid AND r.correlation IS NOT NULL
+            JOIN host_d r ON r.pid = c.pid AND r.tid = c.tid AND r.correlation IS NOT NULL
                        AND r.ts_ns >= c.ts_ns AND r.ts_ns <= c.ts_ns + c.dur_ns
-            JOIN device k ON k.correlation = r.correlation AND k.category = 'communication'
+            JOIN dev_d k ON k.correlation = r.correlation AND k.category = 'communication'
         ) WHERE n = 1
     """)
-    con.execute("""
+    kernels = _q(str(parts / "device-*.parquet"))
+    con.execute(f"""
         CREATE TABLE coll AS
         WITH calls AS (
             SELECT c.*, l.kernel_event_id, c.ts_ns AS cpu_ts_ns, c.dur_ns AS cpu_dur_ns
             FROM coll_cpu c LEFT JOIN coll_links l USING (event_id)
             UNION ALL BY NAME
-            SELECT c.*, d.event_id AS kernel_event_id, NULL AS cpu_ts_ns, NULL AS cpu_dur_ns,
-                   d.ts_ns, d.dur_ns, d.step
-            FROM raw_coll c JOIN device d USING (event_id)
-            WHERE c.source = 'kernel' AND d.event_id NOT IN (
-                SELECT kernel_event_id FROM coll_links WHERE kernel_event_id IS NOT NULL)
-        ), named AS (
-            SELECT calls.*, trim(pg_name, '"') AS process_group
-            FROM calls
+            -- Kernels that carry collective args but no CPU-side call claimed them.
+            SELECT c.*, d.event_id AS kernel_event_id, d.ts_ns, d.dur_ns, d.step
+            FROM coll_args c JOIN dev_d d USING (event_id)
+            WHERE d.event_id NOT IN (SELECT kernel_event_id FROM coll_links)
+        ), kernel AS (
+            SELECT event_id, name, stream FROM read_parquet({kernels})
+            WHERE event_id IN (SELECT kernel_event_id FROM calls)
         )
         SELECT n.event_id, n.coll_name AS collective, n.process_group, n.pg_desc AS process_group_desc,
-               trim(n.pg_ranks, '"') AS group_ranks, n.group_size,
+               n.pg_ranks AS group_ranks, n.group_size,
                coalesce(n.coll_seq, row_number() OVER (
                    PARTITION BY n.process_group ORDER BY coalesce(n.cpu_ts_ns, n.ts_ns), n.event_id)) AS seq,
                n.dtype, n.in_nelems, n.out_nelems,
                greatest(n.in_nelems, n.out_nelems) * b.size AS message_bytes,
                n.src_rank, n.dst_rank,
                coalesce(k.ts_ns, n.ts_ns) AS ts_ns, coalesce(k.dur_ns, n.dur_ns) AS dur_ns,
-               n.cpu_ts_ns, n.cpu_dur_ns, n.kernel_event_id, k.name AS kernel_name, k.stream,
+               n.cpu_ts_ns, n.cpu_dur_ns, n.kernel_event_id, kn.name AS kernel_name, kn.stream,
                coalesce(n.step, k.step) AS step
-        FROM named n
-        LEFT JOIN device k ON k.event_id = n.kernel_event_id
+        FROM calls n
+        LEFT JOIN dev_d k ON k.event_id = n.kernel_event_id
+        LEFT JOIN kernel kn ON kn.event_id = n.kernel_event_id
         LEFT JOIN dtype_bytes b ON b.dtype = n.dtype
     """)
 
 
-def _counters(con: duckdb.DuckDBPyConnection) -> None:
-    con.execute("""
-        CREATE TABLE counter_rows AS
-        SELECT name, device, us_ns(ts) AS ts_ns, value FROM (
-            SELECT 'Total Allocated' AS name, CAST(device_id AS INTEGER) AS device, ts, total_allocated AS value
-            FROM raw_memory WHERE total_allocated IS NOT NULL
-            UNION ALL
-            SELECT 'Total Reserved', CAST(device_id AS INTEGER), ts, total_reserved
-            FROM raw_memory WHERE total_reserved IS NOT NULL
-            UNION ALL
-            SELECT name, NULL, ts, value FROM raw_counter
-        ) WHERE us_ns(ts) IS NOT NULL
+def _counters(con: duckdb.DuckDBPyConnection, counter_batches: list[Path]) -> None:
+    """``C`` counter events (memory instants were collected per group)."""
+    if not counter_batches:
+        return
+    files = "[" + ", ".join(_q(str(p)) for p in counter_batches) + "]"
+    con.execute(f"""
+        INSERT INTO counter_rows
+        WITH c AS (
+            SELECT name, ts, TRY_CAST(args AS MAP(VARCHAR, DOUBLE)) AS m
+            FROM read_json({files}, format = 'array',
+                           columns = {{'ph': 'VARCHAR', 'name': 'VARCHAR', 'ts': 'DECIMAL(20,3)', 'args': 'JSON'}},
+                           maximum_object_size = {max(_max_object(p) for p in counter_batches)})
+            WHERE ph = 'C' AND ts IS NOT NULL
+        )
+        SELECT CASE WHEN key = name THEN name ELSE name || '.' || key END, NULL, rel_ns(ts), value
+        FROM (SELECT name, ts, unnest(map_keys(m)) AS key, unnest(map_values(m)) AS value FROM c)
+        WHERE value IS NOT NULL
     """)
 
 
-def _fill_info(con: duckdb.DuckDBPyConnection, info: TraceInfo) -> None:
+def _fill_info(con: duckdb.DuckDBPyConnection, info: TraceInfo, base_ns: int) -> None:
     row = con.execute("""
         SELECT min(s), max(e) FROM (
-            SELECT min(ts_ns) s, max(ts_ns + dur_ns) e FROM device
-            UNION ALL SELECT min(ts_ns), max(ts_ns + dur_ns) FROM host)
+            SELECT min(ts_ns) s, max(ts_ns + dur_ns) e FROM dev_n
+            UNION ALL SELECT min(ts_ns), max(ts_ns + dur_ns) FROM host_n)
     """).fetchone()
-    info.start_ns, info.end_ns = (row[0], row[1]) if row else (None, None)
-    info.device_count = con.execute("SELECT count(DISTINCT device) FROM device").fetchone()[0]  # type: ignore[index]
-    hip = con.execute("SELECT count(*) FROM host WHERE name LIKE 'hip%' AND cat = 'cuda_runtime'").fetchone()[0]  # type: ignore[index]
-    if info.device_count:
-        info.device_type = "rocm" if hip else "cuda"
-    else:
-        info.device_type = "cpu"
+    start, end = row if row else (None, None)
+    info.start_ns = None if start is None else start + base_ns
+    info.end_ns = None if end is None else end + base_ns
+    info.device_count = con.execute("SELECT count(DISTINCT device) FROM dev_n").fetchone()[0]  # type: ignore[index]
+    hip = con.execute("SELECT sum(hip_calls) FROM facts").fetchone()[0]  # type: ignore[index]
+    info.device_type = ("rocm" if hip else "cuda") if info.device_count else "cpu"
     if info.pid is None:
         found = con.execute(
-            "SELECT pid FROM host WHERE cat = 'cpu_op' AND pid IS NOT NULL GROUP BY pid ORDER BY count(*) DESC LIMIT 1"
+            "SELECT pid FROM host_n WHERE pid IS NOT NULL GROUP BY pid ORDER BY count(*) DESC LIMIT 1"
         ).fetchone()
         info.pid = found[0] if found else None
 
@@ -306,32 +476,49 @@ _ORDER = {
 }
 
 
-def _write_tables(con: duckdb.DuckDBPyConnection, staging: Path, trace_id: str, rank: int) -> None:
-    common = {"trace_id": f"'{trace_id}'", "rank": str(int(rank))}
+def _write_tables(
+    con: duckdb.DuckDBPyConnection, staging: Path, parts: Path, trace_id: str, rank: int, base_ns: int
+) -> None:
+    common = {"trace_id": _q(trace_id), "rank": str(int(rank))}
+    base = int(base_ns)
+
+    def shifted(column: str) -> str:
+        return f"{column} + {base}" if base else column
+
+    device = f"read_parquet({_q(str(parts / 'device-*.parquet'))}) p JOIN dev_d d USING (event_id)"
+    host = f"read_parquet({_q(str(parts / 'host-*.parquet'))}) p JOIN host_d d USING (event_id)"
     sources = {
-        "device_ops": ("device", {
-            "event_id": "event_id", "device": "device", "stream": "stream", "kind": "kind",
-            "category": "category", "name": "name", "ts_ns": "ts_ns", "dur_ns": "dur_ns",
-            "correlation": "correlation", "external_id": "external_id", "step": "step",
+        "device_ops": (device, {
+            "event_id": "event_id", "device": "p.device", "stream": "p.stream", "kind": "kind",
+            "category": "d.category", "name": "name", "ts_ns": shifted("p.ts_ns"), "dur_ns": "p.dur_ns",
+            "correlation": "p.correlation", "external_id": "external_id", "step": "d.step",
             "bytes": "bytes", "grid": "grid", "block": "block", "registers_per_thread": "regs",
             "shared_memory_bytes": "smem", "occupancy_pct": "occupancy",
         }),
-        "host_ops": ("host", {
-            "event_id": "event_id", "pid": "pid", "tid": "tid", "cat": "cat", "name": "name",
-            "ts_ns": "ts_ns", "dur_ns": "dur_ns", "depth": "depth", "parent_id": "parent_id",
-            "correlation": "correlation", "external_id": "external_id",
-            "sequence_number": "seq_nr", "fwd_thread_id": "fwd_tid", "input_dims": "input_dims",
-            "input_types": "input_types", "flops": "flops", "step": "step",
+        "host_ops": (host, {
+            "event_id": "event_id", "pid": "p.pid", "tid": "p.tid", "cat": "cat", "name": "name",
+            "ts_ns": shifted("p.ts_ns"), "dur_ns": "p.dur_ns", "depth": "d.depth", "parent_id": "d.parent_id",
+            "correlation": "p.correlation", "external_id": "external_id",
+            "sequence_number": "sequence_number", "fwd_thread_id": "fwd_thread_id",
+            "input_dims": "input_dims", "input_types": "input_types", "flops": "flops", "step": "d.step",
         }),
-        "collectives": ("coll", {c: c for c in schema.COLLECTIVES.column_names if c not in common}),
-        "steps": ("step_rows", {c: c for c in schema.STEPS.column_names if c not in common}),
-        "counters": ("counter_rows", {c: c for c in schema.COUNTERS.column_names if c not in common}),
+        "collectives": ("coll", {
+            c: shifted(c) if c in ("ts_ns", "cpu_ts_ns") else c
+            for c in schema.COLLECTIVES.column_names if c not in common
+        }),
+        "steps": ("step_rows", {
+            c: shifted(c) if c in ("ts_ns", "device_start_ns", "device_end_ns") else c
+            for c in schema.STEPS.column_names if c not in common
+        }),
+        "counters": ("counter_rows", {
+            c: shifted(c) if c == "ts_ns" else c for c in schema.COUNTERS.column_names if c not in common
+        }),
     }
     for table_name, (source, exprs) in sources.items():
         tbl = schema.table(table_name)
         select = schema.select_list(tbl, common | exprs)
-        out = _sql_path(staging / f"{table_name}.parquet")
+        out = _q(str(staging / f"{table_name}.parquet"))
         con.execute(
             f"COPY (SELECT {select} FROM {source} ORDER BY {_ORDER[table_name]}) "
-            f"TO '{out}' (FORMAT parquet, COMPRESSION zstd)"
+            f"TO {out} (FORMAT parquet, COMPRESSION zstd)"
         )

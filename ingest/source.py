@@ -49,7 +49,7 @@ def is_gzip(path: Path) -> bool:
         return f.read(2) == GZIP_MAGIC
 
 
-def read_head(path: Path, n: int = 64 << 10) -> bytes:
+def read_head(path: Path, n: int = 64 << 10, name: str | None = None) -> bytes:
     """Return up to ``n`` decoded bytes from the start of the file, for format detection."""
     try:
         with open(path, "rb") as f:
@@ -68,7 +68,7 @@ def read_head(path: Path, n: int = 64 << 10) -> bytes:
                     break
             return bytes(out)
     except zlib.error as exc:
-        raise TraceFormatError(path, f"not a valid gzip file ({exc})", where="byte 0") from None
+        raise TraceFormatError(name or path.name, f"not a valid gzip file ({exc})", where="byte 0") from None
 
 
 def iter_chunks(
@@ -116,11 +116,11 @@ def _gunzip_chunks(counter: _CountingReader, label: str, chunk_bytes: int) -> It
                 raise TraceFormatError(
                     label,
                     "gzip stream ends early (truncated file or upload?)",
-                    where=f"byte {counter.position}",
+                    where=f"compressed byte {counter.position}",
                 ) from None
             except (OSError, zlib.error) as exc:
                 raise TraceFormatError(
-                    label, f"damaged gzip data ({exc})", where=f"byte {counter.position}"
+                    label, f"damaged gzip data ({exc})", where=f"compressed byte {counter.position}"
                 ) from None
             if not block:
                 return
