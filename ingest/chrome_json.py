@@ -175,11 +175,11 @@ class ChromeTraceReader(Generic[T]):
                 decoded = self._try_decode(end + 1)
                 if decoded is not None:
                     return (*decoded, comma + 1)
-        comma = _last_top_level_comma(buf)
-        if comma is None:
+        boundary = _last_top_level_comma(buf)
+        if boundary is None:
             return None
-        events, data = self._decode_or_raise(comma)
-        return events, data, comma + 1
+        events, data = self._decode_or_raise(boundary)
+        return events, data, boundary + 1
 
     def _read_last(self) -> Iterator[tuple[int, list[T], bytes]]:
         """Find where ``traceEvents`` closes: the ``]`` after which the object ends validly."""
