@@ -44,11 +44,20 @@ def last_arrivals(con: duckdb.DuckDBPyConnection, job: str) -> pl.DataFrame:
 
     The last rank to arrive makes every other rank wait inside the collective.
     """
+    return _last_arrivals(con, "job = ?", job)
+
+
+def last_arrivals_of_trace(con: duckdb.DuckDBPyConnection, trace_id: str) -> pl.DataFrame:
+    """:func:`last_arrivals` over the ranks of one trace file (a single-rank trace yields nothing)."""
+    return _last_arrivals(con, "trace_id = ?", trace_id)
+
+
+def _last_arrivals(con: duckdb.DuckDBPyConnection, where: str, value: str) -> pl.DataFrame:
     return con.sql(
-        """
+        f"""
         WITH c AS (
             SELECT rank, process_group, seq, ts_ns FROM collectives
-            WHERE job = ? AND seq IS NOT NULL AND ts_ns IS NOT NULL
+            WHERE {where} AND seq IS NOT NULL AND ts_ns IS NOT NULL
         ), inst AS (
             SELECT process_group, seq, max(ts_ns) AS last_ns, min(ts_ns) AS first_ns, count(*) AS ranks
             FROM c GROUP BY ALL HAVING count(*) > 1
@@ -60,5 +69,5 @@ def last_arrivals(con: duckdb.DuckDBPyConnection, job: str) -> pl.DataFrame:
         WHERE c.ts_ns = inst.last_ns
         GROUP BY c.rank ORDER BY times_last DESC, c.rank
         """,
-        params=[job],
+        params=[value],
     ).pl()

@@ -29,7 +29,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from tracelake.analysis import overview
+from tracelake.analysis import findings, overview
 from tracelake.warehouse import IngestResult, Settings, TracelakeError, Warehouse
 from tracelake.warehouse.results import QueryResult
 from tracelake.warehouse.store import parse_labels
@@ -218,6 +218,68 @@ def sql(
 ) -> None:
     """Run a SQL query over the warehouse (DuckDB dialect)."""
     _print_result(_warehouse(home).query(query), fmt)
+
+
+@app.command()
+@_errors
+def analyze(
+    trace_id: Annotated[str | None, typer.Argument(help="A trace id (see `tracelake traces`).",
+                                                   show_default=False)] = None,
+    job: Annotated[str | None, typer.Option("--job", "-j", help="Analyse every trace of this job.")] = None,
+    recompute: Annotated[bool, typer.Option("--recompute", help="Recompute the stored analyses of every "
+                                            "trace (of --job, if given) first.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    home: HomeOption = None,
+) -> None:
+    """Show where the time went: the breakdown per rank and the findings, largest gain first."""
+    warehouse = _warehouse(home)
+    if recompute:
+        count = warehouse.recompute(job=job)
+        err_console.print(f"recomputed the analyses of {count} traces", highlight=False)
+        if trace_id is None and job is None:
+            return
+    whole = warehouse.breakdown(trace_id=trace_id, job=job)
+    con = warehouse.connect()
+    try:
+        arrivals = overview.last_arrivals(con, job) if job else overview.last_arrivals_of_trace(con, trace_id or "")
+    finally:
+        con.close()
+    found = findings.rank(
+        findings.from_breakdown(whole) + findings.from_last_arrivals(arrivals, ranks=whole.height)
+    )
+    if as_json:
+        import json
+
+        sys.stdout.write(json.dumps({
+            "breakdown": whole.to_dicts(),
+            "findings": [f.as_dict() for f in found],
+        }, indent=2) + "\n")
+        return
+    console.print(to_table(_frame_result(_breakdown_view(whole)), title="where the device time went, per rank"))
+    if not found:
+        console.print("no findings: nothing exposed, idle or late stands out", highlight=False)
+    for f in found:
+        console.print(f"- [bold]{escape(f.title)}[/]: {escape(f.detail)} "
+                      f"(fixing it saves up to {f.gain_ns / 1e6:,.1f} ms)", highlight=False, soft_wrap=True)
+
+
+def _breakdown_view(whole: Any) -> Any:
+    """The breakdown as a person reads it: ms and shares of the span."""
+    import polars as pl
+
+    def pct(column: str, label: str) -> pl.Expr:
+        return (100 * pl.col(column) / pl.col("span_ns")).round(1).alias(label)
+
+    return whole.select(
+        "rank",
+        (pl.col("span_ns") / 1e6).round(2).alias("span ms"),
+        pct("compute_ns", "compute %"),
+        pct("communication_ns", "comm %"),
+        pct("exposed_communication_ns", "exposed %"),
+        pl.col("overlap_pct").round(1).alias("comm hidden %"),
+        pct("memory_ns", "memory %"),
+        pct("idle_ns", "idle %"),
+    )
 
 
 @app.command()

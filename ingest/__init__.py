@@ -58,7 +58,7 @@ def parse(path: str | Path) -> ParsedTrace:
         _, info = parse_into(path, staging, options)
         tables = {
             name: pq.read_table(staging / f"{name}.parquet")
-            for name in schema.DATA_TABLES
+            for name in schema.PARSED_TABLES
         }
         return ParsedTrace(info, tables)
     finally:

@@ -518,7 +518,5 @@ def _write_tables(
         tbl = schema.table(table_name)
         select = schema.select_list(tbl, common | exprs)
         out = _q(str(staging / f"{table_name}.parquet"))
-        con.execute(
-            f"COPY (SELECT {select} FROM {source} ORDER BY {_ORDER[table_name]}) "
-            f"TO {out} (FORMAT parquet, COMPRESSION zstd)"
-        )
+        order = f"ORDER BY {_ORDER[table_name]}" if _ORDER[table_name] else ""
+        con.execute(f"COPY (SELECT {select} FROM {source} {order}) TO {out} (FORMAT parquet, COMPRESSION zstd)")

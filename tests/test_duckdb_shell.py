@@ -40,7 +40,7 @@ def test_shell_sees_every_table_and_job(sample_warehouse: Warehouse) -> None:
     assert out.returncode == 0, out.stderr
     rows = dict(line.split(",") for line in out.stdout.split())
     assert rows == {"ddp_straggler": "4", "launch_bound": "1"}
-    for table in ("host_ops", "collectives", "steps", "counters"):
+    for table in ("host_ops", "collectives", "steps", "counters", "breakdown"):
         out = _shell(["-readonly", "-csv", "-noheader", catalog, "-c", f"select count(*) from {table}"], Path("/"))
         assert out.returncode == 0, (table, out.stderr)
 

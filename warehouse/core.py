@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -21,6 +23,7 @@ from tracelake import ingest
 from tracelake.ingest.model import ByteCallback, TraceInfo
 
 from . import catalog, schema
+from .derived import write_derived
 from .errors import InvalidArgument, NotFound, QueryError, TraceFormatError, TracelakeError, WarehouseError
 from .results import IngestProgress, IngestReport, IngestResult, QueryResult
 from .settings import Settings
@@ -150,6 +153,8 @@ class Warehouse:
                 on_bytes=on_bytes,
             )
             fmt, info = ingest.parse_into(path, staging, options)
+            write_derived(staging / "device_ops.parquet", staging, threads=self.settings.threads,
+                          memory_limit=self.settings.ingest_memory_limit)
             rows = {name: pq.read_metadata(staging / f"{name}.parquet").num_rows for name in schema.DATA_TABLES}
             row = self._traces_row(path, source_name, trace_id, labels, fmt.name, info, rows, started)
             pq.write_table(pa.Table.from_pylist([row], schema=schema.TRACES.arrow_schema),
@@ -237,6 +242,61 @@ class Warehouse:
             raise QueryError(str(exc).strip()) from None
         finally:
             con.close()
+
+    # -- analyses ---------------------------------------------------------------------
+    def recompute(self, *, job: str | None = None, on_trace: Callable[[str], None] | None = None) -> int:
+        """Recompute the derived tables (``breakdown``, ...) of every registered trace.
+
+        Each trace's results are written to staging and renamed into place, so
+        readers see the old or the new results, never a mix. Returns the count.
+        """
+        done = 0
+        for row in self.traces(job=job):
+            trace_id, trace_job = row["trace_id"], row["job"]
+            staging = self.store.new_staging(trace_id)
+            try:
+                write_derived(self.store.path("device_ops", trace_job, trace_id), staging,
+                              threads=self.settings.threads, memory_limit=self.settings.ingest_memory_limit)
+                for name in schema.DERIVED_TABLES:
+                    target = self.store.path(name, trace_job, trace_id)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(staging / f"{name}.parquet", target)
+            except (duckdb.Error, OSError) as exc:
+                raise WarehouseError(f"cannot recompute trace {trace_id}: {exc}") from exc
+            finally:
+                self.store.discard(staging)
+            done += 1
+            if on_trace is not None:
+                on_trace(trace_id)
+        return done
+
+    def breakdown(self, *, trace_id: str | None = None, job: str | None = None, steps: bool = False) -> pl.DataFrame:
+        """The time breakdown per rank (and per step with ``steps=True``) of one trace or job.
+
+        Raises:
+            NotFound: nothing matches ``trace_id`` / ``job``.
+        """
+        where, params = self._selection(trace_id, job)
+        step_filter = "" if steps else " AND step IS NULL"
+        con = self.connect()
+        try:
+            frame = con.sql(
+                f"SELECT * EXCLUDE (job) FROM breakdown WHERE {where}{step_filter} ORDER BY rank, step NULLS FIRST",
+                params=params,
+            ).pl()
+        finally:
+            con.close()
+        return frame
+
+    def _selection(self, trace_id: str | None, job: str | None) -> tuple[str, list[Any]]:
+        if trace_id is not None:
+            self.trace(trace_id)
+            return "trace_id = ?", [trace_id]
+        if job is not None:
+            if not self.query("SELECT 1 FROM traces WHERE job = ? LIMIT 1", [job]).rows:
+                raise NotFound(f"no traces in job {job!r}")
+            return "job = ?", [job]
+        raise InvalidArgument("give a trace id or a job")
 
     def traces(self, job: str | None = None) -> list[dict[str, Any]]:
         """Registered traces, newest first (optionally of one job)."""

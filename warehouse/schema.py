@@ -53,6 +53,8 @@ class Table:
     columns: tuple[Column, ...]
     #: Columns that come from the directory layout (hive partitioning), not the file.
     partition_columns: tuple[Column, ...] = field(default=())
+    #: Computed from other tables after parsing (and again by ``analyze --recompute``).
+    derived: bool = False
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -237,14 +239,50 @@ COUNTERS = Table(
     (JOB,),
 )
 
+def _ns(name: str, doc: str) -> Column:
+    return _c(name, "BIGINT", doc)
+
+
+BREAKDOWN = Table(
+    "breakdown",
+    "Where each rank's device time went (docs/analyses.md): one row per trace and rank for the whole "
+    "trace (`step` null) and one per step. Unions count overlapping ops once; the exclusive buckets "
+    "(`*_only_ns`, `compute_communication_ns`, `other_overlap_ns`, `idle_ns`) add up to `span_ns`.",
+    (
+        TRACE_ID,
+        RANK,
+        _c("step", "BIGINT", "Step number, or null for the row covering the whole trace."),
+        _ns("span_ns", "Last device op end minus first device op start in the window."),
+        _ns("busy_ns", "Union of all device ops except syncs."),
+        _ns("idle_ns", "span_ns - busy_ns: no device work at all."),
+        _ns("compute_ns", "Union of compute ops."),
+        _ns("communication_ns", "Union of communication ops."),
+        _ns("memory_ns", "Union of memcpy/memset ops."),
+        _ns("overlapped_communication_ns", "Communication that ran while compute ran."),
+        _ns("exposed_communication_ns", "Communication nothing hid: communication_ns - overlapped_communication_ns."),
+        _c("overlap_pct", "DOUBLE", "100 x overlapped / communication; null without communication."),
+        _ns("compute_only_ns", "Only compute active."),
+        _ns("communication_only_ns", "Only communication active (the exposed part that no memory op overlaps)."),
+        _ns("memory_only_ns", "Only memory ops active."),
+        _ns("compute_communication_ns", "Compute and communication active, no memory op."),
+        _ns("other_overlap_ns", "Other mixes (memory with compute and/or communication)."),
+    ),
+    (JOB,),
+    derived=True,
+)
+
 #: Every table, in the order they are written; `traces` is last because writing
 #: its row is what makes a trace visible.
 TABLES: dict[str, Table] = {
-    t.name: t for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, TRACES)
+    t.name: t for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, BREAKDOWN, TRACES)
 }
 
 #: Tables holding one trace's data (everything except the registry itself).
 DATA_TABLES: tuple[str, ...] = tuple(name for name in TABLES if name != "traces")
+#: Tables a parser writes.
+PARSED_TABLES: tuple[str, ...] = tuple(name for name in DATA_TABLES if not TABLES[name].derived)
+#: Tables computed from the parsed ones.
+DERIVED_TABLES: tuple[str, ...] = tuple(name for name in DATA_TABLES if TABLES[name].derived)
 
 
 def table(name: str) -> Table:

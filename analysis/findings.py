@@ -1,0 +1,87 @@
+"""Findings in plain words, each with an upper bound on what fixing it would save.
+
+Pure functions over analysis results (polars frames in, findings out). The
+estimated gain is per rank and whole trace: time that would disappear from the
+timeline if the cause were removed entirely, so a reader knows what to attack first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import polars as pl
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing worth fixing."""
+
+    kind: str
+    title: str
+    detail: str
+    #: Upper bound of the saving on the worst rank's timeline, ns.
+    gain_ns: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict."""
+        return asdict(self)
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:,.1f} ms"
+
+
+def from_breakdown(whole: pl.DataFrame) -> list[Finding]:
+    """Exposed communication and idle time, from the whole-trace breakdown rows of one job or trace."""
+    findings: list[Finding] = []
+    if whole.is_empty():
+        return findings
+    comm = int(whole["communication_ns"].sum())
+    exposed = int(whole["exposed_communication_ns"].sum())
+    if comm > 0 and exposed > 0:
+        worst = whole.sort("exposed_communication_ns", descending=True).row(0, named=True)
+        findings.append(Finding(
+            "exposed_communication",
+            f"{100 * exposed / comm:.0f}% of communication is exposed",
+            f"nothing overlaps {_ms(exposed / whole.height)} of communication per rank on average; "
+            f"worst is rank {worst['rank']} with {_ms(worst['exposed_communication_ns'])} "
+            f"({100 * worst['exposed_communication_ns'] / max(worst['span_ns'], 1):.0f}% of its span)",
+            int(worst["exposed_communication_ns"]),
+        ))
+    span = int(whole["span_ns"].sum())
+    idle = int(whole["idle_ns"].sum())
+    if span > 0 and idle > 0:
+        worst = whole.sort("idle_ns", descending=True).row(0, named=True)
+        findings.append(Finding(
+            "idle",
+            f"devices are idle {100 * idle / span:.0f}% of the time",
+            f"rank {worst['rank']} is idle {_ms(worst['idle_ns'])} "
+            f"({100 * worst['idle_ns'] / max(worst['span_ns'], 1):.0f}% of its span)",
+            int(worst["idle_ns"]),
+        ))
+    return findings
+
+
+def from_last_arrivals(arrivals: pl.DataFrame, ranks: int) -> list[Finding]:
+    """A straggler: a rank that starts collectives last far more often than 1/n of the time."""
+    if arrivals.is_empty() or ranks < 2:
+        return []
+    top = arrivals.row(0, named=True)
+    total = int(top["collectives"])
+    share = top["times_last"] / max(total, 1)
+    if share <= 2 / ranks:
+        return []
+    skew_ns = float(top["mean_skew_us"] or 0) * 1e3
+    return [Finding(
+        "straggler",
+        f"rank {top['rank']} arrives last at {100 * share:.0f}% of collectives",
+        f"{top['times_last']} of {total} collectives start last on rank {top['rank']}, "
+        f"{_ms(skew_ns)} after the first rank on average: every other rank waits for it",
+        int(skew_ns * top["times_last"]),
+    )]
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    """Findings ordered by estimated gain, largest first."""
+    return sorted(findings, key=lambda f: f.gain_ns, reverse=True)
