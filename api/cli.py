@@ -100,6 +100,11 @@ class _BarProgress:
         self.task = self.progress.add_task("ingest", total=sum(size for _, size in files) or None,
                                            files=f"0/{self.total_files} files")
 
+    def file_started(self, path: Path) -> None:
+        if self.task is not None:
+            name = path.name if len(path.name) <= 32 else path.name[:29] + "..."
+            self.progress.update(self.task, description=escape(name))
+
     def advance(self, nbytes: int) -> None:
         if self.task is not None:
             self.progress.advance(self.task, nbytes)

@@ -88,6 +88,8 @@ class Warehouse:
             progress.start([(f, _size(f)) for f in files])
         report = IngestReport()
         for path in files:
+            if progress is not None:
+                progress.file_started(path)
             on_bytes = progress.advance if progress is not None else None
             result = self.ingest_file(path, job=job, labels=labels, on_bytes=on_bytes)
             report.results.append(result)

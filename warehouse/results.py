@@ -70,6 +70,9 @@ class IngestProgress(Protocol):
     def start(self, files: list[tuple[Path, int]]) -> None:
         """Called once with every input file and its size in bytes."""
 
+    def file_started(self, path: Path) -> None:
+        """Called before each file is read."""
+
     def advance(self, nbytes: int) -> None:
         """Called as source bytes are read."""
 
