@@ -183,6 +183,10 @@ class ChromeTraceReader(Generic[T]):
 
     def _read_last(self) -> Iterator[tuple[int, list[T], bytes]]:
         """Find where ``traceEvents`` closes: the ``]`` after which the object ends validly."""
+        fast = self._fast_last()
+        if fast is not None:
+            yield fast
+            return
         buf = self._buf
         truncated = self._error("file ends inside the traceEvents array (truncated?)", self._base + len(buf))
         close = _closing_bracket(buf)
@@ -226,6 +230,39 @@ class ChromeTraceReader(Generic[T]):
         first = self.event_count
         self.event_count += len(events)
         yield first, events, data
+
+    def _fast_last(self) -> tuple[int, list[T], bytes] | None:
+        """The usual case, cheaply: one of the last few ``]`` closes the array and both sides decode.
+
+        Returns None (and the exact scan takes over) for anything unusual.
+        """
+        buf = self._buf
+        end = len(buf)
+        prefix = b'{"traceEvents":[]'
+        for _ in range(8):
+            end = buf.rfind(b"]", 0, end)
+            if end < 0:
+                return None
+            try:
+                tail = msgspec.json.decode(prefix + bytes(buf[end + 1 :]))
+            except msgspec.DecodeError:
+                continue
+            body = bytes(buf[:end]).rstrip()
+            if not isinstance(tail, dict) or body.lstrip().endswith(b","):
+                return None
+            if body.strip():
+                decoded = self._try_decode(len(body))
+                if decoded is None:
+                    continue
+                events, data = decoded
+            else:
+                events, data = [], b"[]"
+            tail.pop("traceEvents", None)
+            self.tail = tail
+            first = self.event_count
+            self.event_count += len(events)
+            return first, events, data
+        return None
 
     def _plausible_close(self) -> int | None:
         """The last ``]`` after which the rest of the buffer ends a JSON object."""
