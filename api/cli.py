@@ -249,9 +249,7 @@ def analyze(
         arrivals = overview.last_arrivals(con, job) if job else overview.last_arrivals_of_trace(con, trace_id or "")
     finally:
         con.close()
-    found = findings.rank(
-        findings.from_breakdown(whole) + findings.from_last_arrivals(arrivals, ranks=whole.height)
-    )
+    found = _rank_findings(whole, arrivals)
     if as_json:
         import json
 
@@ -261,6 +259,24 @@ def analyze(
         }, indent=2) + "\n")
         return
     console.print(to_table(_frame_result(_breakdown_view(whole)), title="where the device time went, per rank"))
+    _print_findings(found)
+
+
+def _rank_findings(whole: Any, arrivals: Any) -> list[findings.Finding]:
+    return findings.rank(findings.from_breakdown(whole) + findings.from_last_arrivals(arrivals, ranks=whole.height))
+
+
+def _job_findings(warehouse: Warehouse, job: str) -> list[findings.Finding]:
+    whole = warehouse.breakdown(job=job)
+    con = warehouse.connect()
+    try:
+        arrivals = overview.last_arrivals(con, job)
+    finally:
+        con.close()
+    return _rank_findings(whole, arrivals)
+
+
+def _print_findings(found: list[findings.Finding]) -> None:
     if not found:
         console.print("no findings: nothing exposed, idle or late stands out", highlight=False)
     for f in found:
@@ -306,27 +322,21 @@ def demo(
                 report = warehouse.ingest([scenario], job=f"demo-{scenario.name}", progress=bar)
                 results.extend(report.results)
     _ingest_summary(results, time.perf_counter() - started)
-    con = warehouse.connect()
-    try:
-        for scenario in scenarios:
-            job = f"demo-{scenario.name}"
+    for scenario in scenarios:
+        job = f"demo-{scenario.name}"
+        con = warehouse.connect()
+        try:
             summary = overview.rank_summary(con, job)
-            console.print()
-            console.print(to_table(_frame_result(summary), title=f"job {job}: device time per rank"))
-            arrivals = overview.last_arrivals(con, job)
-            if arrivals.height:
-                top = arrivals.row(0, named=True)
-                console.print(
-                    f"  rank {top['rank']} starts last in {top['times_last']} of {top['collectives']} "
-                    f"collectives (mean arrival skew {top['mean_skew_us']} us): the others wait for it.",
-                    highlight=False,
-                    soft_wrap=True,
-                )
-    finally:
-        con.close()
+        finally:
+            con.close()
+        console.print()
+        console.print(to_table(_frame_result(summary), title=f"job {job}: device time per rank"))
+        _print_findings(_job_findings(warehouse, job))
     console.print()
     console.print(f"Warehouse: {warehouse.home}", highlight=False, markup=False)
-    console.print(f'Explore it:  tracelake sql --home {home} "SELECT * FROM traces"', highlight=False, markup=False)
+    console.print(f"Explore it:  tracelake analyze --home {home} --job demo-ddp_straggler", highlight=False,
+                  markup=False)
+    console.print(f'        or:  tracelake sql --home {home} "SELECT * FROM breakdown"', highlight=False, markup=False)
     console.print(f"        or:  duckdb -readonly {warehouse.store.catalog_path}", highlight=False, markup=False)
     if any(not r.ok for r in results):
         raise typer.Exit(1)

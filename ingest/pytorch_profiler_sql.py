@@ -21,6 +21,7 @@ import duckdb
 
 from tracelake.analysis.classify import category_sql
 from tracelake.warehouse import schema
+from tracelake.warehouse.schema import sql_literal
 from tracelake.warehouse.errors import TraceFormatError
 
 from .model import TraceInfo
@@ -88,16 +89,13 @@ ARGS: dict[str, tuple[str, str]] = {
 }
 
 
-def _q(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
 
 def _columns_spec() -> str:
     columns = {
         "ph": "VARCHAR", "cat": "VARCHAR", "name": "VARCHAR", "pid": "VARCHAR", "tid": "VARCHAR",
         "ts": "DECIMAL(20,3)", "dur": "DECIMAL(20,3)", "args": _args_type(),
     }
-    return "{" + ", ".join(f"{_q(k)}: {_q(v)}" for k, v in columns.items()) + "}"
+    return "{" + ", ".join(f"{sql_literal(k)}: {sql_literal(v)}" for k, v in columns.items()) + "}"
 
 
 def _args_type() -> str:
@@ -190,7 +188,7 @@ class Normaliser:
             UnreadableValue: DuckDB could not convert a value (the caller locates it).
             TraceFormatError: an event lacks a required field or has a bad one.
         """
-        files = "[" + ", ".join(_q(str(b)) for b in batches) + "]"
+        files = "[" + ", ".join(sql_literal(str(b)) for b in batches) + "]"
         con = self.con
         group = self.groups
         self.groups += 1
@@ -204,8 +202,8 @@ class Normaliser:
                 WHERE ph IS NULL OR ph NOT IN ('s', 'f', 'M')
             """)
             _check_batch(con, self.source)
-            device_part = _q(str(self.parts / f"device-{group:06d}.parquet"))
-            host_part = _q(str(self.parts / f"host-{group:06d}.parquet"))
+            device_part = sql_literal(str(self.parts / f"device-{group:06d}.parquet"))
+            host_part = sql_literal(str(self.parts / f"host-{group:06d}.parquet"))
             con.execute(f"COPY ({_DEVICE_PART}) TO {device_part} (FORMAT parquet, COMPRESSION lz4)")
             con.execute(f"COPY ({_HOST_PART}) TO {host_part} (FORMAT parquet, COMPRESSION lz4)")
             for statement in _PER_BATCH:
@@ -396,7 +394,7 @@ def _collectives(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
             JOIN dev_d k ON k.correlation = r.correlation AND k.category = 'communication'
         ) WHERE n = 1
     """)
-    kernels = _q(str(parts / "device-*.parquet"))
+    kernels = sql_literal(str(parts / "device-*.parquet"))
     con.execute(f"""
         CREATE TABLE coll AS
         WITH calls AS (
@@ -432,7 +430,7 @@ def _counters(con: duckdb.DuckDBPyConnection, counter_batches: list[Path]) -> No
     """``C`` counter events (memory instants were collected per group)."""
     if not counter_batches:
         return
-    files = "[" + ", ".join(_q(str(p)) for p in counter_batches) + "]"
+    files = "[" + ", ".join(sql_literal(str(p)) for p in counter_batches) + "]"
     con.execute(f"""
         INSERT INTO counter_rows
         WITH c AS (
@@ -479,14 +477,14 @@ _ORDER = {
 def _write_tables(
     con: duckdb.DuckDBPyConnection, staging: Path, parts: Path, trace_id: str, rank: int, base_ns: int
 ) -> None:
-    common = {"trace_id": _q(trace_id), "rank": str(int(rank))}
+    common = {"trace_id": sql_literal(trace_id), "rank": str(int(rank))}
     base = int(base_ns)
 
     def shifted(column: str) -> str:
         return f"{column} + {base}" if base else column
 
-    device = f"read_parquet({_q(str(parts / 'device-*.parquet'))}) p JOIN dev_d d USING (event_id)"
-    host = f"read_parquet({_q(str(parts / 'host-*.parquet'))}) p JOIN host_d d USING (event_id)"
+    device = f"read_parquet({sql_literal(str(parts / 'device-*.parquet'))}) p JOIN dev_d d USING (event_id)"
+    host = f"read_parquet({sql_literal(str(parts / 'host-*.parquet'))}) p JOIN host_d d USING (event_id)"
     sources = {
         "device_ops": (device, {
             "event_id": "event_id", "device": "p.device", "stream": "p.stream", "kind": "kind",
@@ -517,6 +515,6 @@ def _write_tables(
     for table_name, (source, exprs) in sources.items():
         tbl = schema.table(table_name)
         select = schema.select_list(tbl, common | exprs)
-        out = _q(str(staging / f"{table_name}.parquet"))
+        out = sql_literal(str(staging / f"{table_name}.parquet"))
         order = f"ORDER BY {_ORDER[table_name]}" if _ORDER[table_name] else ""
         con.execute(f"COPY (SELECT {select} FROM {source} {order}) TO {out} (FORMAT parquet, COMPRESSION zstd)")

@@ -81,7 +81,7 @@ def test_demo_builds_a_fresh_warehouse(tmp_path: Path) -> None:
     code, out = _run("demo", "--home", str(home))
     assert code == 0, out
     assert "5 ingested" in out
-    assert "rank 2 starts last" in out  # the sample's straggler
+    assert "rank 2 arrives last" in out  # the sample's straggler
     # Running it again replaces the earlier demo rather than piling up.
     code, out = _run("demo", "--home", str(home))
     assert code == 0 and "5 ingested" in out

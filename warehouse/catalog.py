@@ -20,6 +20,7 @@ from pathlib import Path
 import duckdb
 
 from . import schema
+from .schema import sql_literal
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -28,15 +29,12 @@ log = logging.getLogger(__name__)
 STORAGE_VERSION = "v1.5.0"
 
 
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
 
 def view_statements(store: Store, prefix: str = "") -> list[str]:
     """``CREATE VIEW`` statements for every table, reading absolute paths."""
     def scan(table: str) -> str:
         return (
-            f"read_parquet({_quote(store.glob(table))}, hive_partitioning = true, "
+            f"read_parquet({sql_literal(store.glob(table))}, hive_partitioning = true, "
             "hive_types = {'job': VARCHAR}, union_by_name = true)"
         )
 
@@ -51,7 +49,7 @@ def view_statements(store: Store, prefix: str = "") -> list[str]:
         )
     statements.append(
         f"CREATE OR REPLACE VIEW {prefix}tracelake_meta AS SELECT "
-        f"{schema.SCHEMA_VERSION} AS schema_version, {_quote(str(store.home))} AS home"
+        f"{schema.SCHEMA_VERSION} AS schema_version, {sql_literal(str(store.home))} AS home"
     )
     return statements
 
@@ -76,7 +74,7 @@ def write_catalog(store: Store) -> None:
         leftover.unlink(missing_ok=True)
     con = duckdb.connect()
     try:
-        con.execute(f"ATTACH {_quote(str(tmp))} AS catalog (STORAGE_VERSION '{STORAGE_VERSION}')")
+        con.execute(f"ATTACH {sql_literal(str(tmp))} AS catalog (STORAGE_VERSION '{STORAGE_VERSION}')")
         for statement in view_statements(store, prefix="catalog."):
             con.execute(statement)
         con.execute("DETACH catalog")

@@ -14,10 +14,8 @@ import duckdb
 from tracelake.analysis.breakdown import breakdown_sql
 
 from . import schema
+from .schema import sql_literal
 
-
-def _q(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
 
 
 def write_derived(device_ops: Path, out_dir: Path, *, threads: int = 2, memory_limit: str = "256MB") -> None:
@@ -27,10 +25,10 @@ def write_derived(device_ops: Path, out_dir: Path, *, threads: int = 2, memory_l
     """
     con = duckdb.connect(config={"threads": threads, "memory_limit": memory_limit})
     try:
-        ops = f"read_parquet({_q(str(device_ops))})"
+        ops = f"read_parquet({sql_literal(str(device_ops))})"
         tbl = schema.BREAKDOWN
         select = schema.select_list(tbl, {c: c for c in tbl.column_names})
-        out = _q(str(out_dir / "breakdown.parquet"))
+        out = sql_literal(str(out_dir / "breakdown.parquet"))
         con.execute(f"COPY (SELECT {select} FROM ({breakdown_sql(ops)})) TO {out} (FORMAT parquet, COMPRESSION zstd)")
     finally:
         con.close()

@@ -293,6 +293,11 @@ def table(name: str) -> Table:
         raise KeyError(f"no table {name!r}; tables: {', '.join(TABLES)}") from None
 
 
+def sql_literal(text: str) -> str:
+    """``text`` as a SQL string literal (paths, ids) for statements built from parts."""
+    return "'" + text.replace("'", "''") + "'"
+
+
 def select_list(tbl: Table, exprs: dict[str, str]) -> str:
     """A SQL select list casting ``exprs`` to ``tbl``'s columns, in order.
 
