@@ -29,7 +29,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from tracelake.analysis import findings, overview
+from tracelake.analysis import findings, kernels, overview
 from tracelake.warehouse import IngestResult, Settings, TracelakeError, Warehouse
 from tracelake.warehouse.results import QueryResult
 from tracelake.warehouse.store import parse_labels
@@ -247,6 +247,8 @@ def analyze(
     con = warehouse.connect()
     try:
         arrivals = overview.last_arrivals(con, job) if job else overview.last_arrivals_of_trace(con, trace_id or "")
+        where, params = ("job = ?", [job]) if job else ("trace_id = ?", [trace_id])
+        top = kernels.top_kernels(con, where=where, params=params, top=8)
     finally:
         con.close()
     found = _rank_findings(whole, arrivals)
@@ -256,10 +258,13 @@ def analyze(
         sys.stdout.write(json.dumps({
             "breakdown": whole.to_dicts(),
             "findings": [f.as_dict() for f in found],
+            "top_kernels": top.to_dicts(),
         }, indent=2) + "\n")
         return
     console.print(to_table(_frame_result(_breakdown_view(whole)), title="where the device time went, per rank"))
     _print_findings(found)
+    console.print()
+    console.print(to_table(_frame_result(_kernels_view(top)), title="top kernels, all ranks"))
 
 
 def _rank_findings(whole: Any, arrivals: Any) -> list[findings.Finding]:
@@ -282,6 +287,20 @@ def _print_findings(found: list[findings.Finding]) -> None:
     for f in found:
         console.print(f"- [bold]{escape(f.title)}[/]: {escape(f.detail)} "
                       f"(fixing it saves up to {f.gain_ns / 1e6:,.1f} ms)", highlight=False, soft_wrap=True)
+
+
+def _kernels_view(top: Any) -> Any:
+    import polars as pl
+
+    # Drop "void " and the parameter list: what identifies a kernel at a glance.
+    name = pl.col("name").str.strip_prefix("void ").str.replace(r"\([^()]*\)\s*$", "")
+    short = pl.when(name.str.len_chars() > 40).then(name.str.slice(0, 37) + "...").otherwise(name)
+    return top.select(
+        short.alias("kernel"), pl.col("category").str.slice(0, 7).alias("kind"), "count",
+        (pl.col("total_ns") / 1e6).round(2).alias("total ms"),
+        (pl.col("mean_ns") / 1e3).round(1).alias("mean us"),
+        pl.col("share_pct").round(1).alias("share %"),
+    )
 
 
 def _breakdown_view(whole: Any) -> Any:

@@ -1,0 +1,51 @@
+"""Kernel breakdown on a hand-built table and on the samples."""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+
+from tracelake.analysis.kernels import COLUMNS, top_kernels
+
+
+def _con(rows: list[tuple[int, str, str, int]]) -> duckdb.DuckDBPyConnection:
+    con = duckdb.connect()
+    frame = pl.DataFrame(rows, schema={"rank": pl.Int32, "name": pl.String, "category": pl.String,
+                                       "dur_ns": pl.Int64}, orient="row")
+    con.register("device_ops", frame.to_arrow())
+    return con
+
+
+def test_top_and_others_add_up() -> None:
+    rows = [(0, "gemm", "compute", 100), (0, "gemm", "compute", 300), (0, "relu", "compute", 50),
+            (0, "nccl", "communication", 400), (0, "tiny", "compute", 10), (0, "sync", "sync", 9999),
+            (1, "gemm", "compute", 200)]
+    result = top_kernels(_con(rows), top=2)
+    assert tuple(result.columns) == COLUMNS
+    data = {r["name"]: r for r in result.to_dicts()}
+    assert list(data) == ["gemm", "nccl", "others"]
+    assert data["gemm"]["count"] == 3 and data["gemm"]["total_ns"] == 600 and data["gemm"]["max_ns"] == 300
+    assert data["gemm"]["p50_ns"] == 200
+    assert data["others"]["count"] == 2 and data["others"]["total_ns"] == 60
+    assert abs(sum(r["share_pct"] for r in data.values()) - 100) < 1e-9
+    assert "sync" not in data
+
+
+def test_per_rank_rankings() -> None:
+    rows = [(0, "a", "compute", 10), (0, "b", "compute", 20), (1, "a", "compute", 30), (1, "b", "compute", 5)]
+    result = top_kernels(_con(rows), top=1, per_rank=True)
+    firsts = {r["rank"]: r["name"] for r in result.to_dicts() if r["name"] != "others"}
+    assert firsts == {0: "b", 1: "a"}
+
+
+def test_samples_top_kernel_is_the_nccl_wait_on_early_ranks(sample_warehouse) -> None:  # type: ignore[no-untyped-def]
+    con = sample_warehouse.connect()
+    result = top_kernels(con, where="job = ?", params=["ddp_straggler"], top=3, per_rank=True)
+    firsts = {r["rank"]: r for r in result.to_dicts() if r["name"] != "others"}
+    totals = sample_warehouse.query(
+        "SELECT rank, sum(dur_ns) FROM device_ops WHERE job = 'ddp_straggler' AND category <> 'sync' GROUP BY rank"
+    ).rows
+    for rank, total in totals:
+        shares = sum(r["total_ns"] for r in result.to_dicts() if r["rank"] == rank)
+        assert shares == total
+    assert firsts
