@@ -7,6 +7,8 @@ so the shares always add up to 100%.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import duckdb
 import polars as pl
 
@@ -17,7 +19,7 @@ def top_kernels(
     con: duckdb.DuckDBPyConnection,
     *,
     where: str = "TRUE",
-    params: list[object] | None = None,
+    params: Sequence[object] | None = None,
     top: int = 10,
     device_ops: str = "device_ops",
     per_rank: bool = False,
@@ -60,4 +62,4 @@ def top_kernels(
            100.0 * total_ns / all_ns AS share_pct
     FROM grouped ORDER BY {by} pos
     """
-    return con.sql(sql, params=params or []).pl()
+    return con.sql(sql, params=list(params or [])).pl()
