@@ -82,6 +82,53 @@ def from_last_arrivals(arrivals: pl.DataFrame, ranks: int) -> list[Finding]:
     )]
 
 
+def from_idle(idle: pl.DataFrame, whole: pl.DataFrame) -> list[Finding]:
+    """Host-bound idle on each rank's busiest stream, capped by the rank's idle time.
+
+    Gaps on other streams (a communication stream between collectives, say) are
+    idle by design and are left out.
+    """
+    if idle.is_empty() or whole.is_empty():
+        return []
+    main = idle.sort("op_ns", descending=True).group_by("trace_id", maintain_order=True).first()
+    rank_idle = whole.select("trace_id", pl.col("idle_ns").alias("rank_idle_ns"))
+    main = main.join(rank_idle, on="trace_id").with_columns(
+        pl.min_horizontal("host_wait_ns", "rank_idle_ns").alias("gain_ns")
+    )
+    worst = main.sort("gain_ns", descending=True).row(0, named=True)
+    gaps = int(main["idle_ns"].sum())
+    host_wait = int(main["host_wait_ns"].sum())
+    if worst["gain_ns"] <= 0 or gaps <= 0:
+        return []
+    return [Finding(
+        "host_wait",
+        f"the busiest stream waits for the host in {100 * host_wait / gaps:.0f}% of its idle gaps",
+        f"on rank {worst['rank']}, stream {worst['stream']} sits {_ms(worst['host_wait_ns'])} idle until the CPU "
+        "launches the next op (launch-bound: Python overhead, data loading, host synchronisation)",
+        int(worst["gain_ns"]),
+    )]
+
+
+def from_launches(launches: pl.DataFrame) -> list[Finding]:
+    """Kernels shorter than their own launch call: candidates for fusion or CUDA graphs."""
+    if launches.is_empty():
+        return []
+    per_rank = launches.group_by("rank").agg(
+        pl.col("launches").sum(), pl.col("shorter_than_launch").sum(), pl.col("launch_overhead_ns").sum()
+    )
+    worst = per_rank.sort("launch_overhead_ns", descending=True, nulls_last=True).row(0, named=True)
+    if not worst["shorter_than_launch"]:
+        return []
+    return [Finding(
+        "short_kernels",
+        f"{worst['shorter_than_launch']} of {worst['launches']} kernels on rank {worst['rank']} "
+        "are shorter than their launch",
+        f"their launch calls take {_ms(worst['launch_overhead_ns'] or 0)}; fusing them or capturing them "
+        "in a CUDA graph removes that host time",
+        int(worst["launch_overhead_ns"] or 0),
+    )]
+
+
 def rank(findings: list[Finding]) -> list[Finding]:
     """Findings ordered by estimated gain, largest first."""
     return sorted(findings, key=lambda f: f.gain_ns, reverse=True)

@@ -29,7 +29,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from tracelake.analysis import findings, kernels, overview
+from tracelake.analysis import findings, idle, kernels, launches, overview
 from tracelake.warehouse import IngestResult, Settings, TracelakeError, Warehouse
 from tracelake.warehouse.results import QueryResult
 from tracelake.warehouse.store import parse_labels
@@ -249,9 +249,13 @@ def analyze(
         arrivals = overview.last_arrivals(con, job) if job else overview.last_arrivals_of_trace(con, trace_id or "")
         where, params = ("job = ?", [job]) if job else ("trace_id = ?", [trace_id])
         top = kernels.top_kernels(con, where=where, params=params, top=8)
+        gaps = idle.idle_breakdown(con, where=f"d.{where}", params=params)
+        launch = launches.launch_stats(con, where=f"d.{where}", params=params)
     finally:
         con.close()
-    found = _rank_findings(whole, arrivals)
+    found = findings.rank(
+        _rank_findings(whole, arrivals) + findings.from_idle(gaps, whole) + findings.from_launches(launch)
+    )
     if as_json:
         import json
 
@@ -259,6 +263,8 @@ def analyze(
             "breakdown": whole.to_dicts(),
             "findings": [f.as_dict() for f in found],
             "top_kernels": top.to_dicts(),
+            "idle_by_stream": gaps.to_dicts(),
+            "launches": launch.to_dicts(),
         }, indent=2) + "\n")
         return
     console.print(to_table(_frame_result(_breakdown_view(whole)), title="where the device time went, per rank"))
@@ -276,9 +282,13 @@ def _job_findings(warehouse: Warehouse, job: str) -> list[findings.Finding]:
     con = warehouse.connect()
     try:
         arrivals = overview.last_arrivals(con, job)
+        gaps = idle.idle_breakdown(con, where="d.job = ?", params=[job])
+        launch = launches.launch_stats(con, where="d.job = ?", params=[job])
     finally:
         con.close()
-    return _rank_findings(whole, arrivals)
+    return findings.rank(
+        _rank_findings(whole, arrivals) + findings.from_idle(gaps, whole) + findings.from_launches(launch)
+    )
 
 
 def _print_findings(found: list[findings.Finding]) -> None:

@@ -1,0 +1,77 @@
+"""Idle breakdown and launch statistics on hand-built timelines, and on the samples."""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+import pytest
+
+from tracelake.analysis.idle import COLUMNS as IDLE_COLUMNS
+from tracelake.analysis.idle import idle_breakdown
+from tracelake.analysis.launches import COLUMNS as LAUNCH_COLUMNS
+from tracelake.analysis.launches import launch_stats
+
+US = 1000
+
+
+def _con(device: list[tuple], host: list[tuple]) -> duckdb.DuckDBPyConnection:  # type: ignore[type-arg]
+    con = duckdb.connect()
+    dev = pl.DataFrame(device, orient="row", schema={
+        "trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "kind": pl.String, "category": pl.String,
+        "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64})
+    hst = pl.DataFrame(host, orient="row", schema={
+        "trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64, "dur_ns": pl.Int64})
+    con.register("device_ops", dev.to_arrow())
+    con.register("host_ops", hst.to_arrow())
+    return con
+
+
+def test_idle_causes() -> None:
+    device = [
+        ("t", 0, 7, "kernel", "compute", 0, 100 * US, 1),        # first op: no gap before it
+        ("t", 0, 7, "kernel", "compute", 110 * US, 10 * US, 2),  # 10 us gap, launched early: kernel_wait
+        ("t", 0, 7, "kernel", "compute", 200 * US, 10 * US, 3),  # 80 us gap, launched late: host_wait
+        ("t", 0, 7, "kernel", "compute", 400 * US, 10 * US, 4),  # 190 us gap, launched early: other
+        ("t", 0, 7, "sync", "sync", 500 * US, 10 * US, None),    # syncs are not ops here
+        ("t", 0, 9, "kernel", "compute", 0, 5 * US, 5),          # another stream, one op
+    ]
+    host = [("t", 1, 0, 1 * US), ("t", 2, 50 * US, 5 * US), ("t", 3, 150 * US, 5 * US), ("t", 4, 60 * US, 5 * US),
+            ("t", 5, 0, 1 * US)]
+    result = idle_breakdown(_con(device, host))
+    assert tuple(result.columns) == IDLE_COLUMNS
+    rows = {r["stream"]: r for r in result.to_dicts()}
+    assert rows[7] == rows[7] | {"gaps": 3, "idle_ns": 280 * US, "host_wait_ns": 80 * US,
+                                 "kernel_wait_ns": 10 * US, "other_ns": 190 * US}
+    assert rows[9]["gaps"] == 0 and rows[9]["idle_ns"] == 0
+
+
+def test_overlapping_ops_on_a_stream_leave_no_gap() -> None:
+    device = [("t", 0, 7, "kernel", "compute", 0, 100, None), ("t", 0, 7, "kernel", "compute", 10, 20, None),
+              ("t", 0, 7, "kernel", "compute", 100, 10, None)]
+    result = idle_breakdown(_con(device, []))
+    assert result.row(0, named=True)["idle_ns"] == 0
+
+
+def test_launch_stats() -> None:
+    device = [
+        ("t", 0, 7, "kernel", "compute", 20 * US, 2 * US, 1),    # call 10-15 us: delay 5 us, shorter than call
+        ("t", 0, 7, "kernel", "compute", 30 * US, 50 * US, 2),   # call 16-20 us: delay 10 us, longer than call
+        ("t", 0, 7, "memcpy", "memory", 90 * US, 5 * US, 3),     # not a kernel
+    ]
+    host = [("t", 1, 10 * US, 5 * US), ("t", 2, 16 * US, 4 * US), ("t", 3, 80 * US, 1 * US)]
+    row = launch_stats(_con(device, host)).row(0, named=True)
+    assert tuple(launch_stats(_con(device, host)).columns) == LAUNCH_COLUMNS
+    assert row["launches"] == 2
+    assert row["mean_delay_ns"] == pytest.approx(7.5 * US) and row["max_delay_ns"] == 10 * US
+    assert row["shorter_than_launch"] == 1 and row["shorter_than_launch_pct"] == pytest.approx(50.0)
+    assert row["launch_overhead_ns"] == 5 * US
+
+
+def test_launch_bound_sample(sample_warehouse) -> None:  # type: ignore[no-untyped-def]
+    con = sample_warehouse.connect()
+    stats = launch_stats(con, where="d.job = ?", params=["launch_bound"]).row(0, named=True)
+    # The sample's ground truth: 1200 of its 1206 kernels are shorter than their launch.
+    assert stats["launches"] == 1206 and stats["shorter_than_launch"] == 1200
+    idle = idle_breakdown(con, where="d.job = ?", params=["launch_bound"])
+    compute = idle.filter(pl.col("stream") == 7).row(0, named=True)
+    assert compute["host_wait_ns"] > 0.8 * compute["idle_ns"], compute  # launch-bound: the CPU is late
