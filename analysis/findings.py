@@ -129,6 +129,20 @@ def from_launches(launches: pl.DataFrame) -> list[Finding]:
     )]
 
 
+def from_step_outliers(outliers: pl.DataFrame) -> list[Finding]:
+    """Steps far slower than their rank's typical step (data stalls, GC, checkpoints, recompiles)."""
+    if outliers.is_empty():
+        return []
+    worst = outliers.row(0, named=True)
+    return [Finding(
+        "slow_steps",
+        f"{outliers.height} step(s) run far slower than usual",
+        f"step {worst['step']} on rank {worst['rank']} took {_ms(worst['dur_ns'])}, "
+        f"{_ms(worst['excess_ns'])} more than the rank's median step",
+        int(worst["excess_ns"]),
+    )]
+
+
 def rank(findings: list[Finding]) -> list[Finding]:
     """Findings ordered by estimated gain, largest first."""
     return sorted(findings, key=lambda f: f.gain_ns, reverse=True)

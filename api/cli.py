@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
+import polars as pl
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -29,7 +30,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from tracelake.analysis import findings, idle, kernels, launches, overview
+from tracelake.analysis import collectives, findings, idle, kernels, launches, overview, steps
 from tracelake.warehouse import IngestResult, Settings, TracelakeError, Warehouse
 from tracelake.warehouse.results import QueryResult
 from tracelake.warehouse.store import parse_labels
@@ -251,10 +252,14 @@ def analyze(
         top = kernels.top_kernels(con, where=where, params=params, top=8)
         gaps = idle.idle_breakdown(con, where=f"d.{where}", params=params)
         launch = launches.launch_stats(con, where=f"d.{where}", params=params)
+        step_stats = steps.step_stats(con, where=where, params=params)
+        slow = steps.step_outliers(con, where=where, params=params)
+        colls = collectives.instances(con, where=where, params=params)
     finally:
         con.close()
     found = findings.rank(
         _rank_findings(whole, arrivals) + findings.from_idle(gaps, whole) + findings.from_launches(launch)
+        + findings.from_step_outliers(slow)
     )
     if as_json:
         import json
@@ -265,10 +270,21 @@ def analyze(
             "top_kernels": top.to_dicts(),
             "idle_by_stream": gaps.to_dicts(),
             "launches": launch.to_dicts(),
+            "step_stats": step_stats.to_dicts(),
+            "step_outliers": slow.to_dicts(),
+            "collectives": colls.to_dicts(),
         }, indent=2) + "\n")
         return
     console.print(to_table(_frame_result(_breakdown_view(whole)), title="where the device time went, per rank"))
     _print_findings(found)
+    if colls.height:
+        busbw = float(colls.select(pl.col("busbw_gbs").median()).item() or 0)
+        skew_us = float(colls.select(pl.col("skew_ns").median()).item() or 0) / 1e3
+        console.print(
+            f"collectives: {colls.height} instances across ranks, median busbw {busbw:,.1f} GB/s, "
+            f"median arrival skew {skew_us:,.1f} us",
+            highlight=False, soft_wrap=True,
+        )
     console.print()
     console.print(to_table(_frame_result(_kernels_view(top)), title="top kernels, all ranks"))
 
@@ -300,8 +316,6 @@ def _print_findings(found: list[findings.Finding]) -> None:
 
 
 def _kernels_view(top: Any) -> Any:
-    import polars as pl
-
     # Drop "void " and the parameter list: what identifies a kernel at a glance.
     name = pl.col("name").str.strip_prefix("void ").str.replace(r"\([^()]*\)\s*$", "")
     short = pl.when(name.str.len_chars() > 40).then(name.str.slice(0, 37) + "...").otherwise(name)
@@ -315,8 +329,6 @@ def _kernels_view(top: Any) -> Any:
 
 def _breakdown_view(whole: Any) -> Any:
     """The breakdown as a person reads it: ms and shares of the span."""
-    import polars as pl
-
     def pct(column: str, label: str) -> pl.Expr:
         return (100 * pl.col(column) / pl.col("span_ns")).round(1).alias(label)
 
