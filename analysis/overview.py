@@ -52,7 +52,12 @@ def last_arrivals_of_trace(con: duckdb.DuckDBPyConnection, trace_id: str) -> pl.
     return _last_arrivals(con, "trace_id = ?", trace_id)
 
 
-def _last_arrivals(con: duckdb.DuckDBPyConnection, where: str, value: str) -> pl.DataFrame:
+def last_arrivals_where(con: duckdb.DuckDBPyConnection, where: str, params: list[object]) -> pl.DataFrame:
+    """:func:`last_arrivals` over the collectives selected by ``where`` (``?`` bound from ``params``)."""
+    return _last_arrivals(con, where, *params)
+
+
+def _last_arrivals(con: duckdb.DuckDBPyConnection, where: str, *values: object) -> pl.DataFrame:
     return con.sql(
         f"""
         WITH c AS (
@@ -69,5 +74,5 @@ def _last_arrivals(con: duckdb.DuckDBPyConnection, where: str, value: str) -> pl
         WHERE c.ts_ns = inst.last_ns
         GROUP BY c.rank ORDER BY times_last DESC, c.rank
         """,
-        params=[value],
+        params=list(values),
     ).pl()

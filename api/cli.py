@@ -7,6 +7,7 @@ in one place (:func:`_errors`); no traceback reaches the user for bad input.
 from __future__ import annotations
 
 import functools
+import json
 import shutil
 import sys
 import time
@@ -30,12 +31,12 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from tracelake.analysis import collectives, findings, idle, kernels, launches, overview, steps
+from tracelake.analysis import findings, overview
 from tracelake.warehouse import IngestResult, Settings, TracelakeError, Warehouse
 from tracelake.warehouse.results import QueryResult
 from tracelake.warehouse.store import parse_labels
 
-from .output import OutputFormat, to_csv, to_json, to_table
+from .output import OutputFormat, jsonable, to_csv, to_json, to_table
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -244,39 +245,13 @@ def analyze(
         err_console.print(f"recomputed the analyses of {count} traces", highlight=False)
         if trace_id is None and job is None:
             return
-    whole = warehouse.breakdown(trace_id=trace_id, job=job)
-    con = warehouse.connect()
-    try:
-        arrivals = overview.last_arrivals(con, job) if job else overview.last_arrivals_of_trace(con, trace_id or "")
-        where, params = ("job = ?", [job]) if job else ("trace_id = ?", [trace_id])
-        top = kernels.top_kernels(con, where=where, params=params, top=8)
-        gaps = idle.idle_breakdown(con, where=f"d.{where}", params=params)
-        launch = launches.launch_stats(con, where=f"d.{where}", params=params)
-        step_stats = steps.step_stats(con, where=where, params=params)
-        slow = steps.step_outliers(con, where=where, params=params)
-        colls = collectives.instances(con, where=where, params=params)
-    finally:
-        con.close()
-    found = findings.rank(
-        _rank_findings(whole, arrivals) + findings.from_idle(gaps, whole) + findings.from_launches(launch)
-        + findings.from_step_outliers(slow)
-    )
+    result = warehouse.analyze(trace_id=trace_id, job=job)
     if as_json:
-        import json
-
-        sys.stdout.write(json.dumps({
-            "breakdown": whole.to_dicts(),
-            "findings": [f.as_dict() for f in found],
-            "top_kernels": top.to_dicts(),
-            "idle_by_stream": gaps.to_dicts(),
-            "launches": launch.to_dicts(),
-            "step_stats": step_stats.to_dicts(),
-            "step_outliers": slow.to_dicts(),
-            "collectives": colls.to_dicts(),
-        }, indent=2) + "\n")
+        sys.stdout.write(json.dumps(jsonable(result.as_dict()), indent=2) + "\n")
         return
+    whole, colls = result.breakdown, result.collectives
     console.print(to_table(_frame_result(_breakdown_view(whole)), title="where the device time went, per rank"))
-    _print_findings(found)
+    _print_findings(result.findings)
     if colls.height:
         busbw = float(colls.select(pl.col("busbw_gbs").median()).item() or 0)
         skew_us = float(colls.select(pl.col("skew_ns").median()).item() or 0) / 1e3
@@ -286,25 +261,7 @@ def analyze(
             highlight=False, soft_wrap=True,
         )
     console.print()
-    console.print(to_table(_frame_result(_kernels_view(top)), title="top kernels, all ranks"))
-
-
-def _rank_findings(whole: Any, arrivals: Any) -> list[findings.Finding]:
-    return findings.rank(findings.from_breakdown(whole) + findings.from_last_arrivals(arrivals, ranks=whole.height))
-
-
-def _job_findings(warehouse: Warehouse, job: str) -> list[findings.Finding]:
-    whole = warehouse.breakdown(job=job)
-    con = warehouse.connect()
-    try:
-        arrivals = overview.last_arrivals(con, job)
-        gaps = idle.idle_breakdown(con, where="d.job = ?", params=[job])
-        launch = launches.launch_stats(con, where="d.job = ?", params=[job])
-    finally:
-        con.close()
-    return findings.rank(
-        _rank_findings(whole, arrivals) + findings.from_idle(gaps, whole) + findings.from_launches(launch)
-    )
+    console.print(to_table(_frame_result(_kernels_view(result.top_kernels)), title="top kernels, all ranks"))
 
 
 def _print_findings(found: list[findings.Finding]) -> None:
@@ -372,7 +329,7 @@ def demo(
             con.close()
         console.print()
         console.print(to_table(_frame_result(summary), title=f"job {job}: device time per rank"))
-        _print_findings(_job_findings(warehouse, job))
+        _print_findings(warehouse.analyze(job=job).findings)
     console.print()
     console.print(f"Warehouse: {warehouse.home}", highlight=False, markup=False)
     console.print(f"Explore it:  tracelake analyze --home {home} --job demo-ddp_straggler", highlight=False,

@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 from tracelake import ingest
 from tracelake.ingest.model import ByteCallback, TraceInfo
 
-from . import catalog, schema
+from . import analysis_report, catalog, schema
+from .analysis_report import Analysis
 from .derived import write_derived
 from .errors import InvalidArgument, NotFound, QueryError, TraceFormatError, TracelakeError, WarehouseError
 from .results import IngestProgress, IngestReport, IngestResult, QueryResult
@@ -289,6 +290,20 @@ class Warehouse:
         finally:
             con.close()
         return frame
+
+    def analyze(self, *, trace_id: str | None = None, job: str | None = None, top: int = 8) -> Analysis:
+        """Every analysis of one trace or job: breakdown, findings, kernels, idle, launches, steps, collectives.
+
+        Raises:
+            NotFound: nothing matches ``trace_id`` / ``job``.
+        """
+        whole = self.breakdown(trace_id=trace_id, job=job)
+        where, params = self._selection(trace_id, job)
+        con = self.connect()
+        try:
+            return analysis_report.compute(con, whole, where=where, params=params, top=top)
+        finally:
+            con.close()
 
     def _selection(self, trace_id: str | None, job: str | None) -> tuple[str, list[Any]]:
         if trace_id is not None:
