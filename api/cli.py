@@ -264,6 +264,31 @@ def analyze(
     console.print(to_table(_frame_result(_kernels_view(result.top_kernels)), title="top kernels, all ranks"))
 
 
+@app.command()
+@_errors
+def diff(
+    a: Annotated[str, typer.Argument(help="Baseline: a trace id or a job name.", show_default=False)],
+    b: Annotated[str, typer.Argument(help="Compared: a trace id or a job name.", show_default=False)],
+    top: Annotated[int, typer.Option("--top", "-n", help="Kernels to list.")] = 15,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    home: HomeOption = None,
+) -> None:
+    """Compare two traces or jobs: time per rank by category, then kernel by kernel (biggest change first)."""
+    kernels_frame, categories = _warehouse(home).diff(a, b)
+    if as_json:
+        sys.stdout.write(json.dumps(jsonable({
+            "categories": categories.to_dicts(), "kernels": kernels_frame.head(top).to_dicts(),
+        }), indent=2) + "\n")
+        return
+    ms = [(pl.col(c) / 1e6).round(3).alias(c.replace("_ns", "_ms")) for c in ("a_ns", "b_ns", "delta_ns")]
+    console.print(to_table(_frame_result(categories.select(
+        pl.col("metric").str.replace("_ns$", ""), *ms, pl.col("ratio").round(3))),
+        title=f"per rank: {a} (a) vs {b} (b)"))
+    console.print(to_table(_frame_result(kernels_frame.head(top).select(
+        _short_kernel(pl.col("name")).alias("kernel"), "change", *ms, pl.col("ratio").round(3))),
+        title="kernels, biggest change first"))
+
+
 def _print_findings(found: list[findings.Finding]) -> None:
     if not found:
         console.print("no findings: nothing exposed, idle or late stands out", highlight=False)
@@ -272,12 +297,15 @@ def _print_findings(found: list[findings.Finding]) -> None:
                       f"(fixing it saves up to {f.gain_ns / 1e6:,.1f} ms)", highlight=False, soft_wrap=True)
 
 
+def _short_kernel(name: pl.Expr, width: int = 40) -> pl.Expr:
+    """A kernel name as it identifies the kernel at a glance: no "void ", no parameter list, cut to ``width``."""
+    bare = name.str.strip_prefix("void ").str.replace(r"\([^()]*\)\s*$", "")
+    return pl.when(bare.str.len_chars() > width).then(bare.str.slice(0, width - 3) + "...").otherwise(bare)
+
+
 def _kernels_view(top: Any) -> Any:
-    # Drop "void " and the parameter list: what identifies a kernel at a glance.
-    name = pl.col("name").str.strip_prefix("void ").str.replace(r"\([^()]*\)\s*$", "")
-    short = pl.when(name.str.len_chars() > 40).then(name.str.slice(0, 37) + "...").otherwise(name)
     return top.select(
-        short.alias("kernel"), pl.col("category").str.slice(0, 7).alias("kind"), "count",
+        _short_kernel(pl.col("name")).alias("kernel"), pl.col("category").str.slice(0, 7).alias("kind"), "count",
         (pl.col("total_ns") / 1e6).round(2).alias("total ms"),
         (pl.col("mean_ns") / 1e3).round(1).alias("mean us"),
         pl.col("share_pct").round(1).alias("share %"),

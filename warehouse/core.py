@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracelake import ingest
+from tracelake.analysis import diff as diff_analysis
 from tracelake.ingest.model import ByteCallback, TraceInfo
 
 from . import analysis_report, catalog, schema
@@ -304,6 +305,35 @@ class Warehouse:
             return analysis_report.compute(con, whole, where=where, params=params, top=top)
         finally:
             con.close()
+
+    def diff(self, a: str, b: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """Compare two traces or jobs (each a trace id or a job name): (kernels, categories).
+
+        Raises:
+            NotFound: ``a`` or ``b`` is neither a trace id nor a job.
+        """
+        sides = [self._resolve(name) for name in (a, b)]
+        con = self.connect()
+        try:
+            kernels_frame = diff_analysis.kernel_diff(con, sides[0], sides[1])
+        finally:
+            con.close()
+        breakdowns = [
+            self.breakdown(trace_id=name) if key == "trace_id" else self.breakdown(job=name)
+            for key, name in (self._kind(a), self._kind(b))
+        ]
+        return kernels_frame, diff_analysis.category_diff(*breakdowns)
+
+    def _kind(self, name: str) -> tuple[str, str]:
+        if self.query("SELECT 1 FROM traces WHERE trace_id = ?", [name]).rows:
+            return "trace_id", name
+        if self.query("SELECT 1 FROM traces WHERE job = ? LIMIT 1", [name]).rows:
+            return "job", name
+        raise NotFound(f"{name!r} is neither a trace id nor a job (see `tracelake traces`)")
+
+    def _resolve(self, name: str) -> tuple[str, list[Any]]:
+        key, value = self._kind(name)
+        return f"{key} = ?", [value]
 
     def _selection(self, trace_id: str | None, job: str | None) -> tuple[str, list[Any]]:
         if trace_id is not None:
