@@ -9,7 +9,8 @@ import datetime as dt
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -280,17 +281,9 @@ class Warehouse:
         Raises:
             NotFound: nothing matches ``trace_id`` / ``job``.
         """
-        where, params = self._selection(trace_id, job)
-        step_filter = "" if steps else " AND step IS NULL"
-        con = self.connect()
-        try:
-            frame = con.sql(
-                f"SELECT * EXCLUDE (job) FROM breakdown WHERE {where}{step_filter} ORDER BY rank, step NULLS FIRST",
-                params=params,
-            ).pl()
-        finally:
-            con.close()
-        return frame
+        with self._session() as con:
+            where, params = _selection(con, trace_id, job)
+            return _breakdown(con, where, params, steps=steps)
 
     def analyze(self, *, trace_id: str | None = None, job: str | None = None, top: int = 8) -> Analysis:
         """Every analysis of one trace or job: breakdown, findings, kernels, idle, launches, steps, collectives.
@@ -298,13 +291,10 @@ class Warehouse:
         Raises:
             NotFound: nothing matches ``trace_id`` / ``job``.
         """
-        whole = self.breakdown(trace_id=trace_id, job=job)
-        where, params = self._selection(trace_id, job)
-        con = self.connect()
-        try:
+        with self._session() as con:
+            where, params = _selection(con, trace_id, job)
+            whole = _breakdown(con, where, params, steps=False)
             return analysis_report.compute(con, whole, where=where, params=params, top=top)
-        finally:
-            con.close()
 
     def diff(self, a: str, b: str) -> tuple[pl.DataFrame, pl.DataFrame]:
         """Compare two traces or jobs (each a trace id or a job name): (kernels, categories).
@@ -312,38 +302,24 @@ class Warehouse:
         Raises:
             NotFound: ``a`` or ``b`` is neither a trace id nor a job.
         """
-        sides = [self._resolve(name) for name in (a, b)]
+        with self._session() as con:
+            left, right = _resolve(con, a), _resolve(con, b)
+            kernels_frame = diff_analysis.kernel_diff(con, left, right)
+            categories = diff_analysis.category_diff(
+                _breakdown(con, *left, steps=False), _breakdown(con, *right, steps=False)
+            )
+        return kernels_frame, categories
+
+    @contextmanager
+    def _session(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One query connection for a whole analysis (opening one costs more than most queries)."""
         con = self.connect()
         try:
-            kernels_frame = diff_analysis.kernel_diff(con, sides[0], sides[1])
+            yield con
+        except duckdb.Error as exc:
+            raise QueryError(str(exc).strip()) from None
         finally:
             con.close()
-        breakdowns = [
-            self.breakdown(trace_id=name) if key == "trace_id" else self.breakdown(job=name)
-            for key, name in (self._kind(a), self._kind(b))
-        ]
-        return kernels_frame, diff_analysis.category_diff(*breakdowns)
-
-    def _kind(self, name: str) -> tuple[str, str]:
-        if self.query("SELECT 1 FROM traces WHERE trace_id = ?", [name]).rows:
-            return "trace_id", name
-        if self.query("SELECT 1 FROM traces WHERE job = ? LIMIT 1", [name]).rows:
-            return "job", name
-        raise NotFound(f"{name!r} is neither a trace id nor a job (see `tracelake traces`)")
-
-    def _resolve(self, name: str) -> tuple[str, list[Any]]:
-        key, value = self._kind(name)
-        return f"{key} = ?", [value]
-
-    def _selection(self, trace_id: str | None, job: str | None) -> tuple[str, list[Any]]:
-        if trace_id is not None:
-            self.trace(trace_id)
-            return "trace_id = ?", [trace_id]
-        if job is not None:
-            if not self.query("SELECT 1 FROM traces WHERE job = ? LIMIT 1", [job]).rows:
-                raise NotFound(f"no traces in job {job!r}")
-            return "job = ?", [job]
-        raise InvalidArgument("give a trace id or a job")
 
     def traces(self, job: str | None = None) -> list[dict[str, Any]]:
         """Registered traces, newest first (optionally of one job)."""
@@ -365,6 +341,39 @@ class Warehouse:
         if not rows:
             raise NotFound(f"no trace with id {trace_id!r}")
         return rows[0]
+
+
+def _exists(con: duckdb.DuckDBPyConnection, column: str, value: str) -> bool:
+    return bool(con.sql(f"SELECT 1 FROM traces WHERE {column} = ? LIMIT 1", params=[value]).fetchall())
+
+
+def _selection(con: duckdb.DuckDBPyConnection, trace_id: str | None, job: str | None) -> tuple[str, list[Any]]:
+    """The SQL filter for one trace or one job, checked to match something."""
+    if trace_id is not None:
+        if not _exists(con, "trace_id", trace_id):
+            raise NotFound(f"no trace with id {trace_id!r}")
+        return "trace_id = ?", [trace_id]
+    if job is not None:
+        if not _exists(con, "job", job):
+            raise NotFound(f"no traces in job {job!r}")
+        return "job = ?", [job]
+    raise InvalidArgument("give a trace id or a job")
+
+
+def _resolve(con: duckdb.DuckDBPyConnection, name: str) -> tuple[str, list[Any]]:
+    """The SQL filter for ``name``, a trace id or else a job name."""
+    for column in ("trace_id", "job"):
+        if _exists(con, column, name):
+            return f"{column} = ?", [name]
+    raise NotFound(f"{name!r} is neither a trace id nor a job (see `tracelake traces`)")
+
+
+def _breakdown(con: duckdb.DuckDBPyConnection, where: str, params: list[Any], *, steps: bool) -> pl.DataFrame:
+    step_filter = "" if steps else " AND step IS NULL"
+    return con.sql(
+        f"SELECT * EXCLUDE (job) FROM breakdown WHERE {where}{step_filter} ORDER BY rank, step NULLS FIRST",
+        params=params,
+    ).pl()
 
 
 def expand_inputs(paths: Iterable[str | Path]) -> list[Path]:
