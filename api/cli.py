@@ -168,6 +168,8 @@ def ingest(
     label: Annotated[list[str] | None, typer.Option("--label", "-l", help="A key=value label; repeatable.",
                                                     show_default=False)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    workers: Annotated[int, typer.Option("--workers", "-w", min=1,
+                                         help="Files ingested at once, each in its own process.")] = 1,
     home: HomeOption = None,
 ) -> None:
     """Ingest trace files into the warehouse.
@@ -179,13 +181,14 @@ def ingest(
     warehouse = _warehouse(home)
     started = time.perf_counter()
     with _progress_bar(not quiet and err_console.is_terminal) as bar:
-        report = warehouse.ingest(paths, job=job, labels=labels, progress=bar)
+        report = warehouse.ingest(paths, job=job, labels=labels, progress=bar, workers=workers)
     if bar is None:
         for r in report.failed:
             err_console.print(f"[red]failed[/] {escape(r.error or '')}", highlight=False, soft_wrap=True)
         for r in report.results:
             for warning in r.warnings:
-                err_console.print(f"[yellow]warning[/] {escape(f'{r.path}: {warning}')}", highlight=False)
+                err_console.print(f"[yellow]warning[/] {escape(f'{r.path}: {warning}')}", highlight=False,
+                                  soft_wrap=True)
     if not report.results:
         err_console.print("[red]error:[/] no trace files found in the given paths")
         raise typer.Exit(1)

@@ -134,3 +134,20 @@ def test_staging_is_cleaned_up(warehouse: Warehouse) -> None:
     assert list((warehouse.home / "staging").iterdir()) == []
     for path in (warehouse.home / "tables").rglob("*.parquet"):
         assert pq.read_metadata(path).num_columns > 0
+
+
+def test_parallel_ingest_matches_serial(tmp_path: Path) -> None:
+    serial = Warehouse(tmp_path / "serial")
+    parallel = Warehouse(tmp_path / "parallel")
+    a = serial.ingest([SAMPLES / "ddp_straggler", SAMPLES / "launch_bound"], job="j")
+    bad = tmp_path / "broken.json"
+    bad.write_text('{"traceEvents": [')
+    b = parallel.ingest([SAMPLES / "ddp_straggler", bad, SAMPLES / "launch_bound"], job="j", workers=2)
+    assert a.ok and not b.ok and [r.status for r in b.results].count("ingested") == 5
+    # Results come back in input order, the failure in its place.
+    assert b.results[4].path == bad and b.results[4].status == "failed"
+    assert "broken.json" in (b.results[4].error or "")
+    query = "SELECT trace_id, rank, device_op_count, host_op_count FROM traces ORDER BY trace_id"
+    assert serial.query(query).rows == parallel.query(query).rows
+    table = "SELECT * EXCLUDE (job) FROM breakdown ORDER BY ALL"
+    assert serial.query(table).rows == parallel.query(table).rows

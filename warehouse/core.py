@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -79,16 +81,21 @@ class Warehouse:
         job: str = "default",
         labels: dict[str, str] | None = None,
         progress: IngestProgress | None = None,
+        workers: int = 1,
     ) -> IngestReport:
         """Ingest trace files (and directories of them) under ``job``.
 
         Every input is tried; a bad file is reported in its result and does not
-        stop the others. Files already in the warehouse are skipped.
+        stop the others. Files already in the warehouse are skipped. With
+        ``workers`` > 1, files are ingested by that many processes at once (each
+        file is still written atomically; results come back in input order).
         """
         check_job(job)
         files = expand_inputs(paths)
         if progress is not None:
             progress.start([(f, _size(f)) for f in files])
+        if workers > 1 and len(files) > 1:
+            return self._ingest_parallel(files, job, labels, progress, workers)
         report = IngestReport()
         for path in files:
             if progress is not None:
@@ -99,6 +106,34 @@ class Warehouse:
             if progress is not None:
                 progress.file_done(result)
         return report
+
+    def _ingest_parallel(
+        self,
+        files: list[Path],
+        job: str,
+        labels: dict[str, str] | None,
+        progress: IngestProgress | None,
+        workers: int,
+    ) -> IngestReport:
+        # Each process gets its share of the cores for DuckDB; progress advances per file.
+        threads = max(1, self.settings.threads // min(workers, len(files)))
+        settings = Settings(**{**self.settings.__dict__, "home": self.home, "threads": threads})
+        results: dict[Path, IngestResult] = {}
+        context = multiprocessing.get_context("spawn")  # no fork of a process holding DuckDB threads
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+            futures = {pool.submit(_ingest_in_worker, settings, path, job, labels): path for path in files}
+            for future in as_completed(futures):
+                path = futures[future]
+                try:
+                    result = future.result()
+                except Exception as exc:  # a worker died: report the file, keep going
+                    result = IngestResult(path=path, status="failed", job=job, error=f"{path}: worker failed ({exc})")
+                results[path] = result
+                if progress is not None:
+                    progress.file_started(path)
+                    progress.advance(_size(path))
+                    progress.file_done(result)
+        return IngestReport([results[path] for path in files])
 
     def ingest_file(
         self,
@@ -341,6 +376,11 @@ class Warehouse:
         if not rows:
             raise NotFound(f"no trace with id {trace_id!r}")
         return rows[0]
+
+
+def _ingest_in_worker(settings: Settings, path: Path, job: str, labels: dict[str, str] | None) -> IngestResult:
+    """Ingest one file in a worker process."""
+    return Warehouse(settings=settings).ingest_file(path, job=job, labels=labels)
 
 
 def _exists(con: duckdb.DuckDBPyConnection, column: str, value: str) -> bool:
