@@ -63,8 +63,13 @@ def from_breakdown(whole: pl.DataFrame) -> list[Finding]:
     return findings
 
 
-def from_last_arrivals(arrivals: pl.DataFrame, ranks: int) -> list[Finding]:
-    """A straggler: a rank that starts collectives last far more often than 1/n of the time."""
+def from_last_arrivals(arrivals: pl.DataFrame, ranks: int, whole: pl.DataFrame | None = None) -> list[Finding]:
+    """A straggler: a rank that starts collectives last far more often than 1/n of the time.
+
+    With the whole-trace breakdown, the evidence adds the straggler's compute time
+    against the median rank's (more compute points at the rank's own work; equal
+    compute points at its host, data loading or hardware).
+    """
     if arrivals.is_empty() or ranks < 2:
         return []
     top = arrivals.row(0, named=True)
@@ -73,11 +78,18 @@ def from_last_arrivals(arrivals: pl.DataFrame, ranks: int) -> list[Finding]:
     if share <= 2 / ranks:
         return []
     skew_ns = float(top["mean_skew_us"] or 0) * 1e3
+    evidence = ""
+    if whole is not None and whole.height > 1:
+        mine = whole.filter(pl.col("rank") == top["rank"])
+        median = whole.select(pl.col("compute_ns").cast(pl.Float64).median()).item()
+        if mine.height and median:
+            ratio = float(mine["compute_ns"][0]) / float(median)
+            evidence = f"; its compute time is {100 * (ratio - 1):+.0f}% against the median rank"
     return [Finding(
         "straggler",
         f"rank {top['rank']} arrives last at {100 * share:.0f}% of collectives",
         f"{top['times_last']} of {total} collectives start last on rank {top['rank']}, "
-        f"{_ms(skew_ns)} after the first rank on average: every other rank waits for it",
+        f"{_ms(skew_ns)} after the first rank on average: every other rank waits for it{evidence}",
         int(skew_ns * top["times_last"]),
     )]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import polars as pl
 import pytest
 
@@ -16,6 +18,8 @@ def test_analyze_job_returns_frames(sample_warehouse: Warehouse) -> None:
     assert result.breakdown["rank"].to_list() == [0, 1, 2, 3]
     kinds = [f.kind for f in result.findings]
     assert kinds[0] == "straggler"  # the largest estimated gain in this sample
+    # The evidence: the sample's straggler computes 1.25x as long as the others.
+    assert re.search(r"compute time is \+2[3-7]% against the median rank", result.findings[0].detail)
     assert [f.gain_ns for f in result.findings] == sorted((f.gain_ns for f in result.findings), reverse=True)
     assert set(result.as_dict()) >= {"findings", "breakdown", "collectives"}
 

@@ -57,7 +57,7 @@ def compute(
     )
     result.findings = findings.rank(
         findings.from_breakdown(whole)
-        + findings.from_last_arrivals(arrivals, ranks=whole.height)
+        + findings.from_last_arrivals(arrivals, ranks=whole.height, whole=whole)
         + findings.from_idle(result.idle_by_stream, whole)
         + findings.from_launches(result.launches)
         + findings.from_step_outliers(result.step_outliers)
