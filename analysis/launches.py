@@ -50,3 +50,46 @@ def launch_stats(
     FROM l GROUP BY ALL ORDER BY trace_id, rank
     """
     return con.sql(sql, params=list(params or [])).pl()
+
+
+QUEUE_COLUMNS = ("trace_id", "rank", "stream", "launches", "max_queue", "mean_queue")
+
+
+def queue_lengths(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    where: str = "TRUE",
+    params: Sequence[object] | None = None,
+    device_ops: str = "device_ops",
+    host_ops: str = "host_ops",
+) -> pl.DataFrame:
+    """Launch queue depth per stream: +1 when a runtime call launches an op, -1 when the op starts.
+
+    ``max_queue`` is the deepest the queue got; ``mean_queue`` its time-weighted mean
+    between the first launch and the last start. A queue that stays near zero means the
+    device waits for the host; a deep one means the host runs ahead (good).
+    """
+    sql = f"""
+    WITH l AS (
+        SELECT d.trace_id, d.rank, d.stream, r.ts_ns AS launch_ns, d.ts_ns AS start_ns
+        FROM {device_ops} d
+        JOIN {host_ops} r ON r.trace_id = d.trace_id AND r.correlation = d.correlation
+        WHERE d.correlation IS NOT NULL AND d.category <> 'sync' AND ({where})
+    ), points AS (
+        SELECT trace_id, rank, stream, launch_ns AS t, 1 AS delta FROM l
+        UNION ALL
+        SELECT trace_id, rank, stream, greatest(start_ns, launch_ns), -1 FROM l
+    ), summed AS (
+        SELECT trace_id, rank, stream, t, sum(delta) AS delta FROM points GROUP BY ALL
+    ), depth AS (
+        SELECT *, sum(delta) OVER w AS queue,
+               lead(t) OVER (PARTITION BY trace_id, rank, stream ORDER BY t) - t AS len
+        FROM summed
+        WINDOW w AS (PARTITION BY trace_id, rank, stream ORDER BY t ROWS UNBOUNDED PRECEDING)
+    )
+    SELECT trace_id, rank, stream, CAST(sum(delta) FILTER (WHERE delta > 0) AS BIGINT) AS launches,
+           CAST(max(queue) AS BIGINT) AS max_queue,
+           sum(queue * len) / nullif(sum(len), 0) AS mean_queue
+    FROM depth GROUP BY ALL ORDER BY trace_id, rank, stream
+    """
+    return con.sql(sql, params=list(params or [])).pl()

@@ -75,3 +75,28 @@ def test_launch_bound_sample(sample_warehouse) -> None:  # type: ignore[no-untyp
     idle = idle_breakdown(con, where="d.job = ?", params=["launch_bound"])
     compute = idle.filter(pl.col("stream") == 7).row(0, named=True)
     assert compute["host_wait_ns"] > 0.8 * compute["idle_ns"], compute  # launch-bound: the CPU is late
+
+
+def test_queue_lengths() -> None:
+    from tracelake.analysis.launches import QUEUE_COLUMNS, queue_lengths
+
+    # Three launches at 0, 1, 2 us; the kernels start at 5, 6, 7 us: the queue reaches 3.
+    device = [("t", 0, 7, "kernel", "compute", (5 + i) * US, 1 * US, i + 1) for i in range(3)]
+    host = [("t", i + 1, i * US, 1) for i in range(3)]
+    result = queue_lengths(_con(device, host))
+    assert tuple(result.columns) == QUEUE_COLUMNS
+    row = result.row(0, named=True)
+    assert row["launches"] == 3 and row["max_queue"] == 3
+    # depth 1 for 1 us, 2 for 1 us, 3 for 3 us, 2 for 1 us, 1 for 1 us over 7 us
+    assert row["mean_queue"] == pytest.approx((1 + 2 + 9 + 2 + 1) / 7)
+
+
+def test_launch_bound_queue_stays_short(sample_warehouse) -> None:  # type: ignore[no-untyped-def]
+    from tracelake.analysis.launches import queue_lengths
+
+    con = sample_warehouse.connect()
+    bound = queue_lengths(con, where="d.job = ?", params=["launch_bound"]).filter(pl.col("stream") == 7)
+    ddp = queue_lengths(con, where="d.job = ?", params=["ddp_straggler"]).filter(pl.col("stream") == 7)
+    # Launch-bound: the host barely gets ahead of the device; DDP: the host runs far ahead.
+    assert bound.row(0, named=True)["mean_queue"] < 1
+    assert ddp["mean_queue"].min() > 5

@@ -23,6 +23,7 @@ class Analysis:
     top_kernels: pl.DataFrame
     idle_by_stream: pl.DataFrame
     launches: pl.DataFrame
+    queues: pl.DataFrame
     step_stats: pl.DataFrame
     step_outliers: pl.DataFrame
     collectives: pl.DataFrame
@@ -33,7 +34,7 @@ class Analysis:
         """Everything as JSON-friendly lists of dicts."""
         frames = {
             name: getattr(self, name).to_dicts()
-            for name in ("breakdown", "top_kernels", "idle_by_stream", "launches", "step_stats",
+            for name in ("breakdown", "top_kernels", "idle_by_stream", "launches", "queues", "step_stats",
                          "step_outliers", "collectives", "last_arrivals")
         }
         return {"findings": [f.as_dict() for f in self.findings], **frames}
@@ -50,6 +51,7 @@ def compute(
         top_kernels=kernels.top_kernels(con, where=where, params=params, top=top),
         idle_by_stream=idle.idle_breakdown(con, where=device_where, params=params),
         launches=launches.launch_stats(con, where=device_where, params=params),
+        queues=launches.queue_lengths(con, where=device_where, params=params),
         step_stats=steps.step_stats(con, where=where, params=params),
         step_outliers=steps.step_outliers(con, where=where, params=params),
         collectives=collectives.instances(con, where=where, params=params),
