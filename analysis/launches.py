@@ -31,7 +31,12 @@ def launch_stats(
 
     ``where`` filters device ops (columns prefixed ``d.``).
     """
-    sql = f"""
+    return con.sql(launch_stats_sql(device_ops, host_ops, where), params=list(params or [])).pl()
+
+
+def launch_stats_sql(device_ops: str, host_ops: str, where: str = "TRUE") -> str:
+    """SQL of :func:`launch_stats`."""
+    return f"""
     WITH l AS (
         SELECT d.trace_id, d.rank, d.dur_ns,
                greatest(d.ts_ns - (r.ts_ns + r.dur_ns), 0) AS delay_ns, r.dur_ns AS call_ns
@@ -49,7 +54,6 @@ def launch_stats(
            CAST(sum(call_ns) FILTER (WHERE dur_ns < call_ns) AS BIGINT) AS launch_overhead_ns
     FROM l GROUP BY ALL ORDER BY trace_id, rank
     """
-    return con.sql(sql, params=list(params or [])).pl()
 
 
 QUEUE_COLUMNS = ("trace_id", "rank", "stream", "launches", "max_queue", "mean_queue")

@@ -193,7 +193,7 @@ class Warehouse:
                 on_bytes=on_bytes,
             )
             fmt, info = ingest.parse_into(path, staging, options)
-            write_derived(staging / "device_ops.parquet", staging, threads=self.settings.threads,
+            write_derived(staging, staging, threads=self.settings.threads,
                           memory_limit=self.settings.ingest_memory_limit)
             rows = {name: pq.read_metadata(staging / f"{name}.parquet").num_rows for name in schema.DATA_TABLES}
             row = self._traces_row(path, source_name, trace_id, labels, fmt.name, info, rows, started)
@@ -295,7 +295,9 @@ class Warehouse:
             trace_id, trace_job = row["trace_id"], row["job"]
             staging = self.store.new_staging(trace_id)
             try:
-                write_derived(self.store.path("device_ops", trace_job, trace_id), staging,
+                for name in ("device_ops", "host_ops"):
+                    os.symlink(self.store.path(name, trace_job, trace_id), staging / f"{name}.parquet")
+                write_derived(staging, staging,
                               threads=self.settings.threads, memory_limit=self.settings.ingest_memory_limit)
                 for name in schema.DERIVED_TABLES:
                     target = self.store.path(name, trace_job, trace_id)

@@ -12,23 +12,41 @@ from pathlib import Path
 import duckdb
 
 from tracelake.analysis.breakdown import breakdown_sql
+from tracelake.analysis.idle import idle_sql
+from tracelake.analysis.launches import launch_stats_sql
 
 from . import schema
 from .schema import sql_literal
 
 
+def write_derived(parsed: Path, out_dir: Path, *, threads: int = 2, memory_limit: str = "256MB") -> None:
+    """Compute every derived table of one trace from its parsed tables in ``parsed`` into ``out_dir``.
 
-def write_derived(device_ops: Path, out_dir: Path, *, threads: int = 2, memory_limit: str = "256MB") -> None:
-    """Compute every derived table of one trace from its ``device_ops`` file into ``out_dir``.
-
-    Writes ``<table>.parquet`` for each table in :data:`schema.DERIVED_TABLES`.
+    ``parsed`` holds ``device_ops.parquet`` and ``host_ops.parquet`` (a staging
+    directory, or a folder of links to a stored trace's files); writes
+    ``<table>.parquet`` for each table in :data:`schema.DERIVED_TABLES`.
     """
     con = duckdb.connect(config={"threads": threads, "memory_limit": memory_limit})
     try:
-        ops = f"read_parquet({sql_literal(str(device_ops))})"
-        tbl = schema.BREAKDOWN
-        select = schema.select_list(tbl, {c: c for c in tbl.column_names})
-        out = sql_literal(str(out_dir / "breakdown.parquet"))
-        con.execute(f"COPY (SELECT {select} FROM ({breakdown_sql(ops)})) TO {out} (FORMAT parquet, COMPRESSION zstd)")
+        for name in ("device_ops", "host_ops"):
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({sql_literal(str(parsed / f'{name}.parquet'))})")
+        _copy(con, schema.BREAKDOWN, f"({breakdown_sql('device_ops')})", out_dir)
+        _copy(con, schema.KERNEL_STATS, f"({_KERNEL_STATS})", out_dir)
+        _copy(con, schema.STREAM_IDLE, f"({idle_sql('device_ops', 'host_ops')})", out_dir)
+        _copy(con, schema.LAUNCH_STATS, f"({launch_stats_sql('device_ops', 'host_ops')})", out_dir)
     finally:
         con.close()
+
+
+_KERNEL_STATS = """
+    SELECT trace_id, rank, name, any_value(category) AS category, count(*) AS count, sum(dur_ns) AS total_ns,
+           avg(dur_ns) AS mean_ns, quantile_cont(dur_ns, 0.5) AS p50_ns, quantile_cont(dur_ns, 0.95) AS p95_ns,
+           max(dur_ns) AS max_ns
+    FROM device_ops WHERE category <> 'sync' GROUP BY ALL
+"""
+
+
+def _copy(con: duckdb.DuckDBPyConnection, tbl: schema.Table, source: str, out_dir: Path) -> None:
+    select = schema.select_list(tbl, {c: c for c in tbl.column_names})
+    out = sql_literal(str(out_dir / f"{tbl.name}.parquet"))
+    con.execute(f"COPY (SELECT {select} FROM {source}) TO {out} (FORMAT parquet, COMPRESSION zstd)")

@@ -271,10 +271,71 @@ BREAKDOWN = Table(
     derived=True,
 )
 
+KERNEL_STATS = Table(
+    "kernel_stats",
+    "Time per kernel name, per trace and rank (syncs excluded): the input of kernel breakdowns and fleet "
+    "rankings without rescanning device_ops.",
+    (
+        TRACE_ID,
+        RANK,
+        _c("name", "VARCHAR", "Kernel or operation name."),
+        _c("category", "VARCHAR", "Its category."),
+        _c("count", "BIGINT", "Launches."),
+        _ns("total_ns", "Summed duration."),
+        _ns("mean_ns", "Mean duration (rounded to ns)."),
+        _ns("p50_ns", "Median duration (rounded to ns)."),
+        _ns("p95_ns", "95th percentile duration (rounded to ns)."),
+        _ns("max_ns", "Longest."),
+    ),
+    (JOB,),
+    derived=True,
+)
+
+STREAM_IDLE = Table(
+    "stream_idle",
+    "Idle gaps between consecutive ops on each stream, by cause (docs/analyses.md): `host_wait` (the launch "
+    "came after the stream went idle), `kernel_wait` (short launch gaps), `other`.",
+    (
+        TRACE_ID,
+        RANK,
+        _c("stream", "BIGINT", "Stream."),
+        _c("ops", "BIGINT", "Ops on the stream (syncs excluded)."),
+        _ns("op_ns", "Summed op duration on the stream."),
+        _c("gaps", "BIGINT", "Gaps between ops."),
+        _ns("idle_ns", "Summed gap time."),
+        _ns("host_wait_ns", "Gap time waiting for the host to launch."),
+        _ns("kernel_wait_ns", "Gap time in short launch-to-launch gaps."),
+        _ns("other_ns", "The rest of the gap time."),
+    ),
+    (JOB,),
+    derived=True,
+)
+
+LAUNCH_STATS = Table(
+    "launch_stats",
+    "Kernel launch delays per trace and rank, and kernels shorter than their launch call.",
+    (
+        TRACE_ID,
+        RANK,
+        _c("launches", "BIGINT", "Kernels joined to their runtime call."),
+        _ns("mean_delay_ns", "Mean of kernel start - end of its launch call (floored at 0), rounded to ns."),
+        _ns("p50_delay_ns", "Median launch delay, rounded to ns."),
+        _ns("p95_delay_ns", "95th percentile launch delay, rounded to ns."),
+        _ns("max_delay_ns", "Longest launch delay."),
+        _c("shorter_than_launch", "BIGINT", "Kernels that ran for less time than their launch call took."),
+        _c("shorter_than_launch_pct", "DOUBLE", "Their share of launches, percent."),
+        _ns("launch_overhead_ns", "Summed launch-call time of those kernels."),
+    ),
+    (JOB,),
+    derived=True,
+)
+
 #: Every table, in the order they are written; `traces` is last because writing
 #: its row is what makes a trace visible.
 TABLES: dict[str, Table] = {
-    t.name: t for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, BREAKDOWN, TRACES)
+    t.name: t
+    for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
+              LAUNCH_STATS, TRACES)
 }
 
 #: Tables holding one trace's data (everything except the registry itself).

@@ -1,0 +1,37 @@
+"""Analyses stored at ingest equal the same analyses computed at query time."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracelake.analysis.idle import idle_breakdown
+from tracelake.analysis.launches import launch_stats
+from tracelake.warehouse import Warehouse
+
+
+def _rows(frame: pl.DataFrame, columns: list[str]) -> list[tuple]:  # type: ignore[type-arg]
+    return sorted(frame.select(columns).rows())
+
+
+def test_stored_idle_and_launches_match_query_time(sample_warehouse: Warehouse) -> None:
+    con = sample_warehouse.connect()
+    stored_idle = con.sql("SELECT * EXCLUDE (job) FROM stream_idle").pl()
+    live_idle = idle_breakdown(con)
+    columns = ["trace_id", "rank", "stream", "gaps", "idle_ns", "host_wait_ns", "kernel_wait_ns", "other_ns"]
+    assert stored_idle.height == live_idle.height > 0
+    assert _rows(stored_idle, columns) == _rows(live_idle, columns)
+    stored = con.sql("SELECT * EXCLUDE (job) FROM launch_stats").pl()
+    live = launch_stats(con)
+    columns = ["trace_id", "rank", "launches", "shorter_than_launch", "max_delay_ns"]
+    assert _rows(stored, columns) == _rows(live, columns)
+
+
+def test_kernel_stats_add_up_to_device_time(sample_warehouse: Warehouse) -> None:
+    stored = dict(sample_warehouse.query(
+        "SELECT trace_id, sum(total_ns) FROM kernel_stats GROUP BY 1").rows)
+    direct = dict(sample_warehouse.query(
+        "SELECT trace_id, sum(dur_ns) FROM device_ops WHERE category <> 'sync' GROUP BY 1").rows)
+    assert stored == direct and len(stored) == 5
+    counts = sample_warehouse.query(
+        "SELECT count(*) FROM kernel_stats WHERE mean_ns > max_ns OR p50_ns > max_ns").rows[0][0]
+    assert counts == 0
