@@ -18,7 +18,7 @@ class ParseOptions:
     source_name: str
     #: Content hash identifying the trace; every row the parser writes carries it.
     trace_id: str = ""
-    memory_limit: str = "256MB"
+    memory_limit: str = "200MB"
     threads: int = 2
     batch_bytes: int = 8 << 20
     on_bytes: ByteCallback | None = None

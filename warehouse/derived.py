@@ -19,7 +19,7 @@ from . import schema
 from .schema import sql_literal
 
 
-def write_derived(parsed: Path, out_dir: Path, *, threads: int = 2, memory_limit: str = "256MB") -> None:
+def write_derived(parsed: Path, out_dir: Path, *, threads: int = 2, memory_limit: str = "200MB") -> None:
     """Compute every derived table of one trace from its parsed tables in ``parsed`` into ``out_dir``.
 
     ``parsed`` holds ``device_ops.parquet`` and ``host_ops.parquet`` (a staging

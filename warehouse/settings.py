@@ -21,7 +21,7 @@ class Settings:
     #: Warehouse directory: Parquet tables, the DuckDB catalog, staging area.
     home: Path = Path("~/.tracelake")
     #: Memory DuckDB may use while normalising one trace at ingest (DuckDB size string).
-    ingest_memory_limit: str = "256MB"
+    ingest_memory_limit: str = "200MB"
     #: Threads DuckDB uses per ingest and per query connection.
     threads: int = 2
     #: Bytes of JSON decoded per batch while streaming a trace; bounds parser memory.
@@ -64,7 +64,7 @@ def _convert(name: str, raw: str, type_: object) -> object:
 #: One line per setting, for the docs and `--help` texts.
 SETTINGS_DOC: dict[str, str] = {
     "home": "Warehouse directory (default `~/.tracelake`); `--home` overrides it.",
-    "ingest_memory_limit": "DuckDB memory limit while normalising one trace (default `256MB`; it spills to disk past it).",
+    "ingest_memory_limit": "DuckDB memory limit while normalising one trace (default `200MB`; it spills to disk past it).",
     "threads": "DuckDB threads per ingest and per query (default 2).",
     "parse_batch_bytes": "Bytes of JSON decoded per batch while streaming a trace (default 8 MiB).",
 }
