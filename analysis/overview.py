@@ -39,21 +39,12 @@ def rank_summary(con: duckdb.DuckDBPyConnection, job: str) -> pl.DataFrame:
     ).pl()
 
 
-def last_arrivals(con: duckdb.DuckDBPyConnection, job: str) -> pl.DataFrame:
-    """How often each rank of ``job`` is the last to start a collective (by process group and seq).
+def last_arrivals(con: duckdb.DuckDBPyConnection, where: str, params: list[object]) -> pl.DataFrame:
+    """How often each rank is the last to start a collective (by process group and seq).
 
+    ``where`` selects the collectives (``?`` bound from ``params``), e.g. ``job = ?``.
     The last rank to arrive makes every other rank wait inside the collective.
     """
-    return _last_arrivals(con, "job = ?", job)
-
-
-def last_arrivals_of_trace(con: duckdb.DuckDBPyConnection, trace_id: str) -> pl.DataFrame:
-    """:func:`last_arrivals` over the ranks of one trace file (a single-rank trace yields nothing)."""
-    return _last_arrivals(con, "trace_id = ?", trace_id)
-
-
-def last_arrivals_where(con: duckdb.DuckDBPyConnection, where: str, params: list[object]) -> pl.DataFrame:
-    """:func:`last_arrivals` over the collectives selected by ``where`` (``?`` bound from ``params``)."""
     return _last_arrivals(con, where, *params)
 
 

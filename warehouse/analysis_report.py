@@ -12,7 +12,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from tracelake.analysis import collectives, findings, idle, kernels, launches, overview, steps
+from tracelake.analysis import collectives, findings, kernels, launches, overview, steps
 
 
 @dataclass
@@ -40,17 +40,22 @@ class Analysis:
         return {"findings": [f.as_dict() for f in self.findings], **frames}
 
 
+def _stored(con: duckdb.DuckDBPyConnection, table: str, where: str, params: list[Any], order: str) -> pl.DataFrame:
+    return con.sql(f"SELECT * EXCLUDE (job) FROM {table} WHERE {where} ORDER BY {order}", params=params).pl()
+
+
 def compute(
     con: duckdb.DuckDBPyConnection, whole: pl.DataFrame, *, where: str, params: list[Any], top: int = 8
 ) -> Analysis:
     """Run every analysis over the rows selected by ``where`` (a filter on ``job`` or ``trace_id``)."""
     device_where = f"d.{where}"
-    arrivals = overview.last_arrivals_where(con, where, params)
+    arrivals = overview.last_arrivals(con, where, params)
     result = Analysis(
         breakdown=whole,
         top_kernels=kernels.top_kernels(con, where=where, params=params, top=top),
-        idle_by_stream=idle.idle_breakdown(con, where=device_where, params=params),
-        launches=launches.launch_stats(con, where=device_where, params=params),
+        # Stored at ingest (warehouse/derived.py): read, not recomputed.
+        idle_by_stream=_stored(con, "stream_idle", where, params, "trace_id, rank, stream"),
+        launches=_stored(con, "launch_stats", where, params, "trace_id, rank"),
         queues=launches.queue_lengths(con, where=device_where, params=params),
         step_stats=steps.step_stats(con, where=where, params=params),
         step_outliers=steps.step_outliers(con, where=where, params=params),
