@@ -280,8 +280,13 @@ class ChromeTraceReader(Generic[T]):
         return None
 
     # -- decoding ----------------------------------------------------------------
+    def _array(self, stop: int) -> bytes:
+        """``[`` + the first ``stop`` buffer bytes + ``]``, copied once."""
+        with memoryview(self._buf) as view:
+            return b"".join((b"[", view[:stop], b"]"))
+
     def _try_decode(self, stop: int) -> tuple[list[T], bytes] | None:
-        data = b"[" + self._buf[:stop] + b"]"
+        data = self._array(stop)
         try:
             return self._decoder.decode(data), data
         except msgspec.ValidationError as exc:
@@ -291,7 +296,7 @@ class ChromeTraceReader(Generic[T]):
             return None
 
     def _decode_or_raise(self, stop: int) -> tuple[list[T], bytes]:
-        data = b"[" + self._buf[:stop] + b"]"
+        data = self._array(stop)
         try:
             return self._decoder.decode(data), data
         except msgspec.ValidationError as exc:

@@ -39,6 +39,11 @@ _HOST_IN_NAME = re.compile(r"^(?P<host>[A-Za-z0-9.-]+)_(?P<pid>\d+)\.\d+\.pt\.tr
 _COUNTER_EVENT = re.compile(rb'"ph"\s*:\s*"C"')
 
 
+def _has_counter_event(data: bytes) -> bool:
+    """Whether a batch may hold ``"ph": "C"`` events (memchr-fast on batches without any)."""
+    return b'"C"' in data and _COUNTER_EVENT.search(data) is not None
+
+
 def sniff(head: bytes, filename: str) -> bool:
     """True for a Chrome-trace JSON object that looks like PyTorch profiler output."""
     if not head.lstrip().startswith(b"{"):
@@ -117,7 +122,7 @@ def _cut_and_load(
                 continue
             path = folder / f"b-{first:012d}.json"
             path.write_bytes(data)
-            if _COUNTER_EVENT.search(data):
+            if _has_counter_event(data):
                 counter_batches.append(path)
             if not group:
                 group_first = first

@@ -217,6 +217,7 @@ class Normaliser:
         con = self.con
         try:
             con.execute("DROP TABLE IF EXISTS batch")
+            _narrow(con, self.parts)
             _steps(con)
             _nesting(con)
             _device_steps(con)
@@ -239,9 +240,6 @@ _SETUP = (
     "CREATE MACRO rel_ns(x) AS CAST(x * 1000 AS BIGINT)",
     "CREATE MACRO dur_ns(x) AS greatest(CAST(x * 1000 AS BIGINT), 0)",
     "CREATE MACRO num_id(s) AS coalesce(TRY_CAST(s AS BIGINT), TRY_CAST(regexp_extract(s, '\\d+') AS BIGINT))",
-    "CREATE TABLE host_n (event_id BIGINT, pid BIGINT, tid BIGINT, ts_ns BIGINT, dur_ns BIGINT, correlation BIGINT)",
-    "CREATE TABLE dev_n (event_id BIGINT, device INTEGER, ts_ns BIGINT, dur_ns BIGINT, correlation BIGINT, "
-    "category VARCHAR)",
     "CREATE TABLE step_marks (step BIGINT, ts_ns BIGINT, dur_ns BIGINT)",
     f"CREATE TABLE coll_args (event_id BIGINT, coll_name VARCHAR, dtype VARCHAR, process_group VARCHAR, "
     "pg_desc VARCHAR, pg_ranks VARCHAR, in_nelems BIGINT, out_nelems BIGINT, group_size BIGINT, coll_seq BIGINT, "
@@ -254,9 +252,6 @@ _MEMORY_DEVICE = f"CASE WHEN {_int_arg('device_type')} = 0 THEN -1 ELSE CAST({_i
 
 #: What each group leaves in DuckDB: narrow columns and the few rows the end needs.
 _PER_BATCH = (
-    "INSERT INTO host_n SELECT event_id, pid, tid, ts_ns, dur_ns, correlation FROM read_parquet({host_part})",
-    f"INSERT INTO dev_n SELECT event_id, device, ts_ns, dur_ns, correlation, {category_sql()} "
-    "FROM read_parquet({device_part})",
     """INSERT INTO step_marks
        SELECT TRY_CAST(regexp_extract(name, 'ProfilerStep#(\\d+)', 1) AS BIGINT), rel_ns(ts), dur_ns(dur)
        FROM batch WHERE ph = 'X' AND name LIKE 'ProfilerStep#%'""",
@@ -305,6 +300,22 @@ def _check_batch(con: duckdb.DuckDBPyConnection, source: str) -> None:
     else:
         message = f"{what} has a non-numeric {problem!r}"
     raise TraceFormatError(source, message, where=f"traceEvents[{event_id}]")
+
+
+def _narrow(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
+    """The columns the cross-event facts need, read back from the parts (nothing stays resident while loading)."""
+    host = sql_literal(str(parts / "host-*.parquet"))
+    device = sql_literal(str(parts / "device-*.parquet"))
+    if not any(parts.glob("host-*.parquet")):
+        con.execute("CREATE VIEW host_n AS SELECT NULL::BIGINT AS event_id, NULL::BIGINT AS pid, NULL::BIGINT AS tid, "
+                    "NULL::BIGINT AS ts_ns, NULL::BIGINT AS dur_ns, NULL::BIGINT AS correlation LIMIT 0")
+        con.execute("CREATE TABLE dev_n AS SELECT NULL::BIGINT AS event_id, NULL::INTEGER AS device, "
+                    "NULL::BIGINT AS ts_ns, NULL::BIGINT AS dur_ns, NULL::BIGINT AS correlation, "
+                    "NULL::VARCHAR AS category LIMIT 0")
+        return
+    con.execute(f"CREATE VIEW host_n AS SELECT event_id, pid, tid, ts_ns, dur_ns, correlation FROM read_parquet({host})")
+    con.execute(f"""CREATE TABLE dev_n AS SELECT event_id, device, ts_ns, dur_ns, correlation, {category_sql()} AS category
+                    FROM read_parquet({device})""")
 
 
 def _steps(con: duckdb.DuckDBPyConnection) -> None:
@@ -466,8 +477,8 @@ def _fill_info(con: duckdb.DuckDBPyConnection, info: TraceInfo, base_ns: int) ->
 
 
 _ORDER = {
-    "device_ops": "device, stream, ts_ns",
-    "host_ops": "pid, tid, ts_ns, event_id",
+    "device_ops": "",
+    "host_ops": "",
     "collectives": "ts_ns, event_id",
     "steps": "step",
     "counters": "name, ts_ns",
