@@ -5,56 +5,97 @@ transfer time is estimated as the shortest duration over ranks (the others also
 waited for the last arrival); algbw = bytes / time and busbw = algbw x the
 collective's factor for n ranks, with bytes and factors from FORMATS.md (the
 ``message_bytes`` column already holds the nccl-tests size of the operation).
+
+The functions take rows of the ``collectives`` table (at least ``process_group``,
+``seq``, ``collective``, ``rank``, ``ts_ns``, ``dur_ns``, ``message_bytes``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import duckdb
 import polars as pl
 
-#: Bus bandwidth factor by PyTorch collective name, as a SQL expression of n.
-BUSBW_FACTORS: dict[str, str] = {
-    "allreduce": "2.0 * (n - 1) / n", "all_reduce": "2.0 * (n - 1) / n",
-    "allgather": "1.0 * (n - 1) / n", "_allgather_base": "1.0 * (n - 1) / n",
-    "all_gather": "1.0 * (n - 1) / n", "all_gather_into_tensor": "1.0 * (n - 1) / n",
-    "allgather_into_tensor_coalesced": "1.0 * (n - 1) / n",
-    "reduce_scatter": "1.0 * (n - 1) / n", "_reduce_scatter_base": "1.0 * (n - 1) / n",
-    "reduce_scatter_tensor": "1.0 * (n - 1) / n", "reduce_scatter_tensor_coalesced": "1.0 * (n - 1) / n",
-    "all_to_all": "1.0 * (n - 1) / n", "all_to_allv": "1.0 * (n - 1) / n", "alltoall_base": "1.0 * (n - 1) / n",
-    "gather": "1.0 * (n - 1) / n", "scatter": "1.0 * (n - 1) / n",
-    "broadcast": "1.0", "reduce": "1.0", "send": "1.0", "recv": "1.0",
+#: Bus bandwidth factor by collective name (lower case): ``a * (n - 1) / n + b`` as ``(a, b)``.
+BUSBW_FACTORS: dict[str, tuple[float, float]] = {
+    **dict.fromkeys(("allreduce", "all_reduce"), (2.0, 0.0)),
+    **dict.fromkeys((
+        "allgather", "_allgather_base", "all_gather", "all_gather_into_tensor", "allgather_into_tensor_coalesced",
+        "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
+        "all_to_all", "all_to_allv", "alltoall_base", "gather", "scatter",
+    ), (1.0, 0.0)),
+    **dict.fromkeys(("broadcast", "reduce", "send", "recv"), (0.0, 1.0)),
 }
 
 COLUMNS = (
     "process_group", "seq", "collective", "ranks", "message_bytes", "first_ns", "skew_ns", "last_rank",
     "transfer_ns", "algbw_gbs", "busbw_gbs",
 )
+_INSTANCE = ("process_group", "seq")
 
 
-def instances(
-    con: duckdb.DuckDBPyConnection, *, where: str = "TRUE", params: Sequence[object] | None = None,
-    collectives: str = "collectives",
-) -> pl.DataFrame:
+def busbw_factor(collective: pl.Expr, n: pl.Expr) -> pl.Expr:
+    """The bus bandwidth factor of ``collective`` (a name) over ``n`` ranks; null for unknown collectives."""
+    name = collective.str.to_lowercase()
+    a = name.replace_strict({k: v[0] for k, v in BUSBW_FACTORS.items()}, default=None, return_dtype=pl.Float64)
+    b = name.replace_strict({k: v[1] for k, v in BUSBW_FACTORS.items()}, default=None, return_dtype=pl.Float64)
+    return a * (n - 1) / n + b
+
+
+def _timed(collectives: pl.DataFrame) -> pl.DataFrame:
+    return collectives.filter(pl.col("seq").is_not_null() & pl.col("ts_ns").is_not_null())
+
+
+def instances(collectives: pl.DataFrame) -> pl.DataFrame:
     """One row per collective instance seen on more than one rank, in time order."""
-    factor = "CASE lower(collective) " + " ".join(
-        f"WHEN '{name}' THEN {expr}" for name, expr in BUSBW_FACTORS.items()
-    ) + " END"
-    return con.sql(f"""
-        WITH c AS (
-            SELECT process_group, seq, collective, rank, ts_ns, dur_ns, message_bytes
-            FROM {collectives} WHERE seq IS NOT NULL AND ts_ns IS NOT NULL AND ({where})
-        ), inst AS (
-            SELECT process_group, seq, any_value(collective) AS collective, count(DISTINCT rank) AS n,
-                   max(message_bytes) AS message_bytes, min(ts_ns) AS first_ns,
-                   max(ts_ns) - min(ts_ns) AS skew_ns, arg_max(rank, ts_ns) AS last_rank,
-                   min(dur_ns) AS transfer_ns
-            FROM c GROUP BY process_group, seq HAVING count(DISTINCT rank) > 1
+    ts = pl.col("ts_ns")
+    inst = (
+        _timed(collectives)
+        .group_by(_INSTANCE)
+        .agg(
+            pl.col("collective").first(),
+            pl.col("rank").n_unique().cast(pl.Int64).alias("ranks"),
+            pl.col("message_bytes").max(),
+            ts.min().alias("first_ns"),
+            (ts.max() - ts.min()).alias("skew_ns"),
+            pl.col("rank").sort_by(ts, "rank").last().alias("last_rank"),
+            pl.col("dur_ns").min().alias("transfer_ns"),
         )
-        SELECT process_group, seq, collective, n AS ranks, message_bytes, first_ns, skew_ns, last_rank,
-               transfer_ns,
-               CASE WHEN transfer_ns > 0 THEN message_bytes / transfer_ns END AS algbw_gbs,
-               CASE WHEN transfer_ns > 0 THEN message_bytes / transfer_ns * ({factor}) END AS busbw_gbs
-        FROM inst ORDER BY first_ns, process_group, seq
-    """, params=list(params or [])).pl()
+        .filter(pl.col("ranks") > 1)
+    )
+    transfer = pl.col("transfer_ns")
+    algbw = pl.when(transfer > 0).then(pl.col("message_bytes") / transfer)
+    return (
+        inst.with_columns(algbw.alias("algbw_gbs"))
+        .with_columns(
+            (pl.col("algbw_gbs") * busbw_factor(pl.col("collective"), pl.col("ranks"))).alias("busbw_gbs")
+        )
+        .sort("first_ns", "process_group", "seq")
+        .select(COLUMNS)
+    )
+
+
+def last_arrivals(collectives: pl.DataFrame) -> pl.DataFrame:
+    """How often each rank is the last to start a collective (by process group and seq).
+
+    The last rank to arrive makes every other rank wait inside the collective.
+    Columns: ``rank``, ``times_last``, ``collectives`` (instances seen on more than
+    one rank), ``mean_skew_us`` (mean of last - first arrival over the instances
+    the rank was last at).
+    """
+    ts = pl.col("ts_ns")
+    c = _timed(collectives).select("rank", *_INSTANCE, "ts_ns").with_columns(
+        ts.max().over(_INSTANCE).alias("last_ns"),
+        ts.min().over(_INSTANCE).alias("first_ns"),
+        pl.len().over(_INSTANCE).alias("rows"),
+    ).filter(pl.col("rows") > 1)
+    total = c.select(pl.struct(_INSTANCE).n_unique()).item() if c.height else 0
+    return (
+        c.filter(ts == pl.col("last_ns"))
+        .group_by("rank")
+        .agg(
+            pl.len().cast(pl.Int64).alias("times_last"),
+            ((pl.col("last_ns") - pl.col("first_ns")).mean() / 1e3).round(1).alias("mean_skew_us"),
+        )
+        .with_columns(pl.lit(total, dtype=pl.Int64).alias("collectives"))
+        .sort(["times_last", "rank"], descending=[True, False])
+        .select("rank", "times_last", "collectives", "mean_skew_us")
+    )

@@ -73,7 +73,12 @@ def queue_lengths(
     between the first launch and the last start. A queue that stays near zero means the
     device waits for the host; a deep one means the host runs ahead (good).
     """
-    sql = f"""
+    return con.sql(queue_lengths_sql(device_ops, host_ops, where), params=list(params or [])).pl()
+
+
+def queue_lengths_sql(device_ops: str, host_ops: str, where: str = "TRUE") -> str:
+    """SQL of :func:`queue_lengths`."""
+    return f"""
     WITH l AS (
         SELECT d.trace_id, d.rank, d.stream, r.ts_ns AS launch_ns, d.ts_ns AS start_ns
         FROM {device_ops} d
@@ -96,4 +101,3 @@ def queue_lengths(
            sum(queue * len) / nullif(sum(len), 0) AS mean_queue
     FROM depth GROUP BY ALL ORDER BY trace_id, rank, stream
     """
-    return con.sql(sql, params=list(params or [])).pl()

@@ -37,33 +37,3 @@ def rank_summary(con: duckdb.DuckDBPyConnection, job: str) -> pl.DataFrame:
         """,
         params=[job, job, job],
     ).pl()
-
-
-def last_arrivals(con: duckdb.DuckDBPyConnection, where: str, params: list[object]) -> pl.DataFrame:
-    """How often each rank is the last to start a collective (by process group and seq).
-
-    ``where`` selects the collectives (``?`` bound from ``params``), e.g. ``job = ?``.
-    The last rank to arrive makes every other rank wait inside the collective.
-    """
-    return _last_arrivals(con, where, *params)
-
-
-def _last_arrivals(con: duckdb.DuckDBPyConnection, where: str, *values: object) -> pl.DataFrame:
-    return con.sql(
-        f"""
-        WITH c AS (
-            SELECT rank, process_group, seq, ts_ns FROM collectives
-            WHERE {where} AND seq IS NOT NULL AND ts_ns IS NOT NULL
-        ), inst AS (
-            SELECT process_group, seq, max(ts_ns) AS last_ns, min(ts_ns) AS first_ns, count(*) AS ranks
-            FROM c GROUP BY ALL HAVING count(*) > 1
-        )
-        SELECT c.rank, count(*) AS times_last,
-               (SELECT count(*) FROM inst) AS collectives,
-               round(avg(inst.last_ns - inst.first_ns) / 1e3, 1) AS mean_skew_us
-        FROM c JOIN inst USING (process_group, seq)
-        WHERE c.ts_ns = inst.last_ns
-        GROUP BY c.rank ORDER BY times_last DESC, c.rank
-        """,
-        params=list(values),
-    ).pl()

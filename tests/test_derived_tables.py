@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from tracelake.analysis.idle import idle_breakdown
-from tracelake.analysis.launches import launch_stats
+from tracelake.analysis.launches import launch_stats, queue_lengths
 from tracelake.warehouse import Warehouse
 
 
@@ -23,6 +23,11 @@ def test_stored_idle_and_launches_match_query_time(sample_warehouse: Warehouse) 
     stored = con.sql("SELECT * EXCLUDE (job) FROM launch_stats").pl()
     live = launch_stats(con)
     columns = ["trace_id", "rank", "launches", "shorter_than_launch", "max_delay_ns"]
+    assert _rows(stored, columns) == _rows(live, columns)
+    stored = con.sql("SELECT * EXCLUDE (job) FROM stream_queues").pl()
+    live = queue_lengths(con, where="d.trace_id IS NOT NULL")
+    columns = ["trace_id", "rank", "stream", "launches", "max_queue"]
+    assert stored.height == live.height > 0
     assert _rows(stored, columns) == _rows(live, columns)
 
 

@@ -2,35 +2,28 @@
 
 from __future__ import annotations
 
-import duckdb
 import polars as pl
 import pytest
 
-from tracelake.analysis import collectives, steps
-
-
-def _con(name: str, frame: pl.DataFrame) -> duckdb.DuckDBPyConnection:
-    con = duckdb.connect()
-    con.register(name, frame.to_arrow())
-    return con
+from tracelake.analysis import collectives, kernels, steps
+from tracelake.warehouse import Warehouse
 
 
 def test_step_stats_and_outliers() -> None:
     durs = [100, 101, 99, 100, 100, 180, 100]
     frame = pl.DataFrame({"trace_id": ["t"] * 7, "rank": [0] * 7, "step": list(range(7)), "dur_ns": durs})
-    con = _con("steps", frame)
-    stats = steps.step_stats(con).row(0, named=True)
-    assert tuple(steps.step_stats(con).columns) == steps.STAT_COLUMNS
+    stats = steps.step_stats(frame).row(0, named=True)
+    assert tuple(steps.step_stats(frame).columns) == steps.STAT_COLUMNS
     assert stats["steps"] == 7 and stats["p50_ns"] == 100 and stats["max_ns"] == 180
     assert stats["cv"] == pytest.approx(pl.Series(durs).std() / pl.Series(durs).mean())
-    outliers = steps.step_outliers(con)
+    outliers = steps.step_outliers(frame)
     assert tuple(outliers.columns) == steps.OUTLIER_COLUMNS
     assert outliers["step"].to_list() == [5] and outliers.row(0, named=True)["excess_ns"] == 80
 
 
 def test_steady_steps_have_no_outliers() -> None:
     frame = pl.DataFrame({"trace_id": ["t"] * 5, "rank": [0] * 5, "step": list(range(5)), "dur_ns": [100] * 5})
-    assert steps.step_outliers(_con("steps", frame)).height == 0
+    assert steps.step_outliers(frame).height == 0
 
 
 def test_collective_instances_skew_and_busbw() -> None:
@@ -43,20 +36,44 @@ def test_collective_instances_skew_and_busbw() -> None:
         "dur_ns": [2_000_000, 1_900_000, 1_000_000, 1_950_000, 10],
         "message_bytes": [10_000_000] * 5,
     })
-    result = collectives.instances(_con("collectives", frame))
+    result = collectives.instances(frame)
     assert tuple(result.columns) == collectives.COLUMNS
     assert result.height == 1  # seq 2 was seen on one rank only
     row = result.row(0, named=True)
     assert row["skew_ns"] == 500 and row["last_rank"] == 2 and row["transfer_ns"] == 1_000_000
     assert row["algbw_gbs"] == pytest.approx(10.0)  # 10 MB in 1 ms
     assert row["busbw_gbs"] == pytest.approx(10.0 * 2 * 3 / 4)
+    arrivals = collectives.last_arrivals(frame).row(0, named=True)
+    assert arrivals == {"rank": 2, "times_last": 1, "collectives": 1, "mean_skew_us": 0.5}
 
 
-def test_samples(sample_warehouse) -> None:  # type: ignore[no-untyped-def]
+def test_busbw_factors() -> None:
+    frame = pl.DataFrame({"c": ["AllReduce", "all_gather", "broadcast", "mystery"], "n": [4, 4, 4, 4]})
+    factors = frame.select(collectives.busbw_factor(pl.col("c"), pl.col("n"))).to_series().to_list()
+    assert factors == [1.5, 0.75, 1.0, None]
+
+
+def test_samples(sample_warehouse: Warehouse) -> None:
     con = sample_warehouse.connect()
-    inst = collectives.instances(con, where="job = ?", params=["ddp_straggler"])
+    frame = con.sql("SELECT * FROM collectives WHERE job = 'ddp_straggler'").pl()
+    inst = collectives.instances(frame)
     assert inst.height == 18 and set(inst["ranks"].to_list()) == {4}
     assert set(inst["last_rank"].to_list()) == {2}  # the sample's straggler
     assert (inst["busbw_gbs"] > 0).all()
-    stats = steps.step_stats(con, where="job = ?", params=["ddp_straggler"])
+    arrivals = collectives.last_arrivals(frame)
+    assert arrivals["rank"].to_list() == [2] and arrivals["times_last"].to_list() == [18]
+    stats = steps.step_stats(con.sql("SELECT * FROM steps WHERE job = 'ddp_straggler'").pl())
     assert stats.height == 4 and set(stats["steps"].to_list()) == {6}
+
+
+def test_top_kernels_from_stored_stats_match_the_device_ops(sample_warehouse: Warehouse) -> None:
+    """One trace's ranking from kernel_stats equals the one computed over its device ops."""
+    con = sample_warehouse.connect()
+    for (trace_id,) in con.sql("SELECT trace_id FROM traces").fetchall():
+        for top in (3, 1000):
+            live = kernels.top_kernels(con, where="trace_id = ?", params=[trace_id], top=top)
+            stats = con.sql("SELECT * FROM kernel_stats WHERE trace_id = ?", params=[trace_id]).pl()
+            stored = kernels.top_from_stats(stats, top=top)
+            assert stored.height == live.height > 0
+            assert stored.drop("share_pct").rows() == live.drop("share_pct").rows()
+            assert stored["share_pct"].to_list() == pytest.approx(live["share_pct"].to_list())

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import SAMPLES
-from tracelake.warehouse import InvalidArgument, NotFound, QueryError, Warehouse
+from tracelake.warehouse import InvalidArgument, NotFound, QueryError, Warehouse, schema
 from tracelake.warehouse.store import parse_labels
 
 
@@ -61,6 +61,10 @@ def test_unregistered_files_are_invisible(warehouse: Warehouse, tmp_path: Path) 
         shutil.copy(source, warehouse.home / "tables" / table / "job=x" / source.name)
     assert warehouse.query("SELECT count(*) FROM device_ops").rows[0][0] == before
     assert warehouse.query("SELECT count(DISTINCT trace_id) FROM host_ops").rows[0][0] == 1
+    # The analyses of the job read only registered traces too.
+    analysis = warehouse.analyze(job="x")
+    assert analysis.breakdown.height == 1 and analysis.step_stats["trace_id"].n_unique() <= 1
+    assert analysis.collectives.is_empty()  # the stray rank-1 collectives would pair up with nothing else
     # Take the registration away: the trace's rows disappear with it.
     registered.unlink()
     assert warehouse.query("SELECT count(*) FROM device_ops").rows[0][0] == 0
@@ -121,6 +125,28 @@ def test_moved_warehouse_rebuilds_its_catalog(home: Path, tmp_path: Path) -> Non
     assert wh.query("SELECT count(*) FROM traces").rows == [(1,)]
     con = duckdb.connect(str(wh.store.catalog_path), read_only=True)
     assert con.execute("SELECT count(*) FROM traces").fetchone() == (1,)
+
+
+def test_catalog_stamp_is_checked(home: Path) -> None:
+    """A stamp that does not match (old schema, other location) makes the catalog rebuild."""
+    wh = Warehouse(home)
+    stamp = wh.store.catalog_stamp
+    assert stamp.read_text().splitlines() == [str(schema.SCHEMA_VERSION), str(home)]
+    stamp.write_text("0\n/somewhere/else\n")
+    Warehouse(home)
+    assert stamp.read_text().splitlines() == [str(schema.SCHEMA_VERSION), str(home)]
+    stamp.unlink()  # a warehouse from before stamps: the catalog itself is checked
+    Warehouse(home)
+    con = duckdb.connect(str(wh.store.catalog_path), read_only=True)
+    assert con.execute("SELECT schema_version FROM tracelake_meta").fetchone() == (schema.SCHEMA_VERSION,)
+
+
+@pytest.mark.parametrize("name", ["*", "?", "[a-f]*", "../x", "0" * 65])
+def test_trace_ids_are_not_globs(warehouse: Warehouse, name: str) -> None:
+    warehouse.ingest_file(SAMPLES / "launch_bound" / "rank-0.json.gz", job="x")
+    with pytest.raises(NotFound):
+        warehouse.analyze(trace_id=name)
+    assert warehouse.store.registered_job(name) is None
 
 
 def test_home_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import duckdb
 import polars as pl
 
-from tracelake.analysis import collectives, findings, kernels, launches, overview, steps
+from tracelake.analysis import collectives, findings, steps
 
 
 @dataclass
@@ -40,26 +39,27 @@ class Analysis:
         return {"findings": [f.as_dict() for f in self.findings], **frames}
 
 
-def _stored(con: duckdb.DuckDBPyConnection, table: str, where: str, params: list[Any], order: str) -> pl.DataFrame:
-    return con.sql(f"SELECT * EXCLUDE (job) FROM {table} WHERE {where} ORDER BY {order}", params=params).pl()
+#: Tables :func:`compute` takes rows of (stored at ingest or parsed; small per trace).
+STORED = ("stream_idle", "launch_stats", "stream_queues", "steps", "collectives")
 
 
-def compute(
-    con: duckdb.DuckDBPyConnection, whole: pl.DataFrame, *, where: str, params: list[Any], top: int = 8
-) -> Analysis:
-    """Run every analysis over the rows selected by ``where`` (a filter on ``job`` or ``trace_id``)."""
-    device_where = f"d.{where}"
-    arrivals = overview.last_arrivals(con, where, params)
+def compute(whole: pl.DataFrame, stored: dict[str, pl.DataFrame], top_kernels: pl.DataFrame) -> Analysis:
+    """Assemble every analysis of a selection of traces, and rank the findings.
+
+    ``whole`` is the selection's whole-trace breakdown, ``stored`` its rows of each
+    table in :data:`STORED`, ``top_kernels`` its kernel ranking
+    (:func:`tracelake.analysis.kernels.top_kernels`).
+    """
+    arrivals = collectives.last_arrivals(stored["collectives"])
     result = Analysis(
         breakdown=whole,
-        top_kernels=kernels.top_kernels(con, where=where, params=params, top=top),
-        # Stored at ingest (warehouse/derived.py): read, not recomputed.
-        idle_by_stream=_stored(con, "stream_idle", where, params, "trace_id, rank, stream"),
-        launches=_stored(con, "launch_stats", where, params, "trace_id, rank"),
-        queues=launches.queue_lengths(con, where=device_where, params=params),
-        step_stats=steps.step_stats(con, where=where, params=params),
-        step_outliers=steps.step_outliers(con, where=where, params=params),
-        collectives=collectives.instances(con, where=where, params=params),
+        top_kernels=top_kernels,
+        idle_by_stream=stored["stream_idle"].sort("trace_id", "rank", "stream"),
+        launches=stored["launch_stats"].sort("trace_id", "rank"),
+        queues=stored["stream_queues"].sort("trace_id", "rank", "stream"),
+        step_stats=steps.step_stats(stored["steps"]),
+        step_outliers=steps.step_outliers(stored["steps"]),
+        collectives=collectives.instances(stored["collectives"]),
         last_arrivals=arrivals,
     )
     result.findings = findings.rank(

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
+import threading
+from collections.abc import Iterable, Sequence
 
 import duckdb
 
@@ -30,21 +31,26 @@ STORAGE_VERSION = "v1.5.0"
 
 
 
-def view_statements(store: Store, prefix: str = "") -> list[str]:
-    """``CREATE VIEW`` statements for every table, reading absolute paths."""
-    def scan(table: str) -> str:
-        return (
-            f"read_parquet({sql_literal(store.glob(table))}, hive_partitioning = true, "
-            "hive_types = {'job': VARCHAR}, union_by_name = true)"
-        )
+def _scan(files: str) -> str:
+    return (
+        f"read_parquet({files}, hive_partitioning = true, "
+        "hive_types = {'job': VARCHAR}, union_by_name = true)"
+    )
 
+
+def view_statements(store: Store, prefix: str = "") -> list[str]:
+    """``CREATE VIEW`` statements for every table over the whole warehouse, reading absolute paths.
+
+    Data views keep only the rows of registered traces (a semi-join on ``traces``),
+    so files published by an ingest that died before registering are never seen.
+    """
     statements = [
         f"CREATE OR REPLACE VIEW {prefix}traces AS "
-        f"SELECT trace_id, job, * EXCLUDE (trace_id, job) FROM {scan('traces')}"
+        f"SELECT trace_id, job, * EXCLUDE (trace_id, job) FROM {_scan(sql_literal(store.glob('traces')))}"
     ]
     for name in schema.DATA_TABLES:
         statements.append(
-            f"CREATE OR REPLACE VIEW {prefix}{name} AS SELECT * FROM {scan(name)} "
+            f"CREATE OR REPLACE VIEW {prefix}{name} AS SELECT * FROM {_scan(sql_literal(store.glob(name)))} "
             "WHERE trace_id IN (SELECT trace_id FROM traces)"
         )
     statements.append(
@@ -54,17 +60,65 @@ def view_statements(store: Store, prefix: str = "") -> list[str]:
     return statements
 
 
+def selection_view_statements(
+    store: Store, traces: Sequence[tuple[str, str]], tables: Iterable[str] | None = None, *, temp: bool = False
+) -> list[str]:
+    """Views like :func:`view_statements`, over the files of the given ``(job, trace_id)`` pairs only.
+
+    Binding a view reads the footer of every file it covers, so an analysis of one
+    trace or job must not pay for the whole fleet; the traces are registered (the
+    caller found their ``traces`` files), so no semi-join is needed either.
+    With ``tables``, only those views; with ``temp``, temporary views (private
+    to the connection).
+    """
+    statements = []
+    kind = "TEMP VIEW" if temp else "VIEW"
+    for name in schema.TABLES if tables is None else tables:
+        files = [store.schema_file(name)] + [
+            path for job, trace_id in traces if (path := store.path(name, job, trace_id)).exists()
+        ]
+        listed = "[" + ", ".join(sql_literal(str(f)) for f in files) + "]"
+        columns = "trace_id, job, * EXCLUDE (trace_id, job)" if name == "traces" else "*"
+        statements.append(f"CREATE OR REPLACE {kind} {name} AS SELECT {columns} FROM {_scan(listed)}")
+    return statements
+
+
+def _stamp(store: Store) -> str:
+    return f"{schema.SCHEMA_VERSION}\n{store.home}\n"
+
+
 def catalog_is_current(store: Store) -> bool:
-    """True when the catalog file exists, is readable and matches this schema and location."""
+    """True when the catalog file exists and matches this schema and location.
+
+    The stamp file written beside the catalog answers without opening it (opening
+    a DuckDB file costs tens of milliseconds, and every command checks).
+    """
     if not store.catalog_path.exists():
         return False
+    try:
+        if store.catalog_stamp.read_text(encoding="utf-8") == _stamp(store):
+            return True
+    except (OSError, UnicodeDecodeError):
+        pass
     try:
         with duckdb.connect(str(store.catalog_path), read_only=True) as con:
             row = con.execute("SELECT schema_version, home FROM tracelake_meta").fetchone()
     except duckdb.Error as exc:
         log.debug("catalog unreadable, rebuilding: %s", exc)
         return False
-    return row == (schema.SCHEMA_VERSION, str(store.home))
+    if row != (schema.SCHEMA_VERSION, str(store.home)):
+        return False
+    try:
+        _write_stamp(store)
+    except OSError as exc:  # a read-only warehouse still works, it just checks the slow way
+        log.debug("cannot write the catalog stamp: %s", exc)
+    return True
+
+
+def _write_stamp(store: Store) -> None:
+    tmp = store.catalog_stamp.with_name(f".{store.catalog_stamp.name}.{os.getpid()}.tmp")
+    tmp.write_text(_stamp(store), encoding="utf-8")
+    os.replace(tmp, store.catalog_stamp)
 
 
 def write_catalog(store: Store) -> None:
@@ -81,11 +135,36 @@ def write_catalog(store: Store) -> None:
     finally:
         con.close()
     os.replace(tmp, store.catalog_path)
+    _write_stamp(store)
 
 
 def connect(store: Store, threads: int = 2) -> duckdb.DuckDBPyConnection:
-    """An in-memory connection with every view, touching no lock on the catalog file."""
+    """An in-memory connection with a view per table over the whole warehouse, touching no lock on the catalog."""
     con = duckdb.connect(config={"threads": threads})
     for statement in view_statements(store):
         con.execute(statement)
     return con
+
+
+_shared: dict[tuple[int, int], duckdb.DuckDBPyConnection] = {}
+_shared_lock = threading.Lock()
+
+
+def session(
+    store: Store, traces: Sequence[tuple[str, str]], tables: Iterable[str] | None = None, *, threads: int = 2
+) -> duckdb.DuckDBPyConnection:
+    """A cursor on this process's shared in-memory database, with temporary views over ``traces`` only.
+
+    Opening a DuckDB database costs more than most analysis queries, so one per
+    process (and thread count) is kept; each session is a cursor of its own, whose
+    views vanish when it is closed. Safe to use from several threads, a cursor each.
+    """
+    key = (os.getpid(), threads)  # a forked child must not reuse its parent's database
+    with _shared_lock:
+        db = _shared.get(key)
+        if db is None:
+            db = _shared[key] = duckdb.connect(config={"threads": threads})
+    cursor = db.cursor()
+    for statement in selection_view_statements(store, traces, tables, temp=True):
+        cursor.execute(statement)
+    return cursor

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ import pyarrow.parquet as pq
 
 from tracelake import ingest
 from tracelake.analysis import diff as diff_analysis
+from tracelake.analysis import kernels
 from tracelake.ingest.model import ByteCallback, TraceInfo
 
 from . import analysis_report, catalog, schema
@@ -318,9 +320,7 @@ class Warehouse:
         Raises:
             NotFound: nothing matches ``trace_id`` / ``job``.
         """
-        with self._session() as con:
-            where, params = _selection(con, trace_id, job)
-            return _breakdown(con, where, params, steps=steps)
+        return self._breakdown(self._selection(trace_id, job), steps=steps)
 
     def analyze(self, *, trace_id: str | None = None, job: str | None = None, top: int = 8) -> Analysis:
         """Every analysis of one trace or job: breakdown, findings, kernels, idle, launches, steps, collectives.
@@ -328,10 +328,27 @@ class Warehouse:
         Raises:
             NotFound: nothing matches ``trace_id`` / ``job``.
         """
-        with self._session() as con:
-            where, params = _selection(con, trace_id, job)
-            whole = _breakdown(con, where, params, steps=False)
-            return analysis_report.compute(con, whole, where=where, params=params, top=top)
+        selection = self._selection(trace_id, job)
+        whole = self._breakdown(selection, steps=False)
+        stored = {name: self._stored(name, selection) for name in analysis_report.STORED}
+        if len(selection.traces) == 1:
+            top_kernels = kernels.top_from_stats(self._stored("kernel_stats", selection), top=top)
+        else:  # percentiles across ranks need every duration
+            with self._session(selection, tables=("device_ops",)) as con:
+                top_kernels = kernels.top_kernels(con, where=selection.where, params=selection.params, top=top)
+        return analysis_report.compute(whole, stored, top_kernels)
+
+    def _breakdown(self, selection: _Selection, *, steps: bool) -> pl.DataFrame:
+        frame = self._stored("breakdown", selection)
+        if not steps:
+            frame = frame.filter(pl.col("step").is_null())
+        return frame.sort("rank", "step", "trace_id", nulls_last=False)
+
+    def _stored(self, table: str, selection: _Selection) -> pl.DataFrame:
+        """A stored table's rows for the selection, read straight from its Parquet files."""
+        frame = pl.from_arrow(self.store.read(table, selection.traces))
+        assert isinstance(frame, pl.DataFrame)
+        return frame
 
     def diff(self, a: str, b: str) -> tuple[pl.DataFrame, pl.DataFrame]:
         """Compare two traces or jobs (each a trace id or a job name): (kernels, categories).
@@ -339,24 +356,51 @@ class Warehouse:
         Raises:
             NotFound: ``a`` or ``b`` is neither a trace id nor a job.
         """
-        with self._session() as con:
-            left, right = _resolve(con, a), _resolve(con, b)
-            kernels_frame = diff_analysis.kernel_diff(con, left, right)
-            categories = diff_analysis.category_diff(
-                _breakdown(con, *left, steps=False), _breakdown(con, *right, steps=False)
-            )
+        left, right = self._resolve(a), self._resolve(b)
+        with self._session(left, right, tables=("device_ops",)) as con:
+            kernels_frame = diff_analysis.kernel_diff(con, (left.where, left.params), (right.where, right.params))
+        categories = diff_analysis.category_diff(
+            self._breakdown(left, steps=False), self._breakdown(right, steps=False)
+        )
         return kernels_frame, categories
 
     @contextmanager
-    def _session(self) -> Iterator[duckdb.DuckDBPyConnection]:
-        """One query connection for a whole analysis (opening one costs more than most queries)."""
-        con = self.connect()
+    def _session(
+        self, *selections: _Selection, tables: Iterable[str] | None = None
+    ) -> Iterator[duckdb.DuckDBPyConnection]:
+        """One query connection for a whole analysis, with views (of ``tables``) over the selected traces only."""
+        traces = sorted({pair for selection in selections for pair in selection.traces})
+        con = catalog.session(self.store, traces, tables, threads=self.settings.threads)
         try:
             yield con
         except duckdb.Error as exc:
             raise QueryError(str(exc).strip()) from None
         finally:
             con.close()
+
+    def _selection(self, trace_id: str | None, job: str | None) -> _Selection:
+        """The SQL filter for one trace or one job, checked to match something (on the file system)."""
+        if trace_id is not None:
+            found = self.store.registered_job(trace_id)
+            if found is None:
+                raise NotFound(f"no trace with id {trace_id!r}")
+            return _Selection(((found, trace_id),), "trace_id = ?", [trace_id])
+        if job is not None:
+            ids = self.store.job_traces(job)
+            if not ids:
+                raise NotFound(f"no traces in job {job!r}")
+            return _Selection(tuple((job, i) for i in ids), "job = ?", [job])
+        raise InvalidArgument("give a trace id or a job")
+
+    def _resolve(self, name: str) -> _Selection:
+        """The selection ``name`` stands for: a trace id, else a job name."""
+        found = self.store.registered_job(name)
+        if found is not None:
+            return _Selection(((found, name),), "trace_id = ?", [name])
+        ids = self.store.job_traces(name)
+        if ids:
+            return _Selection(tuple((name, i) for i in ids), "job = ?", [name])
+        raise NotFound(f"{name!r} is neither a trace id nor a job (see `tracelake traces`)")
 
     def traces(self, job: str | None = None) -> list[dict[str, Any]]:
         """Registered traces, newest first (optionally of one job)."""
@@ -385,37 +429,13 @@ def _ingest_in_worker(settings: Settings, path: Path, job: str, labels: dict[str
     return Warehouse(settings=settings).ingest_file(path, job=job, labels=labels)
 
 
-def _exists(con: duckdb.DuckDBPyConnection, column: str, value: str) -> bool:
-    return bool(con.sql(f"SELECT 1 FROM traces WHERE {column} = ? LIMIT 1", params=[value]).fetchall())
+@dataclass(frozen=True)
+class _Selection:
+    """What an analysis reads: its registered ``(job, trace_id)`` pairs, and the SQL filter with its parameters."""
 
-
-def _selection(con: duckdb.DuckDBPyConnection, trace_id: str | None, job: str | None) -> tuple[str, list[Any]]:
-    """The SQL filter for one trace or one job, checked to match something."""
-    if trace_id is not None:
-        if not _exists(con, "trace_id", trace_id):
-            raise NotFound(f"no trace with id {trace_id!r}")
-        return "trace_id = ?", [trace_id]
-    if job is not None:
-        if not _exists(con, "job", job):
-            raise NotFound(f"no traces in job {job!r}")
-        return "job = ?", [job]
-    raise InvalidArgument("give a trace id or a job")
-
-
-def _resolve(con: duckdb.DuckDBPyConnection, name: str) -> tuple[str, list[Any]]:
-    """The SQL filter for ``name``, a trace id or else a job name."""
-    for column in ("trace_id", "job"):
-        if _exists(con, column, name):
-            return f"{column} = ?", [name]
-    raise NotFound(f"{name!r} is neither a trace id nor a job (see `tracelake traces`)")
-
-
-def _breakdown(con: duckdb.DuckDBPyConnection, where: str, params: list[Any], *, steps: bool) -> pl.DataFrame:
-    step_filter = "" if steps else " AND step IS NULL"
-    return con.sql(
-        f"SELECT * EXCLUDE (job) FROM breakdown WHERE {where}{step_filter} ORDER BY rank, step NULLS FIRST",
-        params=params,
-    ).pl()
+    traces: tuple[tuple[str, str], ...]
+    where: str
+    params: list[Any]
 
 
 def expand_inputs(paths: Iterable[str | Path]) -> list[Path]:

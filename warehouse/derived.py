@@ -13,7 +13,7 @@ import duckdb
 
 from tracelake.analysis.breakdown import breakdown_sql
 from tracelake.analysis.idle import idle_sql
-from tracelake.analysis.launches import launch_stats_sql
+from tracelake.analysis.launches import launch_stats_sql, queue_lengths_sql
 
 from . import schema
 from .schema import sql_literal
@@ -34,13 +34,15 @@ def write_derived(parsed: Path, out_dir: Path, *, threads: int = 2, memory_limit
         _copy(con, schema.KERNEL_STATS, f"({_KERNEL_STATS})", out_dir)
         _copy(con, schema.STREAM_IDLE, f"({idle_sql('device_ops', 'host_ops')})", out_dir)
         _copy(con, schema.LAUNCH_STATS, f"({launch_stats_sql('device_ops', 'host_ops')})", out_dir)
+        _copy(con, schema.STREAM_QUEUES, f"({queue_lengths_sql('device_ops', 'host_ops')})", out_dir)
     finally:
         con.close()
 
 
 _KERNEL_STATS = """
     SELECT trace_id, rank, name, any_value(category) AS category, count(*) AS count, sum(dur_ns) AS total_ns,
-           avg(dur_ns) AS mean_ns, quantile_cont(dur_ns, 0.5) AS p50_ns, quantile_cont(dur_ns, 0.95) AS p95_ns,
+           round(sum(dur_ns) / count(*)) AS mean_ns, round(quantile_cont(dur_ns, 0.5)) AS p50_ns,
+           round(quantile_cont(dur_ns, 0.95)) AS p95_ns,
            max(dur_ns) AS max_ns
     FROM device_ops WHERE category <> 'sync' GROUP BY ALL
 """

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 #: Bumped whenever a table or column changes meaning or type.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "VARCHAR": pa.string(),
@@ -330,12 +330,28 @@ LAUNCH_STATS = Table(
     derived=True,
 )
 
+STREAM_QUEUES = Table(
+    "stream_queues",
+    "Launch queue depth per stream: +1 when a runtime call launches an op, -1 when the op starts. A queue "
+    "near zero means the device waits for the host; a deep one means the host runs ahead.",
+    (
+        TRACE_ID,
+        RANK,
+        _c("stream", "BIGINT", "Stream."),
+        _c("launches", "BIGINT", "Ops joined to their launching runtime call."),
+        _c("max_queue", "BIGINT", "Deepest the queue got."),
+        _c("mean_queue", "DOUBLE", "Time-weighted mean depth between the first launch and the last start."),
+    ),
+    (JOB,),
+    derived=True,
+)
+
 #: Every table, in the order they are written; `traces` is last because writing
 #: its row is what makes a trace visible.
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
-              LAUNCH_STATS, TRACES)
+              LAUNCH_STATS, STREAM_QUEUES, TRACES)
 }
 
 #: Tables holding one trace's data (everything except the registry itself).

@@ -17,9 +17,11 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from . import schema
@@ -27,6 +29,7 @@ from .errors import InvalidArgument
 
 SCHEMA_JOB = "_schema"
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_TRACE_ID = re.compile(r"^[0-9a-f]{1,64}$")
 _LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -60,13 +63,13 @@ class Store:
         self.tables = home / "tables"
         self.staging_root = home / "staging"
         self.catalog_path = home / "tracelake.duckdb"
+        self.catalog_stamp = home / "tracelake.duckdb.stamp"
 
     def initialise(self) -> None:
         """Create the directory tree and the empty schema file of every table."""
         for tbl in schema.TABLES.values():
-            folder = self.tables / tbl.name / f"job={SCHEMA_JOB}"
-            folder.mkdir(parents=True, exist_ok=True)
-            target = folder / f"{SCHEMA_JOB}.parquet"
+            target = self.schema_file(tbl.name)
+            target.parent.mkdir(parents=True, exist_ok=True)
             if not target.exists() or pq.read_schema(target).names != tbl.column_names:
                 self.write_atomic(tbl.arrow_schema.empty_table(), target)
         self.staging_root.mkdir(parents=True, exist_ok=True)
@@ -75,12 +78,35 @@ class Store:
         """The glob the catalog views read for ``table`` (absolute)."""
         return str(self.tables / table / "*" / "*.parquet")
 
+    def schema_file(self, table: str) -> Path:
+        """The empty file that fixes ``table``'s schema (and makes every glob match something)."""
+        return self.tables / table / f"job={SCHEMA_JOB}" / f"{SCHEMA_JOB}.parquet"
+
+    def job_traces(self, job: str) -> list[str]:
+        """The ids of the traces registered under ``job``, sorted (none for an unknown or invalid job)."""
+        if not _JOB.match(job) or job == SCHEMA_JOB:
+            return []
+        return sorted(p.stem for p in (self.tables / "traces" / f"job={job}").glob("*.parquet"))
+
     def path(self, table: str, job: str, trace_id: str) -> Path:
         """Where ``table``'s file of one trace lives."""
         return self.tables / table / f"job={job}" / f"{trace_id}.parquet"
 
+    def read(self, table: str, traces: Iterable[tuple[str, str]]) -> pa.Table:
+        """``table``'s rows of the given ``(job, trace_id)`` pairs, in the declared schema.
+
+        Files written under an older schema get nulls for columns they lack.
+        """
+        files = [str(p) for job, trace_id in traces if (p := self.path(table, job, trace_id)).exists()]
+        tbl = schema.table(table)
+        if not files:
+            return tbl.arrow_schema.empty_table()
+        return ds.dataset(files, schema=tbl.arrow_schema, format="parquet").to_table()
+
     def registered_job(self, trace_id: str) -> str | None:
         """The job a trace is registered under, or None if it is not registered."""
+        if not _TRACE_ID.match(trace_id):
+            return None
         for found in (self.tables / "traces").glob(f"job=*/{trace_id}.parquet"):
             return found.parent.name.partition("=")[2]
         return None
