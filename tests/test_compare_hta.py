@@ -1,8 +1,9 @@
 """Our breakdown against HTA's on the real traces (runs where HTA is installed: pip install -e '.[compare]').
 
-HTA 0.5.0 rounds every GPU event to whole microseconds (start up, end down), so
-our figures are computed here on events rounded the same way and classified with
-HTA's name rules; then idle %, compute % and the comm/compute overlap must agree
+HTA 0.5.0 rounds every GPU event to whole microseconds in float64 (start up, and
+start + duration down, on the values as written in the file), so our figures are
+computed here on events rounded the same way, in the same float arithmetic, and
+classified with HTA's name rules; then idle %, compute % and the comm/compute overlap must agree
 within 0.1 percentage points. Traces where HTA's own defects change the result
 are skipped with the reason (docs/analyses.md, "Comparison with HTA"): rounding
 that makes a duration negative, and CPU events that carry a stream.
@@ -10,6 +11,8 @@ that makes a duration negative, and CPU events that carry a stream.
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
 import shutil
 import warnings
@@ -24,20 +27,6 @@ from tracelake.warehouse import Warehouse
 hta_trace_analysis = pytest.importorskip("hta.trace_analysis", reason="HTA is not installed (extra 'compare')")
 
 FILES = real_kineto_files()
-#: Traces where our HTA-rounded figures still differ by more than 0.1 points
-#: (0.12 and 0.57): HTA's rounding runs on float microseconds, so some starts land
-#: one microsecond later than the exact ceiling we emulate. Left for the analyses issue.
-UNEXPLAINED = {"nccl_parser_config", "tracelens_mi300_gaunernst_bert-small-uncased__1016001"}
-
-
-def _params() -> list[object]:
-    return [
-        pytest.param(p, id=p.parent.name, marks=[pytest.mark.xfail(
-            strict=True, reason="HTA's float rounding differs from the exact emulation (see UNEXPLAINED)")]
-        ) if p.parent.name in UNEXPLAINED else pytest.param(p, id=p.parent.name)
-        for p in FILES
-    ]
-
 # HTA's classification (hta.utils.utils) and rounding (hta.common.trace_parser.round_down_time_stamps).
 HTA_ROUNDED = """(
     SELECT trace_id, rank, NULL::BIGINT AS step,
@@ -45,13 +34,20 @@ HTA_ROUNDED = """(
                 WHEN regexp_matches(name, '^(Memcpy|Memset|dma)') THEN 'memory'
                 WHEN regexp_matches(name, '.*(Memcpy|Memset|Sync)') THEN 'other'
                 ELSE 'compute' END AS category,
-           CAST(ceil(ts_ns / 1000.0) * 1000 AS BIGINT) AS ts_ns,
-           CAST(floor((ts_ns + dur_ns) / 1000.0) * 1000 AS BIGINT)
-             - CAST(ceil(ts_ns / 1000.0) * 1000 AS BIGINT) AS dur_ns
-    FROM device_ops WHERE trace_id = '{trace_id}')"""
+           CAST(ceil(ts_us) * 1000 AS BIGINT) AS ts_ns,
+           CAST(floor(ts_us + dur_us) * 1000 AS BIGINT) - CAST(ceil(ts_us) * 1000 AS BIGINT) AS dur_ns
+    FROM (SELECT *, CAST(ts_ns - {base_ns} AS DOUBLE) / 1000 AS ts_us, CAST(dur_ns AS DOUBLE) / 1000 AS dur_us
+          FROM device_ops WHERE trace_id = '{trace_id}'))"""
 
 
-@pytest.mark.parametrize("path", _params())
+def _base_time_ns(path: Path) -> int:
+    """The trace's ``baseTimeNanoseconds``: HTA rounds the event times as written, relative to it."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        return int(json.load(f).get("baseTimeNanoseconds") or 0)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.parent.name for p in FILES])
 def test_breakdown_agrees_with_hta(path: Path, tmp_path: Path) -> None:
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
@@ -79,7 +75,8 @@ def test_breakdown_agrees_with_hta(path: Path, tmp_path: Path) -> None:
     assert wh.ingest([path], job="x").ok
     trace_id = wh.traces()[0]["trace_id"]
     con = wh.connect()
-    ours = con.sql(breakdown_sql(HTA_ROUNDED.format(trace_id=trace_id))).pl().row(0, named=True)
+    base_ns = _base_time_ns(path)
+    ours = con.sql(breakdown_sql(HTA_ROUNDED.format(trace_id=trace_id, base_ns=base_ns))).pl().row(0, named=True)
     span = ours["span_ns"]
     assert 100 * ours["idle_ns"] / span == pytest.approx(temporal["idle_time_pctg"], abs=0.1)
     assert 100 * ours["compute_ns"] / span == pytest.approx(temporal["compute_time_pctg"], abs=0.1)
