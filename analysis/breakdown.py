@@ -6,6 +6,11 @@ end (-1) to the counter of its category; between two consecutive points the stat
 buckets its state belongs to. Unions, the communication/compute intersection and
 the exclusive buckets all come out of the same pass, in DuckDB, with no
 per-nanosecond arrays. Sync ops are not work and never count as busy.
+
+Async collective windows (XLA's ``Async XLA Ops``: start to done) join the sweep as
+a fourth state that is never busy: the part of them no device op covers is
+``exposed_async_collective_ns``. FLOPs are summed per window, and with the device's
+peak (``devices.peak_tflops``) give ``flops_utilisation_pct`` over the span.
 """
 
 from __future__ import annotations
@@ -20,42 +25,56 @@ COLUMNS = (
     "overlapped_communication_ns", "exposed_communication_ns", "overlap_pct",
     "compute_only_ns", "communication_only_ns", "memory_only_ns",
     "compute_communication_ns", "other_overlap_ns",
+    "async_collective_ns", "exposed_async_collective_ns", "flops", "flops_utilisation_pct",
 )
 
+#: Empty stand-ins for the optional inputs of :func:`breakdown_sql`.
+NO_ASYNC = ("(SELECT NULL::VARCHAR AS trace_id, NULL::INTEGER AS rank, NULL::BIGINT AS step, "
+            "NULL::BIGINT AS ts_ns, NULL::BIGINT AS dur_ns LIMIT 0)")
+NO_DEVICES = "(SELECT NULL::VARCHAR AS trace_id, NULL::INTEGER AS rank, NULL::DOUBLE AS peak_tflops LIMIT 0)"
 
-def breakdown_sql(device_ops: str) -> str:
+
+def breakdown_sql(device_ops: str, async_windows: str = NO_ASYNC, devices: str = NO_DEVICES) -> str:
     """SQL computing the breakdown of ``device_ops`` (a table, view or parenthesised query).
 
-    ``device_ops`` needs ``trace_id``, ``rank``, ``step``, ``category``, ``ts_ns`` and
-    ``dur_ns``. One row per (trace, rank) with ``step`` NULL for the whole trace,
-    plus one row per (trace, rank, step).
+    ``device_ops`` needs ``trace_id``, ``rank``, ``step``, ``category``, ``ts_ns``,
+    ``dur_ns`` and ``flops``; ``async_windows`` (``trace_id``, ``rank``, ``step``,
+    ``ts_ns``, ``dur_ns``) are async collective spans; ``devices`` gives ``peak_tflops``
+    per (``trace_id``, ``rank``). One row per (trace, rank) with ``step`` NULL for the
+    whole trace, plus one row per (trace, rank, step).
     """
     return f"""
     WITH ops AS (
-        SELECT trace_id, rank, step, category, ts_ns, ts_ns + dur_ns AS end_ns
+        SELECT trace_id, rank, step, category, ts_ns, ts_ns + dur_ns AS end_ns, flops
         FROM {device_ops} WHERE category <> 'sync' AND dur_ns >= 0
-    ), windows AS (
-        SELECT trace_id, rank, NULL::BIGINT AS step, category, ts_ns, end_ns, FALSE AS per_step FROM ops
         UNION ALL
-        SELECT trace_id, rank, step, category, ts_ns, end_ns, TRUE FROM ops WHERE step IS NOT NULL
+        SELECT trace_id, rank, step, 'async', ts_ns, ts_ns + dur_ns, NULL
+        FROM {async_windows} WHERE dur_ns >= 0
+    ), windows AS (
+        SELECT trace_id, rank, NULL::BIGINT AS step, category, ts_ns, end_ns, flops, FALSE AS per_step FROM ops
+        UNION ALL
+        SELECT trace_id, rank, step, category, ts_ns, end_ns, flops, TRUE FROM ops WHERE step IS NOT NULL
     ), spans AS (
-        SELECT trace_id, rank, step, per_step, min(ts_ns) AS first_ns, max(end_ns) AS last_ns
-        FROM windows GROUP BY ALL
+        SELECT trace_id, rank, step, per_step, min(ts_ns) AS first_ns, max(end_ns) AS last_ns,
+               sum(flops) AS flops
+        FROM windows WHERE category <> 'async' GROUP BY ALL
     ), points AS (
         SELECT trace_id, rank, step, per_step, ts_ns AS t,
                (category = 'compute')::INT AS dc, (category = 'communication')::INT AS dm,
-               (category = 'memory')::INT AS dx
+               (category = 'memory')::INT AS dx, (category = 'async')::INT AS da
         FROM windows
         UNION ALL
         SELECT trace_id, rank, step, per_step, end_ns,
-               -(category = 'compute')::INT, -(category = 'communication')::INT, -(category = 'memory')::INT
+               -(category = 'compute')::INT, -(category = 'communication')::INT, -(category = 'memory')::INT,
+               -(category = 'async')::INT
         FROM windows
     ), deltas AS (
-        SELECT trace_id, rank, step, per_step, t, sum(dc) AS dc, sum(dm) AS dm, sum(dx) AS dx
+        SELECT trace_id, rank, step, per_step, t, sum(dc) AS dc, sum(dm) AS dm, sum(dx) AS dx, sum(da) AS da
         FROM points GROUP BY ALL
     ), states AS (
         SELECT *,
                sum(dc) OVER w > 0 AS c, sum(dm) OVER w > 0 AS m, sum(dx) OVER w > 0 AS x,
+               sum(da) OVER w > 0 AS a,
                lead(t) OVER (PARTITION BY trace_id, rank, step, per_step ORDER BY t) - t AS len
         FROM deltas
         WINDOW w AS (PARTITION BY trace_id, rank, step, per_step ORDER BY t ROWS UNBOUNDED PRECEDING)
@@ -69,7 +88,10 @@ def breakdown_sql(device_ops: str) -> str:
                CAST(coalesce(sum(len) FILTER (WHERE c AND NOT m AND NOT x), 0) AS BIGINT) AS compute_only_ns,
                CAST(coalesce(sum(len) FILTER (WHERE m AND NOT c AND NOT x), 0) AS BIGINT) AS communication_only_ns,
                CAST(coalesce(sum(len) FILTER (WHERE x AND NOT c AND NOT m), 0) AS BIGINT) AS memory_only_ns,
-               CAST(coalesce(sum(len) FILTER (WHERE c AND m AND NOT x), 0) AS BIGINT) AS compute_communication_ns
+               CAST(coalesce(sum(len) FILTER (WHERE c AND m AND NOT x), 0) AS BIGINT) AS compute_communication_ns,
+               CAST(coalesce(sum(len) FILTER (WHERE a), 0) AS BIGINT) AS async_collective_ns,
+               CAST(coalesce(sum(len) FILTER (WHERE a AND NOT (c OR m OR x)), 0) AS BIGINT)
+                 AS exposed_async_collective_ns
         FROM states WHERE len IS NOT NULL GROUP BY ALL
     )
     SELECT sp.trace_id, sp.rank, sp.step,
@@ -88,10 +110,18 @@ def breakdown_sql(device_ops: str) -> str:
            coalesce(s.memory_only_ns, 0) AS memory_only_ns,
            coalesce(s.compute_communication_ns, 0) AS compute_communication_ns,
            coalesce(s.busy_ns - s.compute_only_ns - s.communication_only_ns - s.memory_only_ns
-                    - s.compute_communication_ns, 0) AS other_overlap_ns
+                    - s.compute_communication_ns, 0) AS other_overlap_ns,
+           coalesce(s.async_collective_ns, 0) AS async_collective_ns,
+           coalesce(s.exposed_async_collective_ns, 0) AS exposed_async_collective_ns,
+           sp.flops,
+           CASE WHEN sp.flops IS NOT NULL AND d.peak_tflops > 0 AND sp.last_ns > sp.first_ns
+                THEN 100.0 * sp.flops / (d.peak_tflops * 1e12 * (sp.last_ns - sp.first_ns) / 1e9) END
+             AS flops_utilisation_pct
     FROM spans sp LEFT JOIN sums s
       ON s.trace_id = sp.trace_id AND s.rank = sp.rank AND s.per_step = sp.per_step
      AND s.step IS NOT DISTINCT FROM sp.step
+    LEFT JOIN (SELECT trace_id, rank, max(peak_tflops) AS peak_tflops FROM {devices} GROUP BY ALL) d
+      ON d.trace_id = sp.trace_id AND d.rank = sp.rank
     ORDER BY sp.trace_id, sp.rank, sp.per_step, sp.step
     """
 
@@ -105,6 +135,8 @@ def breakdown_of_frame(device_ops: pl.DataFrame) -> pl.DataFrame:
     """The breakdown of a polars frame of device ops (for notebooks and tests)."""
     con = duckdb.connect()
     try:
+        if "flops" not in device_ops.columns:
+            device_ops = device_ops.with_columns(pl.lit(None, dtype=pl.Float64).alias("flops"))
         con.register("ops_frame", device_ops.to_arrow())
         return breakdown(con, "ops_frame")
     finally:

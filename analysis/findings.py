@@ -63,6 +63,10 @@ def from_breakdown(whole: pl.DataFrame) -> list[Finding]:
     return findings
 
 
+#: A straggler is reported only when its lateness adds up to this share of a rank's span.
+MIN_GAIN_SHARE = 0.001
+
+
 def from_last_arrivals(arrivals: pl.DataFrame, ranks: int, whole: pl.DataFrame | None = None) -> list[Finding]:
     """A straggler: a rank that starts collectives last far more often than 1/n of the time.
 
@@ -78,6 +82,10 @@ def from_last_arrivals(arrivals: pl.DataFrame, ranks: int, whole: pl.DataFrame |
     if share <= 2 / ranks:
         return []
     skew_ns = float(top["mean_skew_us"] or 0) * 1e3
+    if whole is not None and not whole.is_empty():
+        span = whole.select(pl.col("span_ns").cast(pl.Float64).median()).item() or 0
+        if skew_ns * top["times_last"] < MIN_GAIN_SHARE * span:
+            return []  # arrival order within noise: nobody is really waiting
     evidence = ""
     if whole is not None and whole.height > 1:
         mine = whole.filter(pl.col("rank") == top["rank"])

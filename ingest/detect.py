@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tracelake.warehouse.errors import TraceFormatError, UnknownFormatError
 
-from . import pytorch_profiler
+from . import pytorch_profiler, xla
 from .model import ParseFunction
 from .source import read_head
 
@@ -36,6 +36,7 @@ FORMATS: list[Format] = [
         pytorch_profiler.sniff,
         pytorch_profiler.parse,
     ),
+    Format(xla.FORMAT, "XLA profile: XSpace protobuf (.xplane.pb)", xla.sniff, xla.parse),
 ]
 
 

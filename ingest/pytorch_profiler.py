@@ -30,6 +30,7 @@ from tracelake.warehouse.errors import TraceFormatError
 from . import pytorch_profiler_sql
 from .chrome_json import ChromeTraceReader
 from .model import ParseOptions, TraceInfo
+from .tables import write_table
 from .source import iter_chunks
 
 FORMAT = "pytorch_profiler"
@@ -199,6 +200,25 @@ def _trace_info(options: ParseOptions, top: dict[str, Any], event_count: int, js
     return info
 
 
+def _devices(top: dict[str, Any], rank: int) -> dict[str, list[object]]:
+    """The ``devices`` rows from ``deviceProperties`` (CUDA/HIP device properties, one per device)."""
+    rows: dict[str, list[object]] = {k: [] for k in (
+        "rank", "device", "kind", "name", "core_count", "memory_bytes", "compute_capability")}
+    props = top.get("deviceProperties")
+    for prop in props if isinstance(props, list) else []:
+        if not isinstance(prop, dict) or not isinstance(prop.get("id"), int):
+            continue
+        major, minor = prop.get("computeMajor"), prop.get("computeMinor")
+        for key, value in (
+            ("rank", rank), ("device", prop["id"]), ("kind", "gpu"), ("name", _str_or_none(prop.get("name"))),
+            ("core_count", prop.get("numSms") if isinstance(prop.get("numSms"), int) else None),
+            ("memory_bytes", prop.get("totalGlobalMem") if isinstance(prop.get("totalGlobalMem"), int) else None),
+            ("compute_capability", f"{major}.{minor}" if isinstance(major, int) and isinstance(minor, int) else None),
+        ):
+            rows[key].append(value)
+    return rows
+
+
 def _str_or_none(value: object) -> str | None:
     return str(value) if value is not None and value != "" else None
 
@@ -233,6 +253,7 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
                 base_ns=_base_time_ns(top, options.source_name),
                 counter_batches=counter_batches,
             )
+            write_table(staging, "devices", _devices(top, info.rank), trace_id=options.trace_id)
         except pytorch_profiler_sql.UnreadableValue as exc:
             locate_error(source, options)  # raises with the event index when it finds the culprit
             raise TraceFormatError(options.source_name, f"unexpected value in an event ({exc})") from None

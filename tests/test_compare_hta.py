@@ -35,7 +35,8 @@ HTA_ROUNDED = """(
                 WHEN regexp_matches(name, '.*(Memcpy|Memset|Sync)') THEN 'other'
                 ELSE 'compute' END AS category,
            CAST(ceil(ts_us) * 1000 AS BIGINT) AS ts_ns,
-           CAST(floor(ts_us + dur_us) * 1000 AS BIGINT) - CAST(ceil(ts_us) * 1000 AS BIGINT) AS dur_ns
+           CAST(floor(ts_us + dur_us) * 1000 AS BIGINT) - CAST(ceil(ts_us) * 1000 AS BIGINT) AS dur_ns,
+           NULL::DOUBLE AS flops
     FROM (SELECT *, CAST(ts_ns - {base_ns} AS DOUBLE) / 1000 AS ts_us, CAST(dur_ns AS DOUBLE) / 1000 AS dur_us
           FROM device_ops WHERE trace_id = '{trace_id}'))"""
 

@@ -30,7 +30,7 @@ from tracelake.ingest.model import ByteCallback, TraceInfo
 
 from . import analysis_report, catalog, schema
 from .analysis_report import Analysis
-from .derived import write_derived
+from .derived import INPUTS, write_derived
 from .errors import InvalidArgument, NotFound, QueryError, TraceFormatError, TracelakeError, WarehouseError
 from .results import IngestProgress, IngestReport, IngestResult, QueryResult
 from .settings import Settings
@@ -297,8 +297,12 @@ class Warehouse:
             trace_id, trace_job = row["trace_id"], row["job"]
             staging = self.store.new_staging(trace_id)
             try:
-                for name in ("device_ops", "host_ops"):
-                    os.symlink(self.store.path(name, trace_job, trace_id), staging / f"{name}.parquet")
+                for name in INPUTS:
+                    stored = self.store.path(name, trace_job, trace_id)
+                    if stored.exists():
+                        os.symlink(stored, staging / f"{name}.parquet")
+                    else:  # a trace ingested before the table existed
+                        pq.write_table(schema.table(name).arrow_schema.empty_table(), staging / f"{name}.parquet")
                 write_derived(staging, staging,
                               threads=self.settings.threads, memory_limit=self.settings.ingest_memory_limit)
                 for name in schema.DERIVED_TABLES:
@@ -331,8 +335,9 @@ class Warehouse:
         selection = self._selection(trace_id, job)
         whole = self._breakdown(selection, steps=False)
         stored = {name: self._stored(name, selection) for name in analysis_report.STORED}
-        if len(selection.traces) == 1:
-            top_kernels = kernels.top_from_stats(self._stored("kernel_stats", selection), top=top)
+        stats = self._stored("kernel_stats", selection)
+        if stats.select(pl.struct("trace_id", "rank").n_unique()).item() <= 1:
+            top_kernels = kernels.top_from_stats(stats, top=top)
         else:  # percentiles across ranks need every duration
             with self._session(selection, tables=("device_ops",)) as con:
                 top_kernels = kernels.top_kernels(con, where=selection.where, params=selection.params, top=top)

@@ -19,18 +19,23 @@ from . import schema
 from .schema import sql_literal
 
 
+#: The parsed tables the derived ones are computed from.
+INPUTS = ("device_ops", "host_ops", "collectives", "devices")
+
+
 def write_derived(parsed: Path, out_dir: Path, *, threads: int = 2, memory_limit: str = "200MB") -> None:
     """Compute every derived table of one trace from its parsed tables in ``parsed`` into ``out_dir``.
 
-    ``parsed`` holds ``device_ops.parquet`` and ``host_ops.parquet`` (a staging
+    ``parsed`` holds ``<table>.parquet`` for each table in :data:`INPUTS` (a staging
     directory, or a folder of links to a stored trace's files); writes
     ``<table>.parquet`` for each table in :data:`schema.DERIVED_TABLES`.
     """
     con = duckdb.connect(config={"threads": threads, "memory_limit": memory_limit})
     try:
-        for name in ("device_ops", "host_ops"):
+        for name in INPUTS:
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({sql_literal(str(parsed / f'{name}.parquet'))})")
-        _copy(con, schema.BREAKDOWN, f"({breakdown_sql('device_ops')})", out_dir)
+        async_windows = "(SELECT trace_id, rank, step, ts_ns, dur_ns FROM collectives WHERE is_async)"
+        _copy(con, schema.BREAKDOWN, f"({breakdown_sql('device_ops', async_windows, 'devices')})", out_dir)
         _copy(con, schema.KERNEL_STATS, f"({_KERNEL_STATS})", out_dir)
         _copy(con, schema.STREAM_IDLE, f"({idle_sql('device_ops', 'host_ops')})", out_dir)
         _copy(con, schema.LAUNCH_STATS, f"({launch_stats_sql('device_ops', 'host_ops')})", out_dir)

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 #: Bumped whenever a table or column changes meaning or type.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "VARCHAR": pa.string(),
     "BIGINT": pa.int64(),
+    "UBIGINT": pa.uint64(),
     "INTEGER": pa.int32(),
     "DOUBLE": pa.float64(),
     "BOOLEAN": pa.bool_(),
@@ -91,7 +92,7 @@ TRACES = Table(
     "One row per ingested trace file. A trace is visible in every other table only once its row here exists.",
     (
         TRACE_ID,
-        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON); later `xla`, `nccl_log`, ..."),
+        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON), `xla` (XSpace `.xplane.pb`), `xla_json` (trace-viewer JSON of XLA)."),
         _c("source_name", "VARCHAR", "File name as given at ingest."),
         _c("source_path", "VARCHAR", "Absolute path of the file on the ingesting machine (null for uploads)."),
         _c("source_bytes", "BIGINT", "Size of the file as stored (compressed if it was)."),
@@ -126,14 +127,14 @@ TRACES = Table(
 
 DEVICE_OPS = Table(
     "device_ops",
-    "Every operation on a device stream: kernels, memcpys, memsets and device-side syncs.",
+    "Every operation on a device stream: kernels, memcpys, memsets and device-side syncs; XLA ops.",
     (
         TRACE_ID,
         EVENT_ID,
         RANK,
-        _c("device", "INTEGER", "Device index on the host (CUDA/HIP ordinal)."),
+        _c("device", "INTEGER", "Device index on the host (CUDA/HIP ordinal, TPU chip, XLA CPU device)."),
         _c("stream", "BIGINT", "Stream (or XLA line) the op ran on."),
-        _c("kind", "VARCHAR", "`kernel`, `memcpy`, `memset` or `sync`."),
+        _c("kind", "VARCHAR", "`kernel`, `memcpy`, `memset`, `sync`, or `xla_op` (an XLA op on TPU or the CPU back-end)."),
         _c("category", "VARCHAR", "`compute`, `communication`, `memory` or `sync` (rules: `tracelake.analysis.classify.RULES`)."),
         _c("name", "VARCHAR", "Kernel or operation name."),
         TS,
@@ -147,6 +148,12 @@ DEVICE_OPS = Table(
         _c("registers_per_thread", "INTEGER", "Registers per thread."),
         _c("shared_memory_bytes", "BIGINT", "Shared memory per block."),
         _c("occupancy_pct", "DOUBLE", "Estimated achieved occupancy, percent."),
+        _c("hlo_module", "VARCHAR", "XLA: the HLO module (program) the op belongs to."),
+        _c("program_id", "UBIGINT", "XLA: program id of the module."),
+        _c("hlo_category", "VARCHAR", "XLA: `hlo_category` of the op (or its HLO opcode when the profile has none)."),
+        _c("long_name", "VARCHAR", "XLA: the op's full HLO text (TPU) or kernel name."),
+        _c("flops", "DOUBLE", "XLA: floating-point operations of the op, when the profile gives them."),
+        _c("bytes_accessed", "BIGINT", "XLA: bytes the op reads and writes, when the profile gives them."),
     ),
     (JOB,),
 )
@@ -205,6 +212,7 @@ COLLECTIVES = Table(
         _c("kernel_name", "VARCHAR", "Name of its kernel."),
         _c("stream", "BIGINT", "Stream of its kernel."),
         STEP,
+        _c("is_async", "BOOLEAN", "XLA: an async collective's start-to-done window (not a device op)."),
     ),
     (JOB,),
 )
@@ -239,6 +247,28 @@ COUNTERS = Table(
     (JOB,),
 )
 
+DEVICES = Table(
+    "devices",
+    "The accelerators a trace ran on, with their peak figures where the profile gives them (for MFU and "
+    "rooflines).",
+    (
+        TRACE_ID,
+        RANK,
+        _c("device", "INTEGER", "Device index, as in `device_ops.device`."),
+        _c("kind", "VARCHAR", "`tpu`, `gpu` or `cpu`."),
+        _c("name", "VARCHAR", "Model, e.g. `TPU v6 Lite`."),
+        _c("vendor", "VARCHAR", "Vendor, when given."),
+        _c("peak_tflops", "DOUBLE", "Peak dense TFLOP/s, when given."),
+        _c("peak_hbm_gbps", "DOUBLE", "Peak memory bandwidth, GB/s, when given."),
+        _c("core_count", "INTEGER", "Cores (SMs, CUs), when given."),
+        _c("clock_mhz", "DOUBLE", "Clock rate, MHz, when given."),
+        _c("memory_bytes", "BIGINT", "Device memory, when given."),
+        _c("compute_capability", "VARCHAR", "Compute capability (`9.0`), when given."),
+    ),
+    (JOB,),
+)
+
+
 def _ns(name: str, doc: str) -> Column:
     return _c(name, "BIGINT", doc)
 
@@ -266,6 +296,11 @@ BREAKDOWN = Table(
         _ns("memory_only_ns", "Only memory ops active."),
         _ns("compute_communication_ns", "Compute and communication active, no memory op."),
         _ns("other_overlap_ns", "Other mixes (memory with compute and/or communication)."),
+        _ns("async_collective_ns", "Union of async collective windows (XLA start to done); not busy time."),
+        _ns("exposed_async_collective_ns", "Async collective window time with no device op running."),
+        _c("flops", "DOUBLE", "FLOPs of the window's device ops, when the trace gives them."),
+        _c("flops_utilisation_pct", "DOUBLE", "100 x flops / (peak FLOP/s x span): MFU-style use of the device's "
+           "peak (`devices.peak_tflops`); null without both."),
     ),
     (JOB,),
     derived=True,
@@ -350,7 +385,7 @@ STREAM_QUEUES = Table(
 #: its row is what makes a trace visible.
 TABLES: dict[str, Table] = {
     t.name: t
-    for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
+    for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, DEVICES, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
               LAUNCH_STATS, STREAM_QUEUES, TRACES)
 }
 

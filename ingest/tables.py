@@ -1,0 +1,75 @@
+"""Writing a parser's rows as the warehouse's Parquet files, in the declared schema.
+
+Parsers that build rows in Python (XLA, NCCL) hand columns (lists) to these
+helpers; every column the declaration has and the parser does not fill is null,
+so each file has exactly the declared columns and types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracelake.warehouse import schema
+
+
+def arrow_table(table: str, columns: Mapping[str, Sequence[object]], *, trace_id: str) -> pa.Table:
+    """An Arrow table of ``table``'s declared schema from column lists.
+
+    ``trace_id`` fills that column; other missing columns are null.
+    """
+    tbl = schema.table(table)
+    unknown = set(columns) - set(tbl.column_names)
+    if unknown:
+        raise KeyError(f"{table} has no columns {sorted(unknown)}")
+    rows = len(next(iter(columns.values()))) if columns else 0
+
+    def column(c: schema.Column) -> pa.Array:
+        if c.name in columns:
+            return pa.array(columns[c.name], type=c.arrow_type)
+        if c.name == "trace_id":
+            return pa.array([trace_id] * rows, type=c.arrow_type)
+        return pa.nulls(rows, type=c.arrow_type)
+
+    arrays = [column(c) for c in tbl.columns]
+    return pa.Table.from_arrays(arrays, schema=tbl.arrow_schema)
+
+
+def write_table(staging: Path, table: str, columns: Mapping[str, Sequence[object]], *, trace_id: str) -> None:
+    """Write ``<table>.parquet`` in ``staging`` from column lists (see :func:`arrow_table`)."""
+    pq.write_table(arrow_table(table, columns, trace_id=trace_id), staging / f"{table}.parquet", compression="zstd")
+
+
+class TableWriter:
+    """Writes ``<table>.parquet`` in parts (one row group per :meth:`write`), for tables too big to hold."""
+
+    def __init__(self, staging: Path, table: str, *, trace_id: str) -> None:
+        self.table = table
+        self.trace_id = trace_id
+        self.rows = 0
+        self._writer = pq.ParquetWriter(
+            staging / f"{table}.parquet", schema.table(table).arrow_schema, compression="zstd"
+        )
+
+    def write(self, columns: Mapping[str, Sequence[object]]) -> None:
+        """Append rows given as column lists."""
+        part = arrow_table(self.table, columns, trace_id=self.trace_id)
+        if part.num_rows:
+            self._writer.write_table(part)
+            self.rows += part.num_rows
+
+    def close(self) -> None:
+        """Finish the file (an empty table still gets a valid file)."""
+        self._writer.close()
+
+    def __enter__(self) -> TableWriter:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
