@@ -89,7 +89,8 @@ def last_arrivals(collectives: pl.DataFrame) -> pl.DataFrame:
     ).filter(pl.col("rows") > 1)
     total = c.select(pl.struct(_INSTANCE).n_unique()).item() if c.height else 0
     return (
-        c.filter(ts == pl.col("last_ns"))
+        # An instance where every rank arrived at once has no last rank.
+        c.filter((ts == pl.col("last_ns")) & (pl.col("last_ns") > pl.col("first_ns")))
         .group_by("rank")
         .agg(
             pl.len().cast(pl.Int64).alias("times_last"),

@@ -153,7 +153,7 @@ def _ingest_summary(results: list[IngestResult], seconds: float) -> None:
     console.print(
         f"[green]{len(ingested)} ingested[/], {len(duplicates)} already there, "
         f"[{'red' if failed else 'green'}]{len(failed)} failed[/] "
-        f"({mb:.1f} MB of JSON, {rows:,} rows in {seconds:.2f}s{rate})",
+        f"({mb:.1f} MB of trace data, {rows:,} rows in {seconds:.2f}s{rate})",
         highlight=False,
         soft_wrap=True,
     )
@@ -162,7 +162,7 @@ def _ingest_summary(results: list[IngestResult], seconds: float) -> None:
 @app.command()
 @_errors
 def ingest(
-    paths: Annotated[list[Path], typer.Argument(help="Trace files or directories of them (.json, .json.gz).",
+    paths: Annotated[list[Path], typer.Argument(help="Trace files or directories of them: Kineto .json(.gz), XLA .xplane.pb and .trace.json.gz.",
                                                 show_default=False)],
     job: Annotated[str, typer.Option("--job", "-j", help="Job name to file the traces under.")] = "default",
     label: Annotated[list[str] | None, typer.Option("--label", "-l", help="A key=value label; repeatable.",
@@ -320,7 +320,7 @@ def _breakdown_view(whole: Any) -> Any:
     def pct(column: str, label: str) -> pl.Expr:
         return (100 * pl.col(column) / pl.col("span_ns")).round(1).alias(label)
 
-    return whole.select(
+    columns = [
         "rank",
         (pl.col("span_ns") / 1e6).round(2).alias("span ms"),
         pct("compute_ns", "compute %"),
@@ -329,7 +329,13 @@ def _breakdown_view(whole: Any) -> Any:
         pl.col("overlap_pct").round(1).alias("comm hidden %"),
         pct("memory_ns", "memory %"),
         pct("idle_ns", "idle %"),
-    )
+    ]
+    # XLA traces: async collective windows nothing covered, and FLOPs against the device's peak.
+    if "async_collective_ns" in whole.columns and whole["async_collective_ns"].fill_null(0).sum() > 0:
+        columns.append(pct("exposed_async_collective_ns", "async exposed %"))
+    if "flops_utilisation_pct" in whole.columns and whole["flops_utilisation_pct"].is_not_null().any():
+        columns.append(pl.col("flops_utilisation_pct").round(1).alias("FLOPs util %"))
+    return whole.select(columns)
 
 
 @app.command()

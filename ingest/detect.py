@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tracelake.warehouse.errors import TraceFormatError, UnknownFormatError
 
-from . import pytorch_profiler, xla
+from . import pytorch_profiler, xla, xla_json
 from .model import ParseFunction
 from .source import read_head
 
@@ -30,6 +30,8 @@ class Format:
 
 #: Formats in the order they are tried; the most specific first.
 FORMATS: list[Format] = [
+    Format(xla_json.FORMAT, "XLA trace-viewer JSON (.trace.json.gz, perfetto_trace.json.gz)", xla_json.sniff,
+           xla_json.parse),
     Format(
         pytorch_profiler.FORMAT,
         "PyTorch profiler / Kineto Chrome-trace JSON (.json, .json.gz)",

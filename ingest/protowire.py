@@ -6,9 +6,12 @@ runtime decodes each piece, so that no large message is ever decoded whole.
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
+#: What the walker reads: the file's memory map, or bytes.
+Buffer = bytes | bytearray | memoryview | mmap.mmap
 
 
 class WireError(ValueError):
@@ -19,7 +22,7 @@ class WireError(ValueError):
         self.offset = offset
 
 
-def varint(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
+def varint(buf: Buffer, pos: int, end: int) -> tuple[int, int]:
     """Decode the varint at ``pos``; return (value, position after it)."""
     result = 0
     shift = 0
@@ -37,7 +40,7 @@ def varint(buf: bytes | memoryview, pos: int, end: int) -> tuple[int, int]:
             raise WireError("varint longer than 10 bytes", start)
 
 
-def fields(buf: bytes | memoryview, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
+def fields(buf: Buffer, start: int, end: int) -> Iterator[tuple[int, int, int, int, int]]:
     """Yield ``(field number, wire type, tag offset, value start, value end)`` for each field in ``[start, end)``.
 
     For length-delimited fields the value range is the payload; for the others it is

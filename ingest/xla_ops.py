@@ -52,11 +52,23 @@ def gpu_kind(name: str) -> str:
     return "kernel"
 
 
+#: JAX collective primitives, which name their HLO instructions (``psum.7``), by the opcode they lower to.
+JAX_PRIMITIVES = {
+    "psum": "all-reduce", "pmax": "all-reduce", "pmin": "all-reduce", "pmean": "all-reduce",
+    "all_gather": "all-gather", "reduce_scatter": "reduce-scatter", "psum_scatter": "reduce-scatter",
+    "ppermute": "collective-permute", "all_to_all": "all-to-all",
+}
+
+
 def opcode_of(instruction: str | None) -> str | None:
-    """The opcode an instruction name suggests (``all-reduce.3`` -> ``all-reduce``), if it is one we know."""
+    """The opcode an instruction name suggests, if it is one we know: the fallback when neither
+    ``hlo_category`` nor the HLO proto says (``all-reduce.3`` -> ``all-reduce``; the JAX primitive
+    names ``psum.7`` -> ``all-reduce``, ``ppermute.3`` -> ``collective-permute``)."""
     if not instruction:
         return None
     base = re.sub(r"\.\d+$", "", instruction.strip().lower())
+    if base in JAX_PRIMITIVES:
+        return JAX_PRIMITIVES[base]
     return base if collective_name(base) or base in MEMORY_OPCODES else None
 
 

@@ -13,6 +13,8 @@ ops whose events carry no ``hlo_category``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 _F = descriptor_pb2.FieldDescriptorProto
@@ -121,19 +123,20 @@ def _file() -> descriptor_pb2.FileDescriptorProto:
     return proto
 
 
-def _build() -> dict[str, type]:
+def _build() -> dict[str, Any]:
     pool = descriptor_pool.DescriptorPool()
     pool.Add(_file())
     return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
             for name in MESSAGES if "." not in name}
 
 
+# Message classes made at run time: typed Any (they have no stubs).
 _CLASSES = _build()
-XSpace = _CLASSES["XSpace"]
-XPlaneHeader = _CLASSES["XPlaneHeader"]
-XLine = _CLASSES["XLine"]
-XEvent = _CLASSES["XEvent"]
-XStat = _CLASSES["XStat"]
-XEventMetadata = _CLASSES["XEventMetadata"]
-XStatMetadata = _CLASSES["XStatMetadata"]
-HloProto = _CLASSES["HloProto"]
+XSpace: Any = _CLASSES["XSpace"]
+XPlaneHeader: Any = _CLASSES["XPlaneHeader"]
+XLine: Any = _CLASSES["XLine"]
+XEvent: Any = _CLASSES["XEvent"]
+XStat: Any = _CLASSES["XStat"]
+XEventMetadata: Any = _CLASSES["XEventMetadata"]
+XStatMetadata: Any = _CLASSES["XStatMetadata"]
+HloProto: Any = _CLASSES["HloProto"]

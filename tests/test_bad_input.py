@@ -21,9 +21,11 @@ import pytest
 from typer.testing import CliRunner
 
 from tracelake.api.cli import app
+from tracelake.sample_traces import generate_xla
 from tracelake.warehouse import Warehouse
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_traces" / "kineto" / "ddp_straggler" / "rank-0.json.gz"
+XPLANE = Path(__file__).resolve().parent.parent / "sample_traces" / "xla" / "tpu_allreduce" / "host0.xplane.pb"
 
 
 # -- building the bad files --------------------------------------------------------------
@@ -105,8 +107,26 @@ class Bad:
         return pytest.param(self, id=self.id, marks=self.marks)
 
 
+def xplane_bytes() -> bytes:
+    return XPLANE.read_bytes()
+
+
+def xplane_with_huge_plane() -> bytes:
+    """A plane whose length runs far past the end of the file."""
+    return b"\x0a\xff\xff\xff\x7f" + xplane_bytes()[5:]
+
+
+def xplane_without_devices() -> bytes:
+    return generate_xla._field(1, generate_xla.environment_plane())
+
+
 BAD = [
     Bad("empty", "rank-0.json", lambda: b"", ["empty"], r"at byte 0\b"),
+    Bad("xplane-truncated", "host0.xplane.pb", lambda: xplane_bytes()[: len(xplane_bytes()) // 2],
+        ["cut short"], r"at byte \d+"),
+    Bad("xplane-huge-length", "host0.xplane.pb", xplane_with_huge_plane, ["runs past the end"], r"at byte 0\b"),
+    Bad("xplane-not-xspace", "host0.xplane.pb", lambda: random_bytes(4096, 3), ["XSpace"], r"at byte \d+"),
+    Bad("xplane-no-device-planes", "host0.xplane.pb", xplane_without_devices, ["no device", "planes"]),
     Bad("whitespace-only", "rank-0.json", lambda: b"  \n\t\r\n   \n", ["whitespace"], r"at byte 0\b"),
     Bad("truncated-gzip", "rank-0.json.gz", lambda: SAMPLE.read_bytes()[: SAMPLE.stat().st_size // 2],
         ["gzip", "truncated"], r"at compressed byte \d+"),

@@ -9,6 +9,7 @@ import datetime as dt
 import logging
 import multiprocessing
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -40,7 +41,9 @@ log = logging.getLogger(__name__)
 
 #: File name endings taken from a directory given to ``ingest`` (files named
 #: explicitly are always tried, whatever their name).
-TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
+TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz", ".xplane.pb", ".xplane.pb.gz")
+#: The JSON renderings XProf writes beside an ``.xplane.pb``: skipped in a directory that has the XSpace.
+_XLA_JSON = re.compile(r"^(?P<host>.+)\.trace\.json(\.gz)?$|^perfetto_trace\.json(\.gz)?$")
 
 
 def tracelake_version() -> str:
@@ -452,13 +455,29 @@ def expand_inputs(paths: Iterable[str | Path]) -> list[Path]:
     seen: set[Path] = set()
     for raw in paths:
         path = Path(raw)
-        found = sorted(p for p in path.rglob("*") if p.is_file() and _looks_like_trace(p)) if path.is_dir() else [path]
+        found = _traces_in(path) if path.is_dir() else [path]
         for p in found:
             key = p.resolve()
             if key not in seen:
                 seen.add(key)
                 out.append(p)
     return out
+
+
+def _traces_in(folder: Path) -> list[Path]:
+    """Trace files under ``folder``; XLA's JSON renderings are left out where their ``.xplane.pb`` is there."""
+    found = sorted(p for p in folder.rglob("*") if p.is_file() and _looks_like_trace(p))
+    xspaces: dict[Path, set[str]] = {p.parent: set() for p in found if p.name.endswith((".xplane.pb", ".xplane.pb.gz"))}
+    for p in found:
+        if p.parent in xspaces:
+            xspaces[p.parent].add(p.name.split(".xplane.pb")[0])
+    kept = []
+    for p in found:
+        match = _XLA_JSON.match(p.name)
+        if match and p.parent in xspaces and (match.group("host") is None or match.group("host") in xspaces[p.parent]):
+            continue
+        kept.append(p)
+    return kept
 
 
 def _looks_like_trace(path: Path) -> bool:
