@@ -16,6 +16,7 @@ peak (``devices.peak_tflops``) give ``flops_utilisation_pct`` over the span.
 from __future__ import annotations
 
 import duckdb
+import numpy as np
 import polars as pl
 
 #: Output columns, in order (all integer ns except ``overlap_pct``).
@@ -141,3 +142,129 @@ def breakdown_of_frame(device_ops: pl.DataFrame) -> pl.DataFrame:
         return breakdown(con, "ops_frame")
     finally:
         con.close()
+
+
+# -- the same breakdown, vectorised -----------------------------------------------------
+#
+# breakdown_sql above is the readable reference; breakdown_frame computes the same rows
+# with numpy sorts and cumulative sums, which stays fast for millions of ops and many
+# steps (DuckDB's windows spill heavily there). A test keeps the two equal.
+
+_CODES = {"compute": 0, "communication": 1, "memory": 2}
+_ASYNC, _OTHER = 3, 4
+_STATE_BUCKETS = {
+    # bucket: predicate over the 4-bit state (1 compute, 2 communication, 4 memory, 8 async window)
+    "busy_ns": lambda s: (s & 7) != 0,
+    "compute_ns": lambda s: (s & 1) != 0,
+    "communication_ns": lambda s: (s & 2) != 0,
+    "memory_ns": lambda s: (s & 4) != 0,
+    "overlapped_communication_ns": lambda s: (s & 3) == 3,
+    "compute_only_ns": lambda s: (s & 7) == 1,
+    "communication_only_ns": lambda s: (s & 7) == 2,
+    "memory_only_ns": lambda s: (s & 7) == 4,
+    "compute_communication_ns": lambda s: (s & 7) == 3,
+    "async_collective_ns": lambda s: (s & 8) != 0,
+    "exposed_async_collective_ns": lambda s: s == 8,
+}
+
+
+def _state_sums(key: np.ndarray, start: np.ndarray, end: np.ndarray, code: np.ndarray) -> dict[int, dict[str, int]]:
+    """Per key: time spent in each state of the sweep, summed into the buckets."""
+    if not len(key):
+        return {}
+    t = np.concatenate([start, end])
+    k = np.concatenate([key, key])
+    c = np.concatenate([code, code])
+    delta = np.concatenate([np.ones(len(key), dtype=np.int32), -np.ones(len(key), dtype=np.int32)])
+    order = np.lexsort((t, k))
+    t, k, c, delta = t[order], k[order], c[order], delta[order]
+    state = np.zeros(len(t), dtype=np.int64)
+    for bit, which in ((1, 0), (2, 1), (4, 2), (8, _ASYNC)):
+        state |= np.where(np.cumsum(np.where(c == which, delta, 0)) > 0, bit, 0)
+    length = np.diff(t)
+    length[k[1:] != k[:-1]] = 0  # no segment runs from one window into the next
+    keys, index = np.unique(k[:-1], return_inverse=True)
+    per_state = np.bincount(index * 16 + state[:-1], weights=length, minlength=len(keys) * 16).reshape(-1, 16)
+    states = np.arange(16)
+    out: dict[int, dict[str, int]] = {}
+    for row, key_value in enumerate(keys.tolist()):
+        out[key_value] = {
+            bucket: int(round(per_state[row][test(states)].sum())) for bucket, test in _STATE_BUCKETS.items()
+        }
+    return out
+
+
+def breakdown_frame(
+    device_ops: pl.DataFrame,
+    async_windows: pl.DataFrame | None = None,
+    peak_tflops: dict[tuple[str, int], float] | None = None,
+) -> pl.DataFrame:
+    """:func:`breakdown_sql`'s rows, computed with numpy (same inputs as frames, same columns)."""
+    ops = device_ops.filter((pl.col("category") != "sync") & (pl.col("dur_ns") >= 0))
+    if "flops" not in ops.columns:
+        ops = ops.with_columns(pl.lit(None, dtype=pl.Float64).alias("flops"))
+    windows = async_windows.filter(pl.col("dur_ns") >= 0) if async_windows is not None else None
+    rows: list[dict[str, object]] = []
+    for (trace_id, rank), group in ops.group_by(["trace_id", "rank"], maintain_order=True):
+        mine = windows.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank)) \
+            if windows is not None else None
+        rows.extend(_rank_rows(str(trace_id), int(rank), group, mine,
+                               (peak_tflops or {}).get((str(trace_id), int(rank)))))
+    schema = {c: (pl.String if c == "trace_id" else pl.Int32 if c == "rank" else
+                  pl.Float64 if c in ("overlap_pct", "flops", "flops_utilisation_pct") else pl.Int64)
+              for c in COLUMNS}
+    frame = pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
+    return frame.sort(["trace_id", "rank", pl.col("step").is_not_null(), "step"], nulls_last=False)
+
+
+def _rank_rows(
+    trace_id: str, rank: int, ops: pl.DataFrame, windows: pl.DataFrame | None, peak: float | None
+) -> list[dict[str, object]]:
+    start = ops["ts_ns"].to_numpy().astype(np.int64)
+    end = start + ops["dur_ns"].to_numpy().astype(np.int64)
+    code = ops["category"].replace_strict(_CODES, default=_OTHER, return_dtype=pl.Int64).to_numpy()
+    steps = ops["step"].fill_null(-1).to_numpy().astype(np.int64)
+    if windows is not None and windows.height:
+        w_start = windows["ts_ns"].to_numpy().astype(np.int64)
+        start = np.concatenate([start, w_start])
+        end = np.concatenate([end, w_start + windows["dur_ns"].to_numpy().astype(np.int64)])
+        code = np.concatenate([code, np.full(windows.height, _ASYNC)])
+        steps = np.concatenate([steps, windows["step"].fill_null(-1).to_numpy().astype(np.int64)])
+    whole = _state_sums(np.zeros(len(start), dtype=np.int64), start, end, code)
+    in_step = steps >= 0
+    per_step = _state_sums(steps[in_step], start[in_step], end[in_step], code[in_step])
+    spans = ops.group_by(pl.col("step")).agg(
+        pl.col("ts_ns").min().alias("first"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("last"),
+        pl.col("flops").sum().alias("flops"), pl.col("flops").is_not_null().any().alias("has_flops"),
+    )
+    whole_span = ops.select(
+        pl.col("ts_ns").min().alias("first"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("last"),
+        pl.col("flops").sum().alias("flops"), pl.col("flops").is_not_null().any().alias("has_flops"),
+    ).with_columns(pl.lit(None, dtype=pl.Int64).alias("step"))
+    out = []
+    for span in [*whole_span.to_dicts(), *spans.filter(pl.col("step").is_not_null()).to_dicts()]:
+        if span["first"] is None:
+            continue
+        step = span["step"]
+        sums = (whole.get(0) if step is None else per_step.get(int(step))) or dict.fromkeys(_STATE_BUCKETS, 0)
+        length = int(span["last"]) - int(span["first"])
+        flops = float(span["flops"]) if span["has_flops"] else None
+        communication = sums["communication_ns"]
+        out.append({
+            "trace_id": trace_id, "rank": rank, "step": step, "span_ns": length,
+            "busy_ns": sums["busy_ns"], "idle_ns": length - sums["busy_ns"],
+            "compute_ns": sums["compute_ns"], "communication_ns": communication, "memory_ns": sums["memory_ns"],
+            "overlapped_communication_ns": sums["overlapped_communication_ns"],
+            "exposed_communication_ns": communication - sums["overlapped_communication_ns"],
+            "overlap_pct": 100.0 * sums["overlapped_communication_ns"] / communication if communication else None,
+            "compute_only_ns": sums["compute_only_ns"], "communication_only_ns": sums["communication_only_ns"],
+            "memory_only_ns": sums["memory_only_ns"], "compute_communication_ns": sums["compute_communication_ns"],
+            "other_overlap_ns": sums["busy_ns"] - sums["compute_only_ns"] - sums["communication_only_ns"]
+            - sums["memory_only_ns"] - sums["compute_communication_ns"],
+            "async_collective_ns": sums["async_collective_ns"],
+            "exposed_async_collective_ns": sums["exposed_async_collective_ns"],
+            "flops": flops,
+            "flops_utilisation_pct": 100.0 * flops / (peak * 1e12 * length / 1e9)
+            if flops is not None and peak and length > 0 else None,
+        })
+    return out

@@ -235,6 +235,7 @@ class Normaliser:
 
 
 _SETUP = (
+    "SET enable_progress_bar = false",  # DuckDB draws one on stdout for long statements
     # Times stay relative to the trace's own zero until the final write adds
     # baseTimeNanoseconds, which some traces only give after the events.
     "CREATE MACRO rel_ns(x) AS CAST(x * 1000 AS BIGINT)",

@@ -62,6 +62,22 @@ class TableWriter:
             self._writer.write_table(part)
             self.rows += part.num_rows
 
+    def write_arrays(self, columns: Mapping[str, pa.Array]) -> None:
+        """Append rows given as Arrow arrays (missing columns null; ``trace_id`` filled)."""
+        tbl = schema.table(self.table)
+        rows = len(next(iter(columns.values())))
+        arrays = []
+        for c in tbl.columns:
+            if c.name in columns:
+                arrays.append(columns[c.name].cast(c.arrow_type))
+            elif c.name == "trace_id":
+                arrays.append(pa.array([self.trace_id], type=c.arrow_type).take(pa.array([0] * rows)))
+            else:
+                arrays.append(pa.nulls(rows, type=c.arrow_type))
+        if rows:
+            self._writer.write_table(pa.Table.from_arrays(arrays, schema=tbl.arrow_schema))
+            self.rows += rows
+
     def close(self) -> None:
         """Finish the file (an empty table still gets a valid file)."""
         self._writer.close()

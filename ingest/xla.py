@@ -23,9 +23,12 @@ from __future__ import annotations
 import re
 import shutil
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
+import pyarrow as pa
 from isal import igzip
 
 from tracelake.warehouse.errors import TraceFormatError
@@ -60,6 +63,27 @@ def sniff(head: bytes, filename: str) -> bool:
 
 # -- the rows being built --------------------------------------------------------------
 
+@dataclass(frozen=True)
+class _Op:
+    """An XLA op kind (one event metadata entry) as the tables need it."""
+
+    name: str
+    long_name: str | None
+    hlo_category: str | None
+    category: str
+    program: int | None
+    module: str | None
+    flops: float | None
+    bytes_accessed: int | None
+    collective: str | None
+    message_bytes: int | None
+
+
+def _steps_array(steps: np.ndarray) -> pa.Array:
+    """Step numbers with -1 (outside every step) as null."""
+    return pa.array(steps, mask=steps < 0, type=pa.int64())
+
+
 class _Parser(RowBuilder):
     def __init__(self, space: Space, staging: Path, options: ParseOptions) -> None:
         super().__init__(staging, options, FORMAT, space.size)
@@ -71,6 +95,7 @@ class _Parser(RowBuilder):
         self.device_planes: list[tuple[Plane, str, int]] = []
         self.host_planes: list[Plane] = []
         self.host_rank = 0
+        self._op_cache: dict[tuple[int, int], _Op] = {}
 
     # ---- overview
     def survey(self) -> None:
@@ -100,10 +125,18 @@ class _Parser(RowBuilder):
         for plane, _, index in self.device_planes:
             for line in self.space.lines(plane, only="Steps"):
                 origin = self._origin_ns(line) * 1000
+                by_name: dict[int, int | None] = {}  # metadata id -> the step number its name gives
                 for n, event in enumerate(line.events):
-                    md = plane.header.event_metadata.get(event.metadata_id)
-                    name = str(md.display_name or md.name) if md is not None else ""
-                    step = _step_number(name, _event_stats(plane, event), n)
+                    if event.metadata_id not in by_name:
+                        md = plane.header.event_metadata.get(event.metadata_id)
+                        digits = re.search(r"(\d+)$", str(md.display_name or md.name)) if md is not None else None
+                        by_name[event.metadata_id] = int(digits.group(1)) if digits else None
+                    named = by_name[event.metadata_id]
+                    if event.stats or named is None:
+                        step = _step_number("", _event_stats(plane, event), n) if event.stats else n
+                        step = named if step == n and named is not None else step
+                    else:
+                        step = named
                     ts = (origin + event.offset_ps) // 1000
                     self.steps.add(index, step, ts, event.duration_ps // 1000)
 
@@ -195,7 +228,7 @@ class _Parser(RowBuilder):
             self.devices[index] = _device_row(plane, kind, index)
             for line in self.space.lines(plane):
                 if kind == "tpu" and line.name == "XLA Ops":
-                    self._tpu_ops(plane, index, line, rows)
+                    self._tpu_ops(plane, index, line, device_ops)
                 elif kind == "tpu" and line.name == "Async XLA Ops":
                     self._tpu_async(plane, index, line)
                 elif kind == "gpu" and _STREAM_LINE.match(str(line.name)):
@@ -208,55 +241,131 @@ class _Parser(RowBuilder):
         self._collectives_of(rows)
         device_ops.write(rows.take())
 
-    def _tpu_ops(self, plane: Plane, index: int, line: Any, rows: Columns) -> None:
-        origin = self._origin_ns(line) * 1000
-        stream = int(line.id)
-        for event in line.events:
-            self.events += 1
-            md = plane.header.event_metadata.get(event.metadata_id)
-            mstats = plane.metadata_stats(event.metadata_id)
-            name = str(md.display_name or md.name) if md is not None else ""
-            long_name = str(md.name) if md is not None else None
-            hlo_category = as_str(mstats.get("hlo_category"))
-            program = as_uint(mstats.get("program_id"))
-            if hlo_category is None and program is not None:
-                hlo_category = self.opcodes.get((program, name))
-            ts = (origin + event.offset_ps) // 1000
-            dur = max(event.duration_ps // 1000, 0)
-            self._device_row(rows, self._event_id(), index, index, stream, "xla_op",
-                             xla_ops.category(hlo_category, name), name, ts, dur, None,
-                             self.module_names.get(program) if program is not None else None, program,
-                             hlo_category, long_name, as_float(mstats.get("flops")),
-                             as_int(mstats.get("bytes_accessed")))
+    def _tpu_ops(self, plane: Plane, index: int, line: Any, device_ops: TableWriter) -> None:
+        """The ``XLA Ops`` line, vectorised: per-event work is three integers; the rest is per op kind."""
+        events = line.events
+        n = len(events)
+        self.events += n
+        if not n:
+            return
+        mids = np.fromiter((e.metadata_id for e in events), dtype=np.int64, count=n)
+        offsets = np.fromiter((e.offset_ps for e in events), dtype=np.int64, count=n)
+        durations = np.fromiter((e.duration_ps for e in events), dtype=np.int64, count=n)
+        kinds, which = np.unique(mids, return_inverse=True)
+        ops = [self._tpu_op(plane, int(mid)) for mid in kinds]
+        ts = self._origin_ns(line) + offsets // 1000  # whole ns: floor((origin * 1000 + ps) / 1000)
+        dur = np.maximum(durations // 1000, 0)
+        steps = self.steps.steps_of(index, ts)
+        first_id = self.next_id
+        self.next_id += n
+        self._extent(int(ts.min()), int((ts + dur).max()))
+        self.steps.count_many(index, steps, ts, ts + dur)
+        take = pa.array(which)
+
+        def per_op(values: list[object], kind: pa.DataType) -> pa.Array:
+            return pa.array(values, type=kind).take(take)
+
+        table = {
+            "event_id": pa.array(np.arange(first_id, first_id + n, dtype=np.int64)),
+            "rank": pa.array(np.full(n, index, dtype=np.int32)),
+            "device": pa.array(np.full(n, index, dtype=np.int32)),
+            "stream": pa.array(np.full(n, int(line.id), dtype=np.int64)),
+            "kind": pa.array(["xla_op"] * 1, type=pa.string()).take(pa.array(np.zeros(n, dtype=np.int64))),
+            "category": per_op([o.category for o in ops], pa.string()),
+            "name": per_op([o.name for o in ops], pa.string()),
+            "ts_ns": pa.array(ts),
+            "dur_ns": pa.array(dur),
+            "step": _steps_array(steps),
+            "hlo_module": per_op([o.module for o in ops], pa.string()),
+            "program_id": per_op([o.program for o in ops], pa.uint64()),
+            "hlo_category": per_op([o.hlo_category for o in ops], pa.string()),
+            "long_name": per_op([o.long_name for o in ops], pa.string()),
+            "flops": per_op([o.flops for o in ops], pa.float64()),
+            "bytes_accessed": per_op([o.bytes_accessed for o in ops], pa.int64()),
+        }
+        device_ops.write_arrays(table)
+        self._tpu_collectives(index, int(line.id), ops, which, ts, dur, steps, first_id)
+
+    def _tpu_op(self, plane: Plane, metadata_id: int) -> _Op:
+        """What one event metadata entry says about its op (computed once per entry)."""
+        found = self._op_cache.get((plane.position, metadata_id))
+        if found is not None:
+            return found
+        md = plane.header.event_metadata.get(metadata_id)
+        mstats = plane.metadata_stats(metadata_id)
+        name = str(md.display_name or md.name) if md is not None else ""
+        long_name = str(md.name) if md is not None else None
+        hlo_category = as_str(mstats.get("hlo_category"))
+        program = as_uint(mstats.get("program_id"))
+        if hlo_category is None and program is not None:
+            hlo_category = self.opcodes.get((program, name))
+        if hlo_category is None:
+            hlo_category = xla_ops.opcode_of(name)
+        bytes_accessed = as_int(mstats.get("bytes_accessed"))
+        collective = xla_ops.collective_name(hlo_category)
+        op = _Op(
+            name=name, long_name=long_name, hlo_category=hlo_category, category=xla_ops.category(hlo_category, name),
+            program=program, module=self.module_names.get(program) if program is not None else None,
+            flops=as_float(mstats.get("flops")), bytes_accessed=bytes_accessed, collective=collective,
+            message_bytes=xla_ops.message_bytes(xla_ops.result_bytes(long_name), bytes_accessed)
+            if collective else None,
+        )
+        self._op_cache[(plane.position, metadata_id)] = op
+        return op
 
     def _tpu_async(self, plane: Plane, index: int, line: Any) -> None:
-        """``Async XLA Ops`` windows of collectives become async spans in ``collectives``."""
-        origin = self._origin_ns(line) * 1000
-        for event in line.events:
-            self.events += 1
-            mstats = plane.metadata_stats(event.metadata_id)
-            md = plane.header.event_metadata.get(event.metadata_id)
-            collective = xla_ops.collective_name(as_str(mstats.get("hlo_category")))
-            if collective is None or md is None:
-                continue  # async copies and other non-collective windows
-            ts = (origin + event.offset_ps) // 1000
-            program = as_uint(mstats.get("program_id"))
-            module = self.module_names.get(program) if program is not None else None
-            data = self.collectives.data
-            data["event_id"].append(self._event_id())
-            data["rank"].append(index)
-            data["collective"].append(collective)
-            data["process_group"].append(f"async:{module or program or ''}")
-            data["seq"].append(self._seq(index, f"async:{module or program or ''}"))
-            data["message_bytes"].append(xla_ops.message_bytes(
-                xla_ops.result_bytes(str(md.name)), as_int(mstats.get("bytes_accessed"))))
-            data["ts_ns"].append(ts)
-            data["dur_ns"].append(max(event.duration_ps // 1000, 0))
-            data["kernel_event_id"].append(None)
-            data["kernel_name"].append(str(md.display_name or md.name))
-            data["stream"].append(int(line.id))
-            data["step"].append(self.steps.step_at(index, ts))
-            data["is_async"].append(True)
+        """``Async XLA Ops`` windows of collectives become async spans in ``collectives`` (copies are left out)."""
+        events = line.events
+        n = len(events)
+        self.events += n
+        if not n:
+            return
+        mids = np.fromiter((e.metadata_id for e in events), dtype=np.int64, count=n)
+        offsets = np.fromiter((e.offset_ps for e in events), dtype=np.int64, count=n)
+        durations = np.fromiter((e.duration_ps for e in events), dtype=np.int64, count=n)
+        kinds, which = np.unique(mids, return_inverse=True)
+        ops = [self._tpu_op(plane, int(mid)) for mid in kinds]
+        ts = self._origin_ns(line) + offsets // 1000
+        dur = np.maximum(durations // 1000, 0)
+        self._tpu_collectives(index, int(line.id), ops, which, ts, dur, self.steps.steps_of(index, ts), 0,
+                              is_async=True)
+
+    def _tpu_collectives(
+        self, rank: int, stream: int, ops: list[_Op], which: np.ndarray, ts: np.ndarray, dur: np.ndarray,
+        steps: np.ndarray, first_id: int, *, is_async: bool = False,
+    ) -> None:
+        """Each collective op (or async window) of a line is a ``collectives`` row; seq counts per (chip, module)."""
+        rows = np.flatnonzero(np.array([o.collective is not None for o in ops], dtype=bool)[which])
+        if not len(rows):
+            return
+        kinds = which[rows]
+        prefix = "async:" if is_async else ""
+        groups = [prefix + (o.module or str(o.program or "")) for o in ops]
+        group_of_row = np.array([groups[k] for k in kinds.tolist()], dtype=object)
+        seq = np.empty(len(rows), dtype=np.int64)
+        for group in dict.fromkeys(group_of_row.tolist()):
+            members = np.flatnonzero(group_of_row == group)  # in time order within the line
+            start = self.collective_seq.get((rank, group), 0)
+            seq[members] = start + 1 + np.arange(len(members))
+            self.collective_seq[(rank, group)] = start + len(members)
+        take = pa.array(kinds)
+        first_collective = self.next_id
+        self.next_id += len(rows)
+        self.collective_writer.write_arrays({
+            "event_id": pa.array(np.arange(first_collective, first_collective + len(rows), dtype=np.int64)),
+            "rank": pa.array(np.full(len(rows), rank, dtype=np.int32)),
+            "collective": pa.array([o.collective for o in ops], type=pa.string()).take(take),
+            "process_group": pa.array(group_of_row.tolist(), type=pa.string()),
+            "seq": pa.array(seq),
+            "message_bytes": pa.array([o.message_bytes for o in ops], type=pa.int64()).take(take),
+            "ts_ns": pa.array(ts[rows]),
+            "dur_ns": pa.array(dur[rows]),
+            "kernel_event_id": pa.nulls(len(rows), pa.int64()) if is_async else pa.array(first_id + rows),
+            "kernel_name": pa.array([o.name for o in ops], type=pa.string()).take(take),
+            "stream": pa.array(np.full(len(rows), stream, dtype=np.int64)),
+            "step": _steps_array(steps[rows]),
+            "is_async": pa.array(np.full(len(rows), is_async, dtype=bool)),
+        })
 
     def _gpu_ops(self, plane: Plane, index: int, line: Any, rows: Columns) -> None:
         origin = self._origin_ns(line) * 1000

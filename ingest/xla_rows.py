@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
+import numpy as np
+
 from . import xla_ops
 from .model import ParseOptions, TraceInfo
-from .tables import write_table
+from .tables import TableWriter, write_table
 
 @dataclass
 class Columns:
@@ -69,6 +71,37 @@ class Steps:
         start, dur, step = windows[i]
         return step if ts_ns < start + dur else None
 
+    def steps_of(self, rank: int, ts_ns: np.ndarray) -> np.ndarray:
+        """:meth:`step_at` for many times at once; -1 outside every step."""
+        windows = self.windows.get(rank) if rank in self.windows else self.windows.get(None)
+        if not windows:
+            return np.full(len(ts_ns), -1, dtype=np.int64)
+        starts = np.array([w[0] for w in windows], dtype=np.int64)
+        ends = starts + np.array([w[1] for w in windows], dtype=np.int64)
+        numbers = np.array([w[2] for w in windows], dtype=np.int64)
+        i = np.searchsorted(starts, ts_ns, side="right") - 1
+        inside = (i >= 0) & (ts_ns < ends[np.maximum(i, 0)])
+        return np.where(inside, numbers[np.maximum(i, 0)], -1)
+
+    def count_many(self, rank: int, steps: np.ndarray, ts_ns: np.ndarray, end_ns: np.ndarray) -> None:
+        """:meth:`count` for many ops at once (``steps`` -1: outside every step)."""
+        inside = steps >= 0
+        if not inside.any():
+            return
+        order = np.argsort(steps[inside], kind="stable")
+        s, t, e = steps[inside][order], ts_ns[inside][order], end_ns[inside][order]
+        starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+        counts = np.diff(np.r_[starts, len(s)])
+        for step, first, last, count in zip(s[starts].tolist(), np.minimum.reduceat(t, starts).tolist(),
+                                            np.maximum.reduceat(e, starts).tolist(), counts.tolist(), strict=True):
+            figures = self.device.get((rank, step))
+            if figures is None:
+                self.device[(rank, step)] = [first, last, count]
+            else:
+                figures[0] = min(figures[0], first)
+                figures[1] = max(figures[1], last)
+                figures[2] += count
+
     def count(self, rank: int, step: int | None, ts_ns: int, end_ns: int) -> None:
         if step is None:
             return
@@ -98,6 +131,7 @@ class RowBuilder:
         self.last_ns: int | None = None
         self.collective_seq: dict[tuple[int, str], int] = {}
         self.collectives = Columns(COLLECTIVE_COLUMNS)
+        self.collective_writer = TableWriter(staging, "collectives", trace_id=options.trace_id)
         self.hostnames: list[str] = []
         self.info = TraceInfo(format=fmt, uncompressed_bytes=uncompressed_bytes)
 
@@ -169,7 +203,8 @@ class RowBuilder:
             out["is_async"].append(False)
 
     def finish(self, device_rows: int) -> TraceInfo:
-        write_table(self.staging, "collectives", self.collectives.take(), trace_id=self.options.trace_id)
+        self.collective_writer.write(self.collectives.take())
+        self.collective_writer.close()
         steps = Columns(("rank", "step", "ts_ns", "dur_ns", "device_start_ns", "device_end_ns", "device_op_count"))
         ranks = sorted(self.devices) or [0]
         for owner, windows in sorted(self.steps.windows.items(), key=lambda kv: -1 if kv[0] is None else kv[0]):

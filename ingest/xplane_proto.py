@@ -38,6 +38,17 @@ MESSAGES: dict[str, list[tuple[str, int, str, bool, str | None]]] = {
         ("stat_metadata", 5, "message", True, "XPlaneHeader.StatMetadataEntry"),
         ("stats", 6, "message", True, "XStat"),
     ],
+    "XPlane": [  # the whole plane, for tools that want it in one piece (tracelake itself never does)
+        ("id", 1, "int64", False, None),
+        ("name", 2, "string", False, None),
+        ("lines", 3, "message", True, "XLine"),
+        ("event_metadata", 4, "message", True, "XPlane.EventMetadataEntry"),
+        ("stat_metadata", 5, "message", True, "XPlane.StatMetadataEntry"),
+        ("stats", 6, "message", True, "XStat"),
+    ],
+    "XPlane.EventMetadataEntry": [("key", 1, "int64", False, None), ("value", 2, "message", False, "XEventMetadata")],
+    "XPlane.StatMetadataEntry": [("key", 1, "int64", False, None), ("value", 2, "message", False, "XStatMetadata")],
+    "XSpaceWhole": [("planes", 1, "message", True, "XPlane"), ("hostnames", 4, "string", True, None)],
     "XPlaneHeader.EventMetadataEntry": [("key", 1, "int64", False, None), ("value", 2, "message", False, "XEventMetadata")],
     "XPlaneHeader.StatMetadataEntry": [("key", 1, "int64", False, None), ("value", 2, "message", False, "XStatMetadata")],
     "XLine": [
@@ -140,3 +151,5 @@ XStat: Any = _CLASSES["XStat"]
 XEventMetadata: Any = _CLASSES["XEventMetadata"]
 XStatMetadata: Any = _CLASSES["XStatMetadata"]
 HloProto: Any = _CLASSES["HloProto"]
+#: The whole XSpace in one message (the naive way to read a profile; see benchmarks/ingest_xla.py).
+XSpaceWhole: Any = _CLASSES["XSpaceWhole"]

@@ -24,7 +24,7 @@ from . import protowire
 from .xplane_proto import HloProto, XLine, XPlaneHeader, XSpace
 
 #: Lines bigger than this are decoded in slices of about this many bytes of events.
-LINE_CHUNK_BYTES = 32 << 20
+LINE_CHUNK_BYTES = 4 << 20
 
 _SPACE_PLANES, _SPACE_HOSTNAMES = 1, 4
 _PLANE_LINES = 3

@@ -79,7 +79,7 @@ def _plane(header: Any, lines: list[Any]) -> bytes:
     return header.SerializeToString() + b"".join(_field(3, line.SerializeToString()) for line in lines)
 
 
-def chip_plane(chip: int) -> bytes:
+def chip_plane(chip: int, steps_count: int = STEPS, small_ops: int = 0) -> bytes:
     header = XPlaneHeader(id=chip + 1, name=f"/device:TPU:{chip}")
     _stat(header, "device_type_string", "TPU v6 Lite")
     _stat(header, "peak_teraflops_per_second", PEAK_TFLOPS)
@@ -103,12 +103,16 @@ def chip_plane(chip: int) -> bytes:
     asyncs = XLine(id=2, name="Async XLA Ops", timestamp_ns=0)
     modules = XLine(id=3, name="XLA Modules", timestamp_ns=0)
     steps = XLine(id=4, name="Steps", timestamp_ns=0)
-    for step in range(STEPS):
+    for step in range(steps_count):
         base_ps = (1_000 + step * STEP_US) * 1_000_000
         for name, category, start, dur, flops, nbytes, text in OPS:
             shift = LATE_US if chip == LATE_CHIP and start >= 7400 else 0
             ops.events.add(metadata_id=md(text, name, category, flops, nbytes),
                            offset_ps=base_ps + (start + shift) * 1_000_000, duration_ps=dur * 1_000_000)
+        for k in range(small_ops):  # short elementwise ops between the fusions (benchmarks only)
+            text = f"%add.{k % 64} = f32[1024]{{0}} add(f32[1024]{{0}} %a, f32[1024]{{0}} %b)"
+            ops.events.add(metadata_id=md(text, f"add.{k % 64}", "non-fusion elementwise", 2048.0, 12288),
+                           offset_ps=base_ps + k * (7_200_000_000 // small_ops), duration_ps=500_000)
         name, category, start, dur, nbytes, text = ASYNC
         shift = LATE_US if chip == LATE_CHIP else 0
         asyncs.events.add(metadata_id=md(text, name, category, 0.0, nbytes),
@@ -137,8 +141,9 @@ def environment_plane() -> bytes:
     return _plane(header, [])
 
 
-def build() -> bytes:
-    planes = [chip_plane(c) for c in range(CHIPS)] + [host_plane(), environment_plane()]
+def build(steps: int = STEPS, small_ops: int = 0) -> bytes:
+    """The XSpace bytes: ``steps`` training steps (the sample has 4), each with ``small_ops`` extra short ops."""
+    planes = [chip_plane(c, steps, small_ops) for c in range(CHIPS)] + [host_plane(), environment_plane()]
     return b"".join(_field(1, p) for p in planes) + XSpace(hostnames=["host0"]).SerializeToString()
 
 

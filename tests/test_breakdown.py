@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import duckdb
 import polars as pl
 import pytest
 
@@ -181,3 +182,36 @@ def test_analyze_cli_prints_breakdown_and_findings(sample_warehouse_home, tmp_pa
     assert before == after and before.count("\n") > 20
     result = runner.invoke(app, ["analyze", "nope", "--home", str(home)])
     assert result.exit_code == 1 and "no trace with id" in result.output
+
+
+def test_vectorised_breakdown_equals_the_sql(sample_warehouse) -> None:  # type: ignore[no-untyped-def]
+    """breakdown_frame (numpy, what ingest stores) and breakdown_sql (the reference) give the same rows."""
+    import random
+
+    from tracelake.analysis.breakdown import breakdown_frame, breakdown_sql
+
+    con = sample_warehouse.connect()
+    ops = con.sql("SELECT trace_id, rank, step, category, ts_ns, dur_ns, flops FROM device_ops").pl()
+    assert breakdown_frame(ops).equals(con.sql(breakdown_sql("device_ops")).pl())
+    rng = random.Random(7)
+    for trial in range(30):  # random timelines: overlaps, nesting, zero lengths, steps, async windows
+        n = rng.randint(1, 40)
+        starts = [rng.randint(0, 200) for _ in range(n)]
+        frame = pl.DataFrame({
+            "trace_id": ["t"] * n, "rank": [rng.randint(0, 1) for _ in range(n)],
+            "step": [rng.choice([None, 1, 2]) for _ in range(n)],
+            "category": [rng.choice(["compute", "communication", "memory", "sync"]) for _ in range(n)],
+            "ts_ns": starts, "dur_ns": [rng.choice([0, rng.randint(1, 80)]) for _ in range(n)],
+            "flops": [rng.choice([None, 10.0]) for _ in range(n)],
+        }, schema={"trace_id": pl.String, "rank": pl.Int32, "step": pl.Int64, "category": pl.String,
+                   "ts_ns": pl.Int64, "dur_ns": pl.Int64, "flops": pl.Float64})
+        windows = pl.DataFrame({"trace_id": ["t"] * 3, "rank": [0, 1, 0], "step": [1, None, 2],
+                                "ts_ns": [rng.randint(0, 200) for _ in range(3)], "dur_ns": [30, 50, 10]},
+                               schema={"trace_id": pl.String, "rank": pl.Int32, "step": pl.Int64,
+                                       "ts_ns": pl.Int64, "dur_ns": pl.Int64})
+        duck = duckdb.connect()
+        duck.register("o", frame.to_arrow())
+        duck.register("w", windows.to_arrow())
+        expected = duck.sql(breakdown_sql("o", "w")).pl()
+        got = breakdown_frame(frame, windows)
+        assert got.drop("flops_utilisation_pct").equals(expected.drop("flops_utilisation_pct")), trial

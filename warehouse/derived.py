@@ -11,7 +11,10 @@ from pathlib import Path
 
 import duckdb
 
-from tracelake.analysis.breakdown import breakdown_sql
+import polars as pl
+import pyarrow.parquet as pq
+
+from tracelake.analysis.breakdown import breakdown_frame
 from tracelake.analysis.idle import idle_sql
 from tracelake.analysis.launches import launch_stats_sql, queue_lengths_sql
 
@@ -30,13 +33,15 @@ def write_derived(parsed: Path, out_dir: Path, *, threads: int = 2, memory_limit
     directory, or a folder of links to a stored trace's files); writes
     ``<table>.parquet`` for each table in :data:`schema.DERIVED_TABLES`.
     """
-    con = duckdb.connect(config={"threads": threads, "memory_limit": memory_limit})
+    con = duckdb.connect(config={
+        "threads": threads, "memory_limit": memory_limit, "temp_directory": str(out_dir / "duckdb_tmp"),
+        "preserve_insertion_order": False,
+    })
     try:
+        con.execute("SET enable_progress_bar = false")
         for name in INPUTS:
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({sql_literal(str(parsed / f'{name}.parquet'))})")
-        async_windows = "(SELECT trace_id, rank, step, ts_ns, dur_ns FROM collectives WHERE is_async)"
-        _copy(con, schema.BREAKDOWN, f"({breakdown_sql('device_ops', async_windows, 'devices')})", out_dir)
-        _copy(con, schema.KERNEL_STATS, f"({_KERNEL_STATS})", out_dir)
+        _write_per_rank(parsed, out_dir)
         _copy(con, schema.STREAM_IDLE, f"({idle_sql('device_ops', 'host_ops')})", out_dir)
         _copy(con, schema.LAUNCH_STATS, f"({launch_stats_sql('device_ops', 'host_ops')})", out_dir)
         _copy(con, schema.STREAM_QUEUES, f"({queue_lengths_sql('device_ops', 'host_ops')})", out_dir)
@@ -44,13 +49,42 @@ def write_derived(parsed: Path, out_dir: Path, *, threads: int = 2, memory_limit
         con.close()
 
 
-_KERNEL_STATS = """
-    SELECT trace_id, rank, name, any_value(category) AS category, count(*) AS count, sum(dur_ns) AS total_ns,
-           round(sum(dur_ns) / count(*)) AS mean_ns, round(quantile_cont(dur_ns, 0.5)) AS p50_ns,
-           round(quantile_cont(dur_ns, 0.95)) AS p95_ns,
-           max(dur_ns) AS max_ns
-    FROM device_ops WHERE category <> 'sync' GROUP BY ALL
-"""
+def _kernel_stats(ops: pl.DataFrame) -> pl.DataFrame:
+    """Per (trace, rank, name): count, total, mean, p50, p95 (linear, like ``quantile_cont``), max; rounded to ns."""
+    dur = pl.col("dur_ns")
+
+    def rounded(value: pl.Expr) -> pl.Expr:  # half away from zero, as DuckDB's round() (durations are >= 0)
+        return (value + 0.5).floor()
+
+    return ops.filter(pl.col("category") != "sync").group_by("trace_id", "rank", "name").agg(
+        pl.col("category").first(), pl.len().alias("count"), dur.sum().alias("total_ns"),
+        rounded(dur.sum() / pl.len()).alias("mean_ns"),
+        rounded(dur.quantile(0.5, interpolation="linear")).alias("p50_ns"),
+        rounded(dur.quantile(0.95, interpolation="linear")).alias("p95_ns"),
+        dur.max().alias("max_ns"),
+    )
+
+
+def _write_per_rank(parsed: Path, out_dir: Path) -> None:
+    """``breakdown`` and ``kernel_stats``, one rank at a time (memory follows the largest rank, not the trace)."""
+    ops = pl.scan_parquet(parsed / "device_ops.parquet")
+    windows = pl.read_parquet(parsed / "collectives.parquet", columns=["trace_id", "rank", "step", "ts_ns",
+                                                                      "dur_ns", "is_async"])
+    windows = windows.filter(pl.col("is_async").fill_null(False)).drop("is_async")
+    devices = pl.read_parquet(parsed / "devices.parquet", columns=["trace_id", "rank", "peak_tflops"])
+    peaks = {(str(t), int(r)): float(p) for t, r, p in devices.drop_nulls().iter_rows()}
+    parts: dict[str, list[pl.DataFrame]] = {"breakdown": [], "kernel_stats": []}
+    for rank in sorted(ops.select(pl.col("rank").unique()).collect()["rank"].drop_nulls().to_list()):
+        mine = ops.filter(pl.col("rank") == rank).select(
+            "trace_id", "rank", "step", "category", "name", "ts_ns", "dur_ns", "flops").collect()
+        parts["breakdown"].append(breakdown_frame(mine, windows.filter(pl.col("rank") == rank), peaks))
+        parts["kernel_stats"].append(_kernel_stats(mine))
+        del mine
+    for name, frames in parts.items():
+        tbl = schema.table(name)
+        arrow = pl.concat(frames).select(tbl.column_names).to_arrow().cast(tbl.arrow_schema) if frames \
+            else tbl.arrow_schema.empty_table()
+        pq.write_table(arrow, out_dir / f"{name}.parquet", compression="zstd")
 
 
 def _copy(con: duckdb.DuckDBPyConnection, tbl: schema.Table, source: str, out_dir: Path) -> None:
