@@ -173,18 +173,20 @@ def _state_sums(key: np.ndarray, start: np.ndarray, end: np.ndarray, code: np.nd
     if not len(key):
         return {}
     t = np.concatenate([start, end])
-    k = np.concatenate([key, key])
-    c = np.concatenate([code, code])
-    delta = np.concatenate([np.ones(len(key), dtype=np.int32), -np.ones(len(key), dtype=np.int32)])
-    order = np.lexsort((t, k))
-    t, k, c, delta = t[order], k[order], c[order], delta[order]
-    state = np.zeros(len(t), dtype=np.int64)
+    order = np.lexsort((t, np.concatenate([key, key])))
+    t = t[order]
+    k = np.concatenate([key, key])[order]
+    c = np.concatenate([code, code]).astype(np.int8)[order]
+    delta = np.where(order < len(key), 1, -1).astype(np.int32)
+    del order
+    state = np.zeros(len(t), dtype=np.int8)
     for bit, which in ((1, 0), (2, 1), (4, 2), (8, _ASYNC)):
-        state |= np.where(np.cumsum(np.where(c == which, delta, 0)) > 0, bit, 0)
+        state |= np.where(np.cumsum(np.where(c == which, delta, 0)) > 0, bit, 0).astype(np.int8)
     length = np.diff(t)
     length[k[1:] != k[:-1]] = 0  # no segment runs from one window into the next
     keys, index = np.unique(k[:-1], return_inverse=True)
-    per_state = np.bincount(index * 16 + state[:-1], weights=length, minlength=len(keys) * 16).reshape(-1, 16)
+    per_state = np.bincount(index * 16 + state[:-1].astype(np.int64), weights=length,
+                            minlength=len(keys) * 16).reshape(-1, 16)
     states = np.arange(16)
     out: dict[int, dict[str, int]] = {}
     for row, key_value in enumerate(keys.tolist()):
@@ -205,7 +207,10 @@ def breakdown_frame(
         ops = ops.with_columns(pl.lit(None, dtype=pl.Float64).alias("flops"))
     windows = async_windows.filter(pl.col("dur_ns") >= 0) if async_windows is not None else None
     rows: list[dict[str, object]] = []
-    for (trace_id, rank), group in ops.group_by(["trace_id", "rank"], maintain_order=True):
+    keys = ops.select("trace_id", "rank").unique(maintain_order=True)
+    groups = [((keys["trace_id"][0], keys["rank"][0]), ops)] if keys.height == 1 else \
+        ops.group_by(["trace_id", "rank"], maintain_order=True)
+    for (trace_id, rank), group in groups:
         mine = windows.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank)) \
             if windows is not None else None
         rows.extend(_rank_rows(str(trace_id), int(rank), group, mine,

@@ -14,8 +14,10 @@ Mapping (FORMATS.md section 2):
 - ``Task Environment``: ``profile_start_time``; line times relative to it are made absolute.
 
 Each op's stats are its own merged with its metadata's (``flops``, ``bytes_accessed``,
-``hlo_category`` live on the metadata on TPU). A trace's rank is the device index
-(``rank`` in every table), so one file holds several ranks.
+``hlo_category`` live on the metadata on TPU). Each device is a rank, so one file
+holds several ranks: its index, plus (multi-host runs: one xplane per host, side by
+side in the run folder) the file's position among the folder's xplanes times the
+devices per host, so that ranks do not collide across hosts.
 """
 
 from __future__ import annotations
@@ -96,6 +98,8 @@ class _Parser(RowBuilder):
         self.host_planes: list[Plane] = []
         self.host_rank = 0
         self._op_cache: dict[tuple[int, int], _Op] = {}
+        self.host_position = 0
+        self.local_index: dict[int, int] = {}
 
     # ---- overview
     def survey(self) -> None:
@@ -109,7 +113,11 @@ class _Parser(RowBuilder):
                 start = plane.stats().get("profile_start_time")
                 if isinstance(start, int):
                     self.time_base = start
-        self.host_rank = min((index for _, _, index in self.device_planes), default=0)
+        # One xplane per host: ranks continue across the hosts of a run folder, in file-name order.
+        offset = self.host_position * len(self.device_planes)
+        self.local_index = {offset + index: index for _, _, index in self.device_planes}
+        self.device_planes = [(plane, kind, offset + index) for plane, kind, index in self.device_planes]
+        self.host_rank = min((rank for _, _, rank in self.device_planes), default=0)
         if not self.device_planes and not self.host_planes:
             names = ", ".join(repr(p.name) for p in self.space.planes) or "none"
             raise TraceFormatError(
@@ -225,7 +233,7 @@ class _Parser(RowBuilder):
     def read_devices(self, device_ops: TableWriter) -> None:
         rows = Columns(DEVICE_COLUMNS)
         for plane, kind, index in self.device_planes:
-            self.devices[index] = _device_row(plane, kind, index)
+            self.devices[index] = _device_row(plane, kind, index, self.local_index.get(index, index))
             for line in self.space.lines(plane):
                 if kind == "tpu" and line.name == "XLA Ops":
                     self._tpu_ops(plane, index, line, device_ops)
@@ -268,7 +276,7 @@ class _Parser(RowBuilder):
         table = {
             "event_id": pa.array(np.arange(first_id, first_id + n, dtype=np.int64)),
             "rank": pa.array(np.full(n, index, dtype=np.int32)),
-            "device": pa.array(np.full(n, index, dtype=np.int32)),
+            "device": pa.array(np.full(n, self.local_index.get(index, index), dtype=np.int32)),
             "stream": pa.array(np.full(n, int(line.id), dtype=np.int64)),
             "kind": pa.array(["xla_op"] * 1, type=pa.string()).take(pa.array(np.zeros(n, dtype=np.int64))),
             "category": per_op([o.category for o in ops], pa.string()),
@@ -387,14 +395,15 @@ class _Parser(RowBuilder):
             dur = max(event.duration_ps // 1000, 0)
             kind = xla_ops.gpu_kind(name)
             category = xla_ops.category(hlo_category, name, gpu_kernel=True)
-            self._device_row(rows, self._event_id(), index, index, stream, kind, category, name, ts, dur,
+            self._device_row(rows, self._event_id(), index, self.local_index.get(index, index), stream, kind,
+                             category, name, ts, dur,
                              as_int(stats.get("correlation_id")), module, program, hlo_category,
                              hlo_op, None, None)
 
     # ---- the small tables and the trace facts
-def _device_row(plane: Plane, kind: str, index: int) -> dict[str, object]:
+def _device_row(plane: Plane, kind: str, rank: int, index: int) -> dict[str, object]:
     stats = plane.stats()
-    row: dict[str, object] = {"rank": index, "device": index, "kind": kind}
+    row: dict[str, object] = {"rank": rank, "device": index, "kind": kind}
     row["name"] = as_str(stats.get("device_type_string")) or (
         f"{stats['device_vendor']} GPU" if stats.get("device_vendor") else None)
     row["vendor"] = as_str(stats.get("device_vendor")) or ("Google" if kind == "tpu" else None)
@@ -425,6 +434,15 @@ def _step_number(name: str, stats: dict[str, object], position: int) -> int:
     return int(digits.group(1)) if digits else position
 
 
+def _host_position(source: Path) -> int:
+    """This file's place among the ``*.xplane.pb`` of its folder (one per host of a multi-host run)."""
+    try:
+        names = sorted(p.name for p in source.parent.iterdir() if p.name.endswith((".xplane.pb", ".xplane.pb.gz")))
+    except OSError:
+        return 0
+    return names.index(source.name) if source.name in names else 0
+
+
 def _open(source: Path, staging: Path, name: str) -> Space:
     """Open the XSpace, decompressing a gzipped one into the staging directory first."""
     with open(source, "rb") as f:
@@ -448,6 +466,7 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     """
     with _open(source, staging, options.source_name) as space:
         parser = _Parser(space, staging, options)
+        parser.host_position = _host_position(source)
         parser.survey()
         parser.read_device_steps()
         with TableWriter(staging, "device_ops", trace_id=options.trace_id) as device_ops:
@@ -458,6 +477,8 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
                                    "host (a profile of the host only?): nothing to analyse")
         parser.hostnames = space.hostnames
         info = parser.finish(device_ops.rows)
+        if parser.host_position:
+            info.rank_source = f"device index + host {parser.host_position} of the run folder"
     if options.on_bytes is not None:
         options.on_bytes(source.stat().st_size)
     (staging / "xplane.pb").unlink(missing_ok=True)

@@ -29,6 +29,7 @@ LINE_CHUNK_BYTES = 4 << 20
 _SPACE_PLANES, _SPACE_HOSTNAMES = 1, 4
 _PLANE_LINES = 3
 _LINE_NAME, _LINE_EVENTS = 2, 4
+_EVENT_TAG = _LINE_EVENTS << 3 | protowire.LEN
 
 
 def stat_value(stat: Any, names: dict[int, str]) -> object:
@@ -161,26 +162,44 @@ class Space:
         return None
 
     def _sliced_line(self, plane: Plane, start: int, end: int) -> Iterator[Any]:
+        """A big line as ``XLine`` slices of about :data:`LINE_CHUNK_BYTES` of events, each with the line's header.
+
+        The walk only hops from event to event (tag, length) and keeps no per-event
+        state. Header fields written after the events (``duration_ps``,
+        ``display_name``...) reach the last slice only; the ones tracelake reads
+        (id, name, timestamp) come before the events in every writer we know.
+        """
         buf = self._map
         header = bytearray()
-        events: list[tuple[int, int]] = []
+        pos = start
+        first_event = events_end = -1
         try:
-            for number, wire, tag_at, _, value_end in protowire.fields(buf, start, end):
-                if number == _LINE_EVENTS and wire == protowire.LEN:
-                    events.append((tag_at, value_end))
-                else:
-                    header += buf[tag_at:value_end]
+            while pos < end:
+                tag_at = pos
+                if buf[pos] == _EVENT_TAG:
+                    size = buf[pos + 1] if pos + 1 < end else 0x80
+                    if size < 0x80:  # the usual one-byte length
+                        pos += 2 + size
+                    else:
+                        length, pos = protowire.varint(buf, pos + 1, end)
+                        pos += length
+                    if pos > end:
+                        raise protowire.WireError("an event runs past the end of its line (file cut short?)", tag_at)
+                    events_end = pos
+                    if first_event < 0:
+                        first_event = tag_at
+                    elif pos - first_event > LINE_CHUNK_BYTES:
+                        yield self._decode_line(plane, bytes(header) + bytes(buf[first_event:tag_at]), first_event)
+                        first_event = tag_at
+                    continue
+                for _, _, field_at, _, field_end in protowire.fields(buf, pos, end):
+                    header += buf[field_at:field_end]
+                    pos = field_end
+                    break
         except protowire.WireError as exc:
             raise self._error(f"plane {plane.name!r}: damaged line ({exc})", exc.offset) from None
-        i = 0
-        while i < len(events):
-            first = events[i][0]
-            j = i
-            while j < len(events) and events[j][1] - first <= LINE_CHUNK_BYTES:
-                j += 1
-            j = max(j, i + 1)
-            yield self._decode_line(plane, bytes(header) + bytes(buf[first:events[j - 1][1]]), first)
-            i = j
+        if first_event >= 0:
+            yield self._decode_line(plane, bytes(header) + bytes(buf[first_event:events_end]), first_event)
 
     def _decode_line(self, plane: Plane, data: bytes, offset: int) -> Any:
         try:

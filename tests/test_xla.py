@@ -141,3 +141,37 @@ def test_op_classification() -> None:
     assert xla_ops.category("convolution fusion", "fusion.3") == "compute"
     assert xla_ops.opcode_of("psum.7") == "all-reduce" and xla_ops.opcode_of("add.1") is None
     assert xla_ops.message_bytes(100, 300) == 200 and xla_ops.message_bytes(100, 200) == 100
+
+
+def test_hosts_of_one_run_get_distinct_ranks(tmp_path: Path, warehouse: Warehouse) -> None:
+    """One xplane per host in a run folder: the second host's chips are ranks 4-7, devices still 0-3."""
+    run = tmp_path / "plugins" / "profile" / "2026_12_02_10_00_00"
+    run.mkdir(parents=True)
+    data = TPU_SAMPLE.read_bytes()
+    (run / "host-a.xplane.pb").write_bytes(data)
+    (run / "host-b.xplane.pb").write_bytes(data + b"\x22\x06host-b")  # same profile, another hostname
+    report = warehouse.ingest([run], job="pod")
+    assert report.ok, [r.error for r in report.failed]
+    rows = warehouse.query("SELECT t.host, d.rank, d.device FROM devices d JOIN traces t USING (trace_id) "
+                           "ORDER BY d.rank").rows
+    assert [r[1] for r in rows] == list(range(8))
+    assert [r[2] for r in rows] == [0, 1, 2, 3] * 2
+    assert warehouse.query("SELECT count(DISTINCT rank) FROM device_ops").rows == [(8,)]
+    assert warehouse.analyze(job="pod").collectives["ranks"].max() == 8
+
+
+def test_big_lines_decode_in_slices_with_the_same_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracelake.ingest import xspace
+    from tracelake.sample_traces import generate_xla
+
+    path_events: dict[int, list[tuple[str, int, list[int]]]] = {}
+    for chunk in (1 << 30, 2_000):  # whole lines, then slices of ~2 kB of events
+        monkeypatch.setattr(xspace, "LINE_CHUNK_BYTES", chunk)
+        seen: dict[tuple[str, str], list[int]] = {}
+        with Space(TPU_SAMPLE, "x") as space:
+            for plane in space.planes:
+                for line in space.lines(plane):
+                    seen.setdefault((plane.name, line.name), []).extend(e.offset_ps for e in line.events)
+        path_events[chunk] = sorted((k[0] + "/" + k[1], len(v), v) for k, v in seen.items())  # type: ignore[misc]
+    assert path_events[1 << 30] == path_events[2_000]
+    assert generate_xla.STEPS * len(generate_xla.OPS) in [n for _, n, _ in path_events[2_000]]

@@ -75,10 +75,11 @@ def _write_per_rank(parsed: Path, out_dir: Path) -> None:
     peaks = {(str(t), int(r)): float(p) for t, r, p in devices.drop_nulls().iter_rows()}
     parts: dict[str, list[pl.DataFrame]] = {"breakdown": [], "kernel_stats": []}
     for rank in sorted(ops.select(pl.col("rank").unique()).collect()["rank"].drop_nulls().to_list()):
-        mine = ops.filter(pl.col("rank") == rank).select(
-            "trace_id", "rank", "step", "category", "name", "ts_ns", "dur_ns", "flops").collect()
-        parts["breakdown"].append(breakdown_frame(mine, windows.filter(pl.col("rank") == rank), peaks))
+        mine = ops.filter(pl.col("rank") == rank).select("trace_id", "rank", "category", "name", "dur_ns").collect()
         parts["kernel_stats"].append(_kernel_stats(mine))
+        mine = ops.filter(pl.col("rank") == rank).select(
+            "trace_id", "rank", "step", "category", "ts_ns", "dur_ns", "flops").collect()
+        parts["breakdown"].append(breakdown_frame(mine, windows.filter(pl.col("rank") == rank), peaks))
         del mine
     for name, frames in parts.items():
         tbl = schema.table(name)
