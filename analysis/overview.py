@@ -13,7 +13,11 @@ import polars as pl
 
 
 def rank_summary(con: duckdb.DuckDBPyConnection, job: str) -> pl.DataFrame:
-    """Per rank of ``job``: steps, device ops, op time per category (ms) and mean step time (ms)."""
+    """Per rank of ``job``: steps, device ops, op time per category (ms) and mean step time (ms).
+
+    A rank is a (trace, rank) pair with device ops (an XLA trace holds one per device),
+    or a trace without any.
+    """
     return con.sql(
         """
         WITH ops AS (
@@ -22,18 +26,21 @@ def rank_summary(con: duckdb.DuckDBPyConnection, job: str) -> pl.DataFrame:
                    sum(dur_ns) FILTER (WHERE category = 'compute') / 1e6 AS compute_ms,
                    sum(dur_ns) FILTER (WHERE category = 'communication') / 1e6 AS communication_ms,
                    sum(dur_ns) FILTER (WHERE category = 'memory') / 1e6 AS memory_ms
-            FROM device_ops WHERE job = ? GROUP BY ALL
+            FROM device_ops WHERE job = $job GROUP BY ALL
         ), st AS (
-            SELECT trace_id, count(*) AS steps, avg(dur_ns) / 1e6 AS mean_step_ms
-            FROM steps WHERE job = ? GROUP BY ALL
+            SELECT trace_id, rank, count(*) AS steps, avg(dur_ns) / 1e6 AS mean_step_ms
+            FROM steps WHERE job = $job GROUP BY ALL
+        ), ranks AS (
+            SELECT trace_id, rank FROM ops
+            UNION ALL
+            SELECT trace_id, rank FROM traces WHERE job = $job AND trace_id NOT IN (SELECT trace_id FROM ops)
         )
-        SELECT t.rank, coalesce(st.steps, 0) AS steps, coalesce(ops.device_ops, 0) AS device_ops,
+        SELECT r.rank, coalesce(st.steps, 0) AS steps, coalesce(ops.device_ops, 0) AS device_ops,
                round(coalesce(ops.compute_ms, 0), 3) AS compute_ms,
                round(coalesce(ops.communication_ms, 0), 3) AS comm_ms,
                round(coalesce(ops.memory_ms, 0), 3) AS memory_ms, round(st.mean_step_ms, 3) AS step_ms
-        FROM traces t LEFT JOIN ops USING (trace_id) LEFT JOIN st USING (trace_id)
-        WHERE t.job = ?
-        ORDER BY t.rank
+        FROM ranks r LEFT JOIN ops USING (trace_id, rank) LEFT JOIN st USING (trace_id, rank)
+        ORDER BY r.rank, r.trace_id
         """,
-        params=[job, job, job],
+        params={"job": job},
     ).pl()

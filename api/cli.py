@@ -347,11 +347,12 @@ def demo(
     """Ingest the bundled sample traces into a fresh warehouse and show what they reveal."""
     _fresh_demo_home(home)
     warehouse = Warehouse(settings=Settings.from_env(home=home))
-    samples = resources.files("tracelake.sample_traces") / "kineto"
+    samples = resources.files("tracelake.sample_traces")
     started = time.perf_counter()
     results: list[IngestResult] = []
     with resources.as_file(samples) as folder:
-        scenarios = sorted(p for p in Path(folder).iterdir() if p.is_dir())
+        # PyTorch profiler (Kineto) scenarios, then the XLA (TPU) one
+        scenarios = [p for kind in ("kineto", "xla") for p in sorted((Path(folder) / kind).iterdir()) if p.is_dir()]
         with _progress_bar(err_console.is_terminal) as bar:
             for scenario in scenarios:
                 report = warehouse.ingest([scenario], job=f"demo-{scenario.name}", progress=bar)

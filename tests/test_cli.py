@@ -80,11 +80,12 @@ def test_demo_builds_a_fresh_warehouse(tmp_path: Path) -> None:
     home = tmp_path / "demo"
     code, out = _run("demo", "--home", str(home))
     assert code == 0, out
-    assert "5 ingested" in out
+    assert "6 ingested" in out
     assert "rank 2 arrives last" in out  # the sample's straggler
+    assert "job demo-tpu_allreduce" in out  # the XLA sample
     # Running it again replaces the earlier demo rather than piling up.
     code, out = _run("demo", "--home", str(home))
-    assert code == 0 and "5 ingested" in out
+    assert code == 0 and "6 ingested" in out
 
 
 def test_demo_refuses_to_wipe_other_folders(tmp_path: Path) -> None:

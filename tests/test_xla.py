@@ -175,3 +175,9 @@ def test_big_lines_decode_in_slices_with_the_same_events(monkeypatch: pytest.Mon
         path_events[chunk] = sorted((k[0] + "/" + k[1], len(v), v) for k, v in seen.items())  # type: ignore[misc]
     assert path_events[1 << 30] == path_events[2_000]
     assert generate_xla.STEPS * len(generate_xla.OPS) in [n for _, n, _ in path_events[2_000]]
+
+
+def test_committed_xla_sample_matches_its_generator() -> None:
+    from tracelake.sample_traces import generate_xla
+
+    assert TPU_SAMPLE.read_bytes() == generate_xla.build()
