@@ -70,3 +70,35 @@ def idle_breakdown(
     ``where`` filters device ops (columns prefixed ``d.``, e.g. ``d.job = ?``).
     """
     return con.sql(idle_sql(device_ops, host_ops, where, kernel_wait_ns), params=list(params or [])).pl()
+
+
+def idle_frame(ops: pl.DataFrame, launches: pl.DataFrame | None = None,
+               kernel_wait_ns: int = KERNEL_WAIT_NS) -> pl.DataFrame:
+    """:func:`idle_sql`'s rows from frames, in polars (what ingest stores; a test keeps the two equal).
+
+    ``ops``: device ops (``trace_id``, ``rank``, ``stream``, ``category``, ``ts_ns``,
+    ``dur_ns``, ``correlation``); ``launches``: the first host event per (``trace_id``,
+    ``correlation``) as ``launch_ns``.
+    """
+    keys = ["trace_id", "rank", "stream"]
+    work = ops.filter(pl.col("category") != "sync").select(
+        *keys, "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"), "correlation")
+    if launches is not None and launches.height:
+        work = work.join(launches, on=["trace_id", "correlation"], how="left")
+    else:
+        work = work.with_columns(pl.lit(None, dtype=pl.Int64).alias("launch_ns"))
+    work = work.sort([*keys, "ts_ns", "end_ns"]).with_columns(
+        pl.col("end_ns").cum_max().shift(1).over(keys).alias("prev_end"))
+    gap = pl.col("ts_ns") - pl.col("prev_end")
+    is_gap = pl.col("prev_end").is_not_null() & (pl.col("ts_ns") > pl.col("prev_end"))
+    cause = (pl.when(pl.col("launch_ns").is_not_null() & (pl.col("launch_ns") > pl.col("prev_end"))).then(0)
+             .when(gap <= kernel_wait_ns).then(1).otherwise(2))
+    return work.group_by(keys).agg(
+        pl.len().cast(pl.Int64).alias("ops"),
+        (pl.col("end_ns") - pl.col("ts_ns")).sum().cast(pl.Int64).alias("op_ns"),
+        is_gap.sum().cast(pl.Int64).alias("gaps"),
+        gap.filter(is_gap).sum().cast(pl.Int64).alias("idle_ns"),
+        gap.filter(is_gap & (cause == 0)).sum().cast(pl.Int64).alias("host_wait_ns"),
+        gap.filter(is_gap & (cause == 1)).sum().cast(pl.Int64).alias("kernel_wait_ns"),
+        gap.filter(is_gap & (cause == 2)).sum().cast(pl.Int64).alias("other_ns"),
+    ).sort(keys).select(COLUMNS)

@@ -46,6 +46,10 @@ def parse_into(path: Path, staging: Path, options: ParseOptions) -> tuple[Format
     """Detect the format of ``path`` and parse it into ``<table>.parquet`` files in ``staging``."""
     fmt = detect(path, options.source_name)
     info = fmt.parse(path, staging, options)
+    for name in schema.PARSED_TABLES:  # a format fills the tables it has; the others are empty
+        target = staging / f"{name}.parquet"
+        if not target.exists():
+            pq.write_table(schema.table(name).arrow_schema.empty_table(), target)
     return fmt, info
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tracelake.warehouse.errors import TraceFormatError, UnknownFormatError
 
-from . import pytorch_profiler, xla, xla_json
+from . import nccl_tests, pytorch_profiler, xla, xla_json
 from .model import ParseFunction
 from .source import read_head
 
@@ -39,6 +39,7 @@ FORMATS: list[Format] = [
         pytorch_profiler.parse,
     ),
     Format(xla.FORMAT, "XLA profile: XSpace protobuf (.xplane.pb)", xla.sniff, xla.parse),
+    Format(nccl_tests.FORMAT, "nccl-tests output (stdout or -J JSON)", nccl_tests.sniff, nccl_tests.parse),
 ]
 
 

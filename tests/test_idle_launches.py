@@ -100,3 +100,32 @@ def test_launch_bound_queue_stays_short(sample_warehouse) -> None:  # type: igno
     # Launch-bound: the host barely gets ahead of the device; DDP: the host runs far ahead.
     assert bound.row(0, named=True)["mean_queue"] < 1
     assert ddp["mean_queue"].min() > 5
+
+
+def test_stored_idle_equals_the_sql_on_random_streams() -> None:
+    """idle_frame (polars, what ingest stores) and idle_sql (the reference) agree."""
+    import random
+
+    from tracelake.analysis.idle import idle_frame, idle_sql
+
+    rng = random.Random(3)
+    for trial in range(25):
+        n = rng.randint(1, 30)
+        device = pl.DataFrame({
+            "trace_id": ["t"] * n, "rank": [0] * n, "stream": [rng.choice([7, 8]) for _ in range(n)],
+            "category": [rng.choice(["compute", "communication", "sync"]) for _ in range(n)],
+            "ts_ns": [rng.randint(0, 500) * 100 for _ in range(n)],
+            "dur_ns": [rng.randint(0, 300) * 100 for _ in range(n)],
+            "correlation": [rng.choice([None, *range(10)]) for _ in range(n)],
+        }, schema={"trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "category": pl.String,
+                   "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64})
+        host = pl.DataFrame({"trace_id": ["t"] * 10, "correlation": list(range(10)),
+                             "ts_ns": [rng.randint(0, 500) * 100 for _ in range(10)]},
+                            schema={"trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64})
+        con = duckdb.connect()
+        con.register("d", device.to_arrow())
+        con.register("h", host.to_arrow())
+        expected = con.sql(idle_sql("d", "h")).pl()
+        launches = host.group_by("trace_id", "correlation").agg(pl.col("ts_ns").min().alias("launch_ns"))
+        got = idle_frame(device, launches)
+        assert got.rows() == expected.rows(), trial

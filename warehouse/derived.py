@@ -15,7 +15,7 @@ import polars as pl
 import pyarrow.parquet as pq
 
 from tracelake.analysis.breakdown import breakdown_frame
-from tracelake.analysis.idle import idle_sql
+from tracelake.analysis.idle import idle_frame
 from tracelake.analysis.launches import launch_stats_sql, queue_lengths_sql
 
 from . import schema
@@ -42,7 +42,6 @@ def write_derived(parsed: Path, out_dir: Path, *, threads: int = 2, memory_limit
         for name in INPUTS:
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({sql_literal(str(parsed / f'{name}.parquet'))})")
         _write_per_rank(parsed, out_dir)
-        _copy(con, schema.STREAM_IDLE, f"({idle_sql('device_ops', 'host_ops')})", out_dir)
         _copy(con, schema.LAUNCH_STATS, f"({launch_stats_sql('device_ops', 'host_ops')})", out_dir)
         _copy(con, schema.STREAM_QUEUES, f"({queue_lengths_sql('device_ops', 'host_ops')})", out_dir)
     finally:
@@ -66,17 +65,22 @@ def _kernel_stats(ops: pl.DataFrame) -> pl.DataFrame:
 
 
 def _write_per_rank(parsed: Path, out_dir: Path) -> None:
-    """``breakdown`` and ``kernel_stats``, one rank at a time (memory follows the largest rank, not the trace)."""
+    """``breakdown``, ``kernel_stats`` and ``stream_idle``, one rank at a time (memory follows the largest rank)."""
     ops = pl.scan_parquet(parsed / "device_ops.parquet")
     windows = pl.read_parquet(parsed / "collectives.parquet", columns=["trace_id", "rank", "step", "ts_ns",
                                                                       "dur_ns", "is_async"])
     windows = windows.filter(pl.col("is_async").fill_null(False)).drop("is_async")
     devices = pl.read_parquet(parsed / "devices.parquet", columns=["trace_id", "rank", "peak_tflops"])
     peaks = {(str(t), int(r)): float(p) for t, r, p in devices.drop_nulls().iter_rows()}
-    parts: dict[str, list[pl.DataFrame]] = {"breakdown": [], "kernel_stats": []}
+    launches = pl.scan_parquet(parsed / "host_ops.parquet").filter(pl.col("correlation").is_not_null()).group_by(
+        "trace_id", "correlation").agg(pl.col("ts_ns").min().alias("launch_ns")).collect()
+    parts: dict[str, list[pl.DataFrame]] = {"breakdown": [], "kernel_stats": [], "stream_idle": []}
     for rank in sorted(ops.select(pl.col("rank").unique()).collect()["rank"].drop_nulls().to_list()):
         mine = ops.filter(pl.col("rank") == rank).select("trace_id", "rank", "category", "name", "dur_ns").collect()
         parts["kernel_stats"].append(_kernel_stats(mine))
+        mine = ops.filter(pl.col("rank") == rank).select(
+            "trace_id", "rank", "stream", "category", "ts_ns", "dur_ns", "correlation").collect()
+        parts["stream_idle"].append(idle_frame(mine, launches))
         mine = ops.filter(pl.col("rank") == rank).select(
             "trace_id", "rank", "step", "category", "ts_ns", "dur_ns", "flops").collect()
         parts["breakdown"].append(breakdown_frame(mine, windows.filter(pl.col("rank") == rank), peaks))

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 #: Bumped whenever a table or column changes meaning or type.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "VARCHAR": pa.string(),
@@ -92,7 +92,7 @@ TRACES = Table(
     "One row per ingested trace file. A trace is visible in every other table only once its row here exists.",
     (
         TRACE_ID,
-        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON), `xla` (XSpace `.xplane.pb`), `xla_json` (trace-viewer JSON of XLA)."),
+        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON), `xla` (XSpace `.xplane.pb`), `xla_json` (trace-viewer JSON of XLA), `nccl_tests`."),
         _c("source_name", "VARCHAR", "File name as given at ingest."),
         _c("source_path", "VARCHAR", "Absolute path of the file on the ingesting machine (null for uploads)."),
         _c("source_bytes", "BIGINT", "Size of the file as stored (compressed if it was)."),
@@ -269,6 +269,29 @@ DEVICES = Table(
 )
 
 
+NCCL_BENCHMARKS = Table(
+    "nccl_benchmarks",
+    "nccl-tests results: one row per message size and placement (out-of-place, in-place).",
+    (
+        TRACE_ID,
+        RANK,
+        _c("collective", "VARCHAR", "Benchmark: `all_reduce`, `all_gather`, `reduce_scatter`, `alltoall`, ..."),
+        _c("size_bytes", "BIGINT", "Message size in bytes, as nccl-tests counts it."),
+        _c("count", "BIGINT", "Elements."),
+        _c("dtype", "VARCHAR", "Element type (`float`, `half`, ...)."),
+        _c("redop", "VARCHAR", "Reduction (`sum`, ...; null where the build does not print it)."),
+        _c("root", "INTEGER", "Root rank (-1 for none; null where the build does not print it)."),
+        _c("in_place", "BOOLEAN", "In-place run (false: out-of-place)."),
+        _c("time_us", "DOUBLE", "Time per operation, us."),
+        _c("algbw_gbs", "DOUBLE", "Algorithm bandwidth, GB/s (bytes / time)."),
+        _c("busbw_gbs", "DOUBLE", "Bus bandwidth, GB/s (algbw x the collective's factor)."),
+        _c("wrong", "BIGINT", "Wrong results counted by validation (null: validation off)."),
+        _c("ranks", "INTEGER", "Ranks in the run, when the output lists them."),
+    ),
+    (JOB,),
+)
+
+
 def _ns(name: str, doc: str) -> Column:
     return _c(name, "BIGINT", doc)
 
@@ -385,7 +408,7 @@ STREAM_QUEUES = Table(
 #: its row is what makes a trace visible.
 TABLES: dict[str, Table] = {
     t.name: t
-    for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, DEVICES, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
+    for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, DEVICES, NCCL_BENCHMARKS, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
               LAUNCH_STATS, STREAM_QUEUES, TRACES)
 }
 

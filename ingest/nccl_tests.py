@@ -1,0 +1,185 @@
+"""nccl-tests results: the stdout of ``*_perf`` binaries, and their ``-J`` JSON, into ``nccl_benchmarks``.
+
+Stdout layout (FORMATS.md section 3): a ``# nThread ...`` header, ``#  Rank  N ...``
+lines naming the devices, then one row per message size: ``size count type [redop]
+[root]`` followed by out-of-place and in-place ``time algbw busbw #wrong``. Older
+builds lack the root or redop column and print ``error``; ``N/A`` means validation
+was off. Launcher prefixes (``[1,0]<stdout>:``, ``host: ``) are stripped. Each size
+gives two rows (out-of-place, in-place).
+
+The collective comes from ``# Collective test starting: all_reduce_perf``, else
+the file name (``all_reduce_perf.txt``), else the JSON's ``collective``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from tracelake.warehouse.errors import TraceFormatError
+
+from .model import ParseOptions, TraceInfo
+from .source import iter_chunks
+from .tables import write_table
+
+FORMAT = "nccl_tests"
+
+_PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|[A-Za-z0-9_.-]+: (?=#|\s*\d))")
+_HEADER = re.compile(r"#\s*nThread\s+\d+\s+nGpus\s+\d+")
+_RANK = re.compile(r"#\s+Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s+(.*)$")
+_STARTING = re.compile(r"#\s*Collective test starting:\s*(\w+?)(?:_perf)?(?:_mpi)?\s*$")
+_FILE_COLLECTIVE = re.compile(r"(all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv|gather|"
+                              r"scatter|hypercube)_perf")
+_NUMBER = re.compile(r"^-?\d+(?:\.\d+)?(?:e[-+]?\d+)?$", re.IGNORECASE)
+_COLUMNS = ("collective", "size_bytes", "count", "dtype", "redop", "root", "in_place", "time_us", "algbw_gbs",
+            "busbw_gbs", "wrong", "ranks", "line")
+
+
+def sniff(head: bytes, filename: str) -> bool:
+    """nccl-tests stdout (the ``# nThread .. nGpus`` header) or its ``-J`` JSON (``results`` with ``out_of_place``)."""
+    text = head.decode("utf-8", "replace")
+    if _HEADER.search(text):
+        return True
+    stripped = text.lstrip()
+    return stripped.startswith("{") and '"results"' in text and ('"out_of_place"' in text or '"in_place"' in text)
+
+
+def _collective_from_name(name: str) -> str | None:
+    match = _FILE_COLLECTIVE.search(Path(name).name)
+    return match.group(1) if match else None
+
+
+def _float(token: str) -> float | None:
+    return float(token) if _NUMBER.match(token) else None
+
+
+def _wrong(token: str) -> int | None:
+    return int(token) if token.lstrip("-").isdigit() else None
+
+
+class _Rows:
+    def __init__(self) -> None:
+        self.data: dict[str, list[object]] = {c: [] for c in _COLUMNS}
+
+    def add(self, **values: object) -> None:
+        for column in _COLUMNS:
+            self.data[column].append(values.get(column))
+
+    def __len__(self) -> int:
+        return len(self.data["size_bytes"])
+
+
+def _parse_text(source: Path, options: ParseOptions) -> tuple[_Rows, dict[str, Any]]:
+    rows = _Rows()
+    facts: dict[str, Any] = {"ranks": {}, "collective": _collective_from_name(options.source_name),
+                             "recognised": 0, "lines": 0}
+    pending = ""
+    line_no = 0
+    for chunk in iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name):
+        text = pending + chunk.decode("utf-8", "replace")
+        lines = text.split("\n")
+        pending = lines.pop()
+        for raw in lines:
+            line_no += 1
+            _line(raw, line_no, rows, facts, options.source_name)
+    if pending:
+        _line(pending, line_no + 1, rows, facts, options.source_name)
+    return rows, facts
+
+
+def _line(raw: str, line_no: int, rows: _Rows, facts: dict[str, Any], source: str) -> None:
+    line = _PREFIX.sub("", raw.rstrip("\r"), count=1).strip()
+    if not line:
+        return
+    facts["lines"] += 1
+    if line.startswith("#"):
+        facts["recognised"] += 1  # nccl-tests' own comments, read or not
+        if _HEADER.search(line):
+            facts["header"] = line
+        elif match := _STARTING.match(line):
+            facts["collective"] = match.group(1)
+        elif match := _RANK.match(line):
+            facts["ranks"][int(match.group(1))] = (match.group(3), int(match.group(2)), match.group(5).strip())
+        return
+    tokens = line.split()
+    if len(tokens) < 11 or not tokens[0].isdigit() or not tokens[1].isdigit():
+        return  # a line of something else (launcher noise, warnings): skipped and counted
+    head, tail = tokens[:-8], tokens[-8:]
+    middle = head[3:]
+    redop = next((t for t in middle if not _NUMBER.match(t)), None)
+    root = next((int(t) for t in middle if t.lstrip("-").isdigit()), None)
+    for offset, in_place in ((0, False), (4, True)):
+        time_us, algbw, busbw = (_float(t) for t in tail[offset:offset + 3])
+        if time_us is None or algbw is None or busbw is None:
+            raise TraceFormatError(source, f"a result row with a non-numeric time or bandwidth: {line!r}",
+                                   where=f"line {line_no}")
+        rows.add(size_bytes=int(tokens[0]), count=int(tokens[1]), dtype=tokens[2], redop=redop, root=root,
+                 in_place=in_place, time_us=time_us, algbw_gbs=algbw, busbw_gbs=busbw,
+                 wrong=_wrong(tail[offset + 3]), line=line_no)
+    facts["recognised"] += 1
+
+
+def _parse_json(source: Path, options: ParseOptions) -> tuple[_Rows, dict[str, Any]]:
+    text = b"".join(iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name))
+    try:
+        doc = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise TraceFormatError(options.source_name, f"invalid JSON ({exc})") from None
+    results = doc.get("results") if isinstance(doc, dict) else None
+    if not isinstance(results, list):
+        raise TraceFormatError(options.source_name, 'no "results" list: not nccl-tests -J output')
+    rows = _Rows()
+    for index, result in enumerate(results):
+        if not isinstance(result, dict) or not isinstance(result.get("size"), int):
+            raise TraceFormatError(options.source_name, "a result without an integer size", where=f"results[{index}]")
+        for key, in_place in (("out_of_place", False), ("in_place", True)):
+            part = result.get(key)
+            if not isinstance(part, dict):
+                continue
+            values = [part.get(k) for k in ("time", "alg_bw", "bus_bw")]
+            if not all(isinstance(v, int | float) for v in values):
+                raise TraceFormatError(options.source_name, f"non-numeric time or bandwidth in {key}",
+                                       where=f"results[{index}]")
+            rows.add(size_bytes=result["size"], count=result.get("count"), dtype=result.get("type"),
+                     redop=result.get("redop"), root=result.get("root"), in_place=in_place,
+                     time_us=float(values[0]), algbw_gbs=float(values[1]), busbw_gbs=float(values[2]),
+                     wrong=part.get("nwrong") if isinstance(part.get("nwrong"), int) else None)
+    collective = doc.get("collective") if isinstance(doc.get("collective"), str) else None
+    facts = {"ranks": {}, "collective": _collective_from_name(options.source_name) or collective,
+             "nranks": doc.get("nranks") if isinstance(doc.get("nranks"), int) else None}
+    return rows, facts
+
+
+def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
+    """Parse one nccl-tests output (stdout or ``-J`` JSON) into ``nccl_benchmarks``.
+
+    Raises:
+        TraceFormatError: no result rows, or a row that cannot be read (with its line).
+    """
+    from .source import read_head
+
+    is_json = read_head(source, 64, name=options.source_name).lstrip().startswith(b"{")
+    rows, facts = (_parse_json if is_json else _parse_text)(source, options)
+    if not len(rows):
+        raise TraceFormatError(options.source_name, "nccl-tests output without any result rows")
+    ranks: dict[int, tuple[str, int, str]] = facts["ranks"]
+    n_ranks = len(ranks) or facts.get("nranks")
+    rows.data["collective"] = [facts.get("collective") or "unknown"] * len(rows)
+    rows.data["ranks"] = [n_ranks] * len(rows)
+    columns = {k: v for k, v in rows.data.items() if k != "line"}
+    write_table(staging, "nccl_benchmarks", {"rank": [0] * len(rows), **columns}, trace_id=options.trace_id)
+    info = TraceInfo(format=FORMAT, event_count=len(rows), uncompressed_bytes=source.stat().st_size)
+    info.world_size = n_ranks
+    info.device_count = n_ranks
+    if ranks:
+        host, pid, device = ranks[min(ranks)]
+        info.host, info.pid, info.device_name = host, pid, device
+        info.device_type = "cuda" if "nvidia" in device.lower() else "rocm" if "amd" in device.lower() else None
+    info.rank_source = "nccl-tests (one file per run)"
+    if not is_json and facts["lines"]:
+        skipped = facts["lines"] - facts["recognised"]
+        if skipped:
+            info.warnings.append(f"{skipped} of {facts['lines']} lines were not nccl-tests output and were skipped")
+    return info

@@ -1,0 +1,114 @@
+"""Generate the NCCL sample files in ``sample_traces/nccl/`` (nccl-tests output).
+
+Written from the layouts in docs/FORMATS.md section 3, with figures from a simple
+bandwidth model (latency + bytes / peak bus bandwidth) so that algbw and busbw
+are consistent with the formulas:
+
+- ``nccl_tests/all_reduce_perf.txt``: current stdout layout (redop and root columns,
+  ``#wrong``), 8 GPUs on one node, each line behind an mpirun ``[1,0]<stdout>:`` prefix;
+- ``nccl_tests/all_gather_perf_old.txt``: an older build (no root column, ``error``
+  instead of ``#wrong``, ``N/A`` with validation off);
+- ``nccl_tests/reduce_scatter_perf.json``: the ``-J`` JSON output.
+
+Deterministic: run ``python sample_traces/generate_nccl.py`` to rewrite them.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent / "nccl" / "nccl_tests"
+RANKS = 8
+SIZES = [1 << k for k in range(3, 31, 3)]  # 8 B .. 1 GiB
+FACTORS = {"all_reduce": 2 * (RANKS - 1) / RANKS, "all_gather": (RANKS - 1) / RANKS,
+           "reduce_scatter": (RANKS - 1) / RANKS}
+PEAK_BUSBW = {"all_reduce": 360.0, "all_gather": 370.0, "reduce_scatter": 355.0}  # GB/s
+
+
+def timing(collective: str, size: int, in_place: bool) -> tuple[float, float, float]:
+    """(time us, algbw GB/s, busbw GB/s) of one row under the model."""
+    latency_us = 12.0 + (0.4 if in_place else 0.0)
+    factor = FACTORS[collective]
+    time_us = latency_us + size * factor / (PEAK_BUSBW[collective] * 1e3)
+    algbw = size / (time_us * 1e-6) / 1e9
+    return round(time_us, 2), round(algbw, 2), round(algbw * factor, 2)
+
+
+def _header(binary: str, old: bool) -> list[str]:
+    lines = [] if old else [f"# Collective test starting: {binary}", "# nccl-tests version 2.13.9 nccl-headers=22105 "
+                                                                    "nccl-library=22105"]
+    lines += [
+        f"# nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824 step: 8(factor) warmup iters: 5 iters: 20 "
+        f"agg iters: 1 validation: {0 if old else 1} graph: 0",
+        "#",
+        "# Using devices",
+    ]
+    for rank in range(RANKS):
+        lines.append(f"#  Rank {rank:2d} Group  0 Pid {4100 + rank:6d} on    node-a device {rank:2d} "
+                     f"[0x{0x18 + rank * 0x10:02x}] NVIDIA H100 80GB HBM3")
+    return lines
+
+
+def all_reduce_text() -> str:
+    lines = _header("all_reduce_perf", old=False)
+    lines += [
+        "#",
+        "#                                                              out-of-place                       in-place",
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
+        "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)",
+    ]
+    for size in SIZES:
+        out = timing("all_reduce", size, False)
+        inp = timing("all_reduce", size, True)
+        lines.append(f"{size:12d} {size // 4:13d}     float     sum      -1 {out[0]:8.2f} {out[1]:7.2f} {out[2]:7.2f}"
+                     f"      0 {inp[0]:8.2f} {inp[1]:7.2f} {inp[2]:7.2f}      0")
+    avg = sum(timing("all_reduce", s, False)[2] for s in SIZES) / len(SIZES)
+    lines += ["# Out of bounds values : 0 OK", f"# Avg bus bandwidth    : {avg:.4f}", "#"]
+    return "".join(f"[1,0]<stdout>:{line}\n" for line in lines)
+
+
+def all_gather_old_text() -> str:
+    lines = _header("all_gather_perf", old=True)
+    lines += [
+        "#",
+        "#                                             out-of-place                       in-place",
+        "#       size         count      type     time   algbw   busbw  error     time   algbw   busbw  error",
+        "#        (B)    (elements)               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)",
+    ]
+    for size in SIZES:
+        out = timing("all_gather", size, False)
+        inp = timing("all_gather", size, True)
+        lines.append(f"{size:12d} {size // 4 // RANKS:13d}     float {out[0]:8.2f} {out[1]:7.2f} {out[2]:7.2f}"
+                     f"    N/A {inp[0]:8.2f} {inp[1]:7.2f} {inp[2]:7.2f}    N/A")
+    avg = sum(timing("all_gather", s, False)[2] for s in SIZES) / len(SIZES)
+    lines += [f"# Avg bus bandwidth    : {avg:.4f}", "#"]
+    return "\n".join(lines) + "\n"
+
+
+def reduce_scatter_json() -> str:
+    results = []
+    for size in SIZES:
+        row: dict[str, object] = {"size": size, "count": size // 4 // RANKS, "type": "float", "redop": "sum",
+                                  "root": -1}
+        for key, in_place in (("out_of_place", False), ("in_place", True)):
+            time_us, algbw, busbw = timing("reduce_scatter", size, in_place)
+            row[key] = {"time": time_us, "alg_bw": algbw, "bus_bw": busbw, "nwrong": 0}
+        results.append(row)
+    doc = {"nccl_tests_version": "2.13.9", "collective": "reduce_scatter", "nranks": RANKS, "results": results}
+    return json.dumps(doc, indent=1) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    files = {"all_reduce_perf.txt": all_reduce_text(), "all_gather_perf_old.txt": all_gather_old_text(),
+             "reduce_scatter_perf.json": reduce_scatter_json()}
+    for name, text in files.items():
+        (OUT / name).write_text(text, encoding="utf-8")
+        print(f"wrote {OUT / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
