@@ -12,6 +12,8 @@ from typing import Any
 
 import polars as pl
 
+from .nccl import LOW_SHARE
+
 
 @dataclass(frozen=True)
 class Finding:
@@ -166,3 +168,23 @@ def from_step_outliers(outliers: pl.DataFrame) -> list[Finding]:
 def rank(findings: list[Finding]) -> list[Finding]:
     """Findings ordered by estimated gain, largest first."""
     return sorted(findings, key=lambda f: f.gain_ns, reverse=True)
+
+
+def from_nccl_benchmarks(summary: pl.DataFrame) -> list[Finding]:
+    """nccl-tests runs whose bus bandwidth peaks well under what their link carries."""
+    if summary.is_empty():
+        return []
+    low = summary.filter(~pl.col("in_place") & (pl.col("peak_share_pct") < 100 * LOW_SHARE))
+    return [
+        Finding(
+            "low_bus_bandwidth",
+            f"{row['collective']} peaks at {row['peak_busbw_gbs']:,.1f} GB/s bus bandwidth, "
+            f"{row['peak_share_pct']:.0f}% of {row['link']}",
+            f"nccl-tests over {row['ranks']} ranks on {row['nodes']} node(s) reaches at most "
+            f"{row['peak_busbw_gbs']:,.1f} GB/s (at {row['peak_at_bytes']:,} bytes) where {row['link']} carries about "
+            f"{row['link_peak_gbs']:,.0f} GB/s: check the transport (NCCL_DEBUG=INFO shows it), the topology "
+            "and NCCL_ALGO/NCCL_PROTO settings",
+            0,
+        )
+        for row in low.to_dicts()
+    ]

@@ -253,8 +253,12 @@ def analyze(
         sys.stdout.write(json.dumps(jsonable(result.as_dict()), indent=2) + "\n")
         return
     whole, colls = result.breakdown, result.collectives
-    console.print(to_table(_frame_result(_breakdown_view(whole)), title="where the device time went, per rank"))
+    if whole.height:
+        console.print(to_table(_frame_result(_breakdown_view(whole)), title="where the device time went, per rank"))
     _print_findings(result.findings)
+    if result.nccl_benchmarks.height:
+        console.print()
+        console.print(to_table(_frame_result(_nccl_view(result.nccl_benchmarks)), title="nccl-tests bus bandwidth"))
     if colls.height:
         busbw = float(colls.select(pl.col("busbw_gbs").median()).item() or 0)
         skew_us = float(colls.select(pl.col("skew_ns").median()).item() or 0) / 1e3
@@ -263,8 +267,21 @@ def analyze(
             f"median arrival skew {skew_us:,.1f} us",
             highlight=False, soft_wrap=True,
         )
-    console.print()
-    console.print(to_table(_frame_result(_kernels_view(result.top_kernels)), title="top kernels, all ranks"))
+    if result.top_kernels.height:
+        console.print()
+        console.print(to_table(_frame_result(_kernels_view(result.top_kernels)), title="top kernels, all ranks"))
+
+
+def _nccl_view(summary: Any) -> Any:
+    return summary.select(
+        "collective", pl.when(pl.col("in_place")).then(pl.lit("in-place")).otherwise(pl.lit("out-of-place"))
+        .alias("placement"), "ranks", "nodes",
+        pl.col("peak_busbw_gbs").round(1).alias("peak busbw GB/s"),
+        (pl.col("peak_at_bytes") / 2**20).round(1).alias("at MiB"),
+        (pl.col("half_peak_bytes") / 2**20).round(2).alias("half peak from MiB"),
+        pl.col("small_time_us").round(1).alias("latency us"),
+        pl.col("link"), pl.col("peak_share_pct").round(0).alias("% of link"),
+    )
 
 
 @app.command()

@@ -139,15 +139,16 @@ def _parse_json(source: Path, options: ParseOptions) -> tuple[_Rows, dict[str, A
             if not isinstance(part, dict):
                 continue
             values = [part.get(k) for k in ("time", "alg_bw", "bus_bw")]
-            if not all(isinstance(v, int | float) for v in values):
+            numbers = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+            if len(numbers) != 3:
                 raise TraceFormatError(options.source_name, f"non-numeric time or bandwidth in {key}",
                                        where=f"results[{index}]")
             rows.add(size_bytes=result["size"], count=result.get("count"), dtype=result.get("type"),
                      redop=result.get("redop"), root=result.get("root"), in_place=in_place,
-                     time_us=float(values[0]), algbw_gbs=float(values[1]), busbw_gbs=float(values[2]),
+                     time_us=numbers[0], algbw_gbs=numbers[1], busbw_gbs=numbers[2],
                      wrong=part.get("nwrong") if isinstance(part.get("nwrong"), int) else None)
     collective = doc.get("collective") if isinstance(doc.get("collective"), str) else None
-    facts = {"ranks": {}, "collective": _collective_from_name(options.source_name) or collective,
+    facts: dict[str, Any] = {"ranks": {}, "collective": _collective_from_name(options.source_name) or collective,
              "nranks": doc.get("nranks") if isinstance(doc.get("nranks"), int) else None}
     return rows, facts
 
@@ -168,8 +169,10 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     n_ranks = len(ranks) or facts.get("nranks")
     rows.data["collective"] = [facts.get("collective") or "unknown"] * len(rows)
     rows.data["ranks"] = [n_ranks] * len(rows)
+    nodes = len({host for host, _, _ in ranks.values()}) or None
     columns = {k: v for k, v in rows.data.items() if k != "line"}
-    write_table(staging, "nccl_benchmarks", {"rank": [0] * len(rows), **columns}, trace_id=options.trace_id)
+    write_table(staging, "nccl_benchmarks", {"rank": [0] * len(rows), "nodes": [nodes] * len(rows), **columns},
+                trace_id=options.trace_id)
     info = TraceInfo(format=FORMAT, event_count=len(rows), uncompressed_bytes=source.stat().st_size)
     info.world_size = n_ranks
     info.device_count = n_ranks

@@ -21,10 +21,11 @@ import pytest
 from typer.testing import CliRunner
 
 from tracelake.api.cli import app
-from tracelake.sample_traces import generate_xla
+from tracelake.sample_traces import generate_nccl, generate_xla
 from tracelake.warehouse import Warehouse
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_traces" / "kineto" / "ddp_straggler" / "rank-0.json.gz"
+NCCL_TEXT = generate_nccl.all_gather_old_text()
 XPLANE = Path(__file__).resolve().parent.parent / "sample_traces" / "xla" / "tpu_allreduce" / "host0.xplane.pb"
 
 
@@ -127,6 +128,10 @@ BAD = [
     Bad("xplane-huge-length", "host0.xplane.pb", xplane_with_huge_plane, ["runs past the end"], r"at byte 0\b"),
     Bad("xplane-not-xspace", "host0.xplane.pb", lambda: random_bytes(4096, 3), ["XSpace"], r"at byte \d+"),
     Bad("xplane-no-device-planes", "host0.xplane.pb", xplane_without_devices, ["no device", "planes"]),
+    Bad("nccl-tests-no-rows", "all_reduce_perf.txt", lambda: NCCL_TEXT.split("#       size")[0].encode(),
+        ["without any result rows"]),
+    Bad("nccl-tests-bad-number", "all_reduce_perf.txt",
+        lambda: NCCL_TEXT.replace("   12.00 ", "   12.x0 ", 1).encode(), ["non-numeric"], r"at line \d+"),
     Bad("whitespace-only", "rank-0.json", lambda: b"  \n\t\r\n   \n", ["whitespace"], r"at byte 0\b"),
     Bad("truncated-gzip", "rank-0.json.gz", lambda: SAMPLE.read_bytes()[: SAMPLE.stat().st_size // 2],
         ["gzip", "truncated"], r"at compressed byte \d+"),

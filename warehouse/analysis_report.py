@@ -11,7 +11,7 @@ from typing import Any
 
 import polars as pl
 
-from tracelake.analysis import collectives, findings, steps
+from tracelake.analysis import collectives, findings, nccl, steps
 
 
 @dataclass
@@ -27,6 +27,7 @@ class Analysis:
     step_outliers: pl.DataFrame
     collectives: pl.DataFrame
     last_arrivals: pl.DataFrame
+    nccl_benchmarks: pl.DataFrame
     findings: list[findings.Finding] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -34,21 +35,25 @@ class Analysis:
         frames = {
             name: getattr(self, name).to_dicts()
             for name in ("breakdown", "top_kernels", "idle_by_stream", "launches", "queues", "step_stats",
-                         "step_outliers", "collectives", "last_arrivals")
+                         "step_outliers", "collectives", "last_arrivals", "nccl_benchmarks")
         }
         return {"findings": [f.as_dict() for f in self.findings], **frames}
 
 
 #: Tables :func:`compute` takes rows of (stored at ingest or parsed; small per trace).
-STORED = ("stream_idle", "launch_stats", "stream_queues", "steps", "collectives")
+STORED = ("stream_idle", "launch_stats", "stream_queues", "steps", "collectives", "nccl_benchmarks")
 
 
-def compute(whole: pl.DataFrame, stored: dict[str, pl.DataFrame], top_kernels: pl.DataFrame) -> Analysis:
+def compute(
+    whole: pl.DataFrame, stored: dict[str, pl.DataFrame], top_kernels: pl.DataFrame,
+    link_peaks: dict[str, float] | None = None,
+) -> Analysis:
     """Assemble every analysis of a selection of traces, and rank the findings.
 
     ``whole`` is the selection's whole-trace breakdown, ``stored`` its rows of each
     table in :data:`STORED`, ``top_kernels`` its kernel ranking
-    (:func:`tracelake.analysis.kernels.top_kernels`).
+    (:func:`tracelake.analysis.kernels.top_kernels`); ``link_peaks`` the bus bandwidth
+    each link type carries (:func:`tracelake.analysis.nccl.link_peaks`).
     """
     arrivals = collectives.last_arrivals(stored["collectives"])
     result = Analysis(
@@ -61,6 +66,7 @@ def compute(whole: pl.DataFrame, stored: dict[str, pl.DataFrame], top_kernels: p
         step_outliers=steps.step_outliers(stored["steps"]),
         collectives=collectives.instances(stored["collectives"]),
         last_arrivals=arrivals,
+        nccl_benchmarks=nccl.benchmark_summary(stored["nccl_benchmarks"], link_peaks),
     )
     result.findings = findings.rank(
         findings.from_breakdown(whole)
@@ -68,5 +74,6 @@ def compute(whole: pl.DataFrame, stored: dict[str, pl.DataFrame], top_kernels: p
         + findings.from_idle(result.idle_by_stream, whole)
         + findings.from_launches(result.launches)
         + findings.from_step_outliers(result.step_outliers)
+        + findings.from_nccl_benchmarks(result.nccl_benchmarks)
     )
     return result

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from tracelake import ingest
 from tracelake.analysis import diff as diff_analysis
 from tracelake.analysis import kernels
+from tracelake.analysis import nccl as nccl_analysis
 from tracelake.ingest.model import ByteCallback, TraceInfo
 
 from . import analysis_report, catalog, schema
@@ -344,7 +345,11 @@ class Warehouse:
         else:  # percentiles across ranks need every duration
             with self._session(selection, tables=("device_ops",)) as con:
                 top_kernels = kernels.top_kernels(con, where=selection.where, params=selection.params, top=top)
-        return analysis_report.compute(whole, stored, top_kernels)
+        try:
+            peaks = nccl_analysis.link_peaks(self.settings.link_peaks)
+        except ValueError as exc:
+            raise InvalidArgument(f"TRACELAKE_LINK_PEAKS: {exc}") from None
+        return analysis_report.compute(whole, stored, top_kernels, peaks)
 
     def _breakdown(self, selection: _Selection, *, steps: bool) -> pl.DataFrame:
         frame = self._stored("breakdown", selection)
@@ -480,8 +485,20 @@ def _traces_in(folder: Path) -> list[Path]:
     return kept
 
 
+#: Text outputs (nccl-tests, NCCL logs) are taken from a directory only when their content is recognised.
+_TEXT_SUFFIXES = (".txt", ".log", ".out")
+
+
 def _looks_like_trace(path: Path) -> bool:
-    return not path.name.startswith(".") and path.name.endswith(TRACE_SUFFIXES)
+    if path.name.startswith("."):
+        return False
+    if path.name.endswith(_TEXT_SUFFIXES):
+        try:
+            ingest.detect(path)
+        except TracelakeError:
+            return False
+        return True
+    return path.name.endswith(TRACE_SUFFIXES)
 
 
 def _size(path: Path) -> int:

@@ -287,6 +287,7 @@ NCCL_BENCHMARKS = Table(
         _c("busbw_gbs", "DOUBLE", "Bus bandwidth, GB/s (algbw x the collective's factor)."),
         _c("wrong", "BIGINT", "Wrong results counted by validation (null: validation off)."),
         _c("ranks", "INTEGER", "Ranks in the run, when the output lists them."),
+        _c("nodes", "INTEGER", "Distinct hosts among the ranks, when the output lists them."),
     ),
     (JOB,),
 )

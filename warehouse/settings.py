@@ -26,6 +26,8 @@ class Settings:
     threads: int = 2
     #: Bytes of JSON decoded per batch while streaming a trace; bounds parser memory.
     parse_batch_bytes: int = 8 << 20
+    #: Bus bandwidth each link type carries at best, GB/s per GPU, over the defaults: ``nvlink=450,ib=50``.
+    link_peaks: str = ""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -67,4 +69,5 @@ SETTINGS_DOC: dict[str, str] = {
     "ingest_memory_limit": "DuckDB memory limit while normalising one trace (default `200MB`; it spills to disk past it).",
     "threads": "DuckDB threads per ingest and per query (default 2).",
     "parse_batch_bytes": "Bytes of JSON decoded per batch while streaming a trace (default 8 MiB).",
+    "link_peaks": "Bus bandwidth per link type, GB/s, e.g. `nvlink=450,pcie=50,ib=50,socket=12.5` (the defaults).",
 }

@@ -1,0 +1,62 @@
+"""NCCL figures: nccl-tests bandwidth per collective and message size, against what the links carry.
+
+Pure functions over ``nccl_benchmarks`` rows (polars in, polars out). Bus bandwidth
+follows FORMATS.md ("Bus bandwidth"); nccl-tests prints it already computed.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+#: Bus bandwidth (GB/s) a link type carries at best, per GPU: the defaults of
+#: ``TRACELAKE_LINK_PEAKS`` (H100 NVLink 4 about 450 unidirectional, PCIe 5 x16,
+#: one 400 Gb/s InfiniBand NIC, 100 Gb/s Ethernet sockets).
+DEFAULT_LINK_PEAKS = {"nvlink": 450.0, "pcie": 50.0, "ib": 50.0, "socket": 12.5}
+#: A benchmark peaking under this share of its link's bandwidth is reported.
+LOW_SHARE = 0.7
+
+SUMMARY_COLUMNS = ("trace_id", "collective", "in_place", "ranks", "nodes", "sizes", "peak_busbw_gbs",
+                   "peak_at_bytes", "half_peak_bytes", "small_time_us", "link", "link_peak_gbs", "peak_share_pct")
+
+
+def link_peaks(text: str | None) -> dict[str, float]:
+    """``nvlink=450,ib=50`` -> peaks by link type, over the defaults.
+
+    Raises:
+        ValueError: an entry that is not ``name=number``.
+    """
+    peaks = dict(DEFAULT_LINK_PEAKS)
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        name, _, value = item.partition("=")
+        try:
+            peaks[name.strip().lower()] = float(value)
+        except ValueError:
+            raise ValueError(f"link peak {item!r} is not name=GB/s (e.g. nvlink=450)") from None
+    return peaks
+
+
+def benchmark_summary(rows: pl.DataFrame, peaks: dict[str, float] | None = None) -> pl.DataFrame:
+    """Per (trace, collective, placement): peak busbw and the size it is reached at, the smallest size
+    reaching half of it, the time of the smallest message (latency), and the peak against the link's.
+
+    The link is NVLink when every rank is on one node, else InfiniBand.
+    """
+    peaks = peaks or DEFAULT_LINK_PEAKS
+    if rows.is_empty():
+        return pl.DataFrame(schema={c: pl.String for c in SUMMARY_COLUMNS})
+    keys = ["trace_id", "collective", "in_place"]
+    ordered = rows.sort([*keys, "size_bytes"])
+    summary = ordered.group_by(keys, maintain_order=True).agg(
+        pl.col("ranks").first(), pl.col("nodes").first(), pl.len().alias("sizes"),
+        pl.col("busbw_gbs").max().alias("peak_busbw_gbs"),
+        pl.col("size_bytes").sort_by("busbw_gbs", "size_bytes").last().alias("peak_at_bytes"),
+        pl.col("size_bytes").filter(pl.col("busbw_gbs") >= 0.5 * pl.col("busbw_gbs").max()).min()
+        .alias("half_peak_bytes"),
+        pl.col("time_us").first().alias("small_time_us"),
+    )
+    link = pl.when(pl.col("nodes").fill_null(1) <= 1).then(pl.lit("nvlink")).otherwise(pl.lit("ib"))
+    return summary.with_columns(link.alias("link")).with_columns(
+        pl.col("link").replace_strict(peaks, default=None, return_dtype=pl.Float64).alias("link_peak_gbs"),
+    ).with_columns(
+        (100 * pl.col("peak_busbw_gbs") / pl.col("link_peak_gbs")).alias("peak_share_pct"),
+    ).select(SUMMARY_COLUMNS)

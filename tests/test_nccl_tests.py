@@ -1,0 +1,78 @@
+"""nccl-tests output (stdout layouts and -J JSON) into nccl_benchmarks, and its bandwidth summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from tracelake.ingest import detect
+from tracelake.sample_traces import generate_nccl
+from tracelake.warehouse import Warehouse
+from tracelake.warehouse.core import expand_inputs
+from tracelake.warehouse.settings import Settings
+
+NCCL_TESTS = ROOT / "sample_traces" / "nccl" / "nccl_tests"
+FACTOR = {"all_reduce": 2 * 7 / 8, "all_gather": 7 / 8, "reduce_scatter": 7 / 8}
+
+
+@pytest.mark.parametrize("name", ["all_reduce_perf.txt", "all_gather_perf_old.txt", "reduce_scatter_perf.json"])
+def test_every_layout_ingests_every_row(name: str, warehouse: Warehouse) -> None:
+    path = NCCL_TESTS / name
+    assert detect(path).name == "nccl_tests"
+    result = warehouse.ingest_file(path, job="nccl")
+    assert result.ok, result.error
+    rows = warehouse.query(
+        "SELECT collective, size_bytes, in_place, time_us, algbw_gbs, busbw_gbs, wrong, redop, root, ranks "
+        "FROM nccl_benchmarks ORDER BY size_bytes, in_place").as_dicts()
+    assert len(rows) == 2 * len(generate_nccl.SIZES)
+    collective = rows[0]["collective"]
+    assert collective == name.split("_perf")[0] and all(r["collective"] == collective for r in rows)
+    assert [r["size_bytes"] for r in rows[::2]] == generate_nccl.SIZES
+    assert [r["in_place"] for r in rows[:2]] == [False, True]
+    assert all(r["ranks"] == 8 for r in rows)
+    for row in rows:  # the numbers are the generator's, to the printed precision
+        expected = generate_nccl.timing(collective, row["size_bytes"], row["in_place"])
+        assert (row["time_us"], row["algbw_gbs"], row["busbw_gbs"]) == pytest.approx(expected, abs=0.006)
+        if row["algbw_gbs"] > 1:
+            assert row["busbw_gbs"] == pytest.approx(row["algbw_gbs"] * FACTOR[collective], rel=0.01)
+    if name.endswith("_old.txt"):  # no root column, validation off
+        assert all(r["root"] is None and r["redop"] is None and r["wrong"] is None for r in rows)
+    else:
+        assert all(r["root"] == -1 and r["redop"] == "sum" and r["wrong"] == 0 for r in rows)
+
+
+def test_launcher_prefixes_and_devices(warehouse: Warehouse) -> None:
+    assert (NCCL_TESTS / "all_reduce_perf.txt").read_text().startswith("[1,0]<stdout>:")
+    assert warehouse.ingest_file(NCCL_TESTS / "all_reduce_perf.txt", job="nccl").ok
+    row = warehouse.traces()[0]
+    assert row["format"] == "nccl_tests" and row["world_size"] == 8
+    assert row["host"] == "node-a" and row["device_name"] == "NVIDIA H100 80GB HBM3" and row["warnings"] == []
+
+
+def test_summary_and_finding_against_the_link_peak(tmp_path: Path) -> None:
+    wh = Warehouse(settings=Settings.from_env(environ={}, home=tmp_path / "a"))
+    assert wh.ingest([NCCL_TESTS], job="nccl").ok
+    summary = wh.analyze(job="nccl").nccl_benchmarks
+    assert summary.height == 6 and set(summary["link"].to_list()) == {"nvlink"}
+    peak = summary.filter((summary["collective"] == "all_reduce") & ~summary["in_place"]).row(0, named=True)
+    assert peak["peak_at_bytes"] == generate_nccl.SIZES[-1]
+    assert peak["peak_busbw_gbs"] == pytest.approx(generate_nccl.timing("all_reduce", 1 << 30, False)[2])
+    assert not [f for f in wh.analyze(job="nccl").findings if f.kind == "low_bus_bandwidth"]  # ~80% of 450
+    fast = Warehouse(settings=Settings.from_env(environ={"TRACELAKE_LINK_PEAKS": "nvlink=900"}, home=wh.home))
+    low = [f for f in fast.analyze(job="nccl").findings if f.kind == "low_bus_bandwidth"]
+    assert {f.title.split()[0] for f in low} == {"all_reduce", "all_gather", "reduce_scatter"}
+
+
+def test_directories_take_text_files_only_when_recognised(tmp_path: Path) -> None:
+    (tmp_path / "all_reduce_perf.txt").write_bytes((NCCL_TESTS / "all_reduce_perf.txt").read_bytes())
+    (tmp_path / "notes.txt").write_text("hello\n")
+    (tmp_path / "train.log").write_text("epoch 1 loss 2.3\n")
+    assert [p.name for p in expand_inputs([tmp_path])] == ["all_reduce_perf.txt"]
+
+
+def test_committed_samples_match_the_generator() -> None:
+    assert (NCCL_TESTS / "all_reduce_perf.txt").read_text() == generate_nccl.all_reduce_text()
+    assert (NCCL_TESTS / "all_gather_perf_old.txt").read_text() == generate_nccl.all_gather_old_text()
+    assert (NCCL_TESTS / "reduce_scatter_perf.json").read_text() == generate_nccl.reduce_scatter_json()
