@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tracelake.warehouse.errors import TraceFormatError, UnknownFormatError
 
-from . import nccl_tests, pytorch_profiler, xla, xla_json
+from . import nccl_inspector, nccl_tests, pytorch_profiler, xla, xla_json
 from .model import ParseFunction
 from .source import read_head
 
@@ -40,6 +40,7 @@ FORMATS: list[Format] = [
     ),
     Format(xla.FORMAT, "XLA profile: XSpace protobuf (.xplane.pb)", xla.sniff, xla.parse),
     Format(nccl_tests.FORMAT, "nccl-tests output (stdout or -J JSON)", nccl_tests.sniff, nccl_tests.parse),
+    Format(nccl_inspector.FORMAT, "NCCL Inspector JSON lines", nccl_inspector.sniff, nccl_inspector.parse),
 ]
 
 

@@ -1,4 +1,4 @@
-"""Generate the NCCL sample files in ``sample_traces/nccl/`` (nccl-tests output).
+"""Generate the NCCL sample files in ``sample_traces/nccl/`` (nccl-tests and Inspector output).
 
 Written from the layouts in docs/FORMATS.md section 3, with figures from a simple
 bandwidth model (latency + bytes / peak bus bandwidth) so that algbw and busbw
@@ -8,7 +8,9 @@ are consistent with the formulas:
   ``#wrong``), 8 GPUs on one node, each line behind an mpirun ``[1,0]<stdout>:`` prefix;
 - ``nccl_tests/all_gather_perf_old.txt``: an older build (no root column, ``error``
   instead of ``#wrong``, ``N/A`` with validation off);
-- ``nccl_tests/reduce_scatter_perf.json``: the ``-J`` JSON output.
+- ``nccl_tests/reduce_scatter_perf.json``: the ``-J`` JSON output;
+- ``inspector/node-a-pid<pid>.log``: NCCL Inspector JSON lines of a 4-rank communicator
+  (AllReduce, AllGather, Send/Recv), rank 2 finishing late, one line of launcher noise each.
 
 Deterministic: run ``python sample_traces/generate_nccl.py`` to rewrite them.
 """
@@ -20,6 +22,9 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent / "nccl" / "nccl_tests"
+INSPECTOR_OUT = Path(__file__).resolve().parent / "nccl" / "inspector"
+INSPECTOR_RANKS = 4
+LATE_RANK = 2
 RANKS = 8
 SIZES = [1 << k for k in range(3, 31, 3)]  # 8 B .. 1 GiB
 FACTORS = {"all_reduce": 2 * (RANKS - 1) / RANKS, "all_gather": (RANKS - 1) / RANKS,
@@ -100,6 +105,34 @@ def reduce_scatter_json() -> str:
     return json.dumps(doc, indent=1) + "\n"
 
 
+def inspector_lines(rank: int) -> str:
+    """One rank's Inspector output: 12 AllReduces and 4 AllGathers of a 4-rank communicator, a send/recv
+    pair, and a line of launcher noise. Rank 2 completes its collectives 400 us after the others (late)."""
+    lines = [f"[rank {rank}] inspector: dumping to ./nccl-inspector"]
+    start_us = 1_767_225_600_000_000  # 2026-01-01 00:00:00 UTC, in us
+    header = {"id": "0x7f3a9c", "comm_name": "default_pg", "rank": rank, "n_ranks": INSPECTOR_RANKS, "nnodes": 1}
+    for sn in range(1, 17):
+        coll, size = ("AllReduce", 64 << 20) if sn <= 12 else ("AllGather", 16 << 20)
+        exec_us = 420.0 if coll == "AllReduce" else 180.0
+        done_us = start_us + sn * 10_000 + round(exec_us) + (400 if rank == LATE_RANK else 0)
+        meta = {"inspector_output_format_version": "v4.0", "git_rev": "2.28.3", "rec_mechanism": "profiler_plugin",
+                "dump_timestamp_us": done_us, "hostname": "node-a", "pid": 4100 + rank}
+        algbw = size / (exec_us * 1e-6) / 1e9
+        factor = 2 * (INSPECTOR_RANKS - 1) / INSPECTOR_RANKS if coll == "AllReduce" else \
+            (INSPECTOR_RANKS - 1) / INSPECTOR_RANKS
+        perf = {"coll": coll, "coll_sn": sn, "coll_msg_size_bytes": size, "coll_exec_time_us": exec_us,
+                "coll_timing_source": "kernel_gpu", "coll_algobw_gbs": round(algbw, 3),
+                "coll_busbw_gbs": round(algbw * factor, 3)}
+        lines.append(json.dumps({"header": header, "metadata": meta, "coll_perf": perf}))
+    peer = rank ^ 1
+    meta = {"inspector_output_format_version": "v4.0", "dump_timestamp_us": start_us + 200_000, "hostname": "node-a",
+            "pid": 4100 + rank}
+    lines.append(json.dumps({"header": header, "metadata": meta, "p2p_perf": {
+        "p2p": "Send" if rank % 2 == 0 else "Recv", "p2p_sn": 1, "p2p_peer": peer, "p2p_msg_size_bytes": 1 << 20,
+        "p2p_exec_time_us": 25.0}}))
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     files = {"all_reduce_perf.txt": all_reduce_text(), "all_gather_perf_old.txt": all_gather_old_text(),
@@ -107,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in files.items():
         (OUT / name).write_text(text, encoding="utf-8")
         print(f"wrote {OUT / name}")
+    INSPECTOR_OUT.mkdir(parents=True, exist_ok=True)
+    for rank in range(INSPECTOR_RANKS):
+        path = INSPECTOR_OUT / f"node-a-pid{4100 + rank}.log"
+        path.write_text(inspector_lines(rank), encoding="utf-8")
+        print(f"wrote {path}")
     return 0
 
 

@@ -76,3 +76,36 @@ def test_committed_samples_match_the_generator() -> None:
     assert (NCCL_TESTS / "all_reduce_perf.txt").read_text() == generate_nccl.all_reduce_text()
     assert (NCCL_TESTS / "all_gather_perf_old.txt").read_text() == generate_nccl.all_gather_old_text()
     assert (NCCL_TESTS / "reduce_scatter_perf.json").read_text() == generate_nccl.reduce_scatter_json()
+
+
+INSPECTOR = ROOT / "sample_traces" / "nccl" / "inspector"
+
+
+def test_inspector_records_become_collectives(warehouse: Warehouse) -> None:
+    report = warehouse.ingest([INSPECTOR], job="insp")
+    assert report.ok and len(report.results) == 4
+    assert all(any("1 of 18 lines" in w for w in r.warnings) for r in report.results)  # the launcher noise line
+    counts = warehouse.query(
+        "SELECT rank, collective, count(*), max(message_bytes), max(group_size) FROM collectives "
+        "GROUP BY ALL ORDER BY rank, collective").rows
+    assert [c for c in counts if c[0] == 0] == [
+        (0, "all_gather", 4, 4 * (16 << 20), 4), (0, "all_reduce", 12, 64 << 20, 4), (0, "send", 1, 1 << 20, 4)]
+    analysis = warehouse.analyze(job="insp")
+    inst = analysis.collectives.filter(analysis.collectives["collective"] == "all_reduce")
+    assert inst.height == 12 and set(inst["last_rank"].to_list()) == {generate_nccl.LATE_RANK}
+    assert inst["skew_ns"].min() == 400_000
+    straggler = [f for f in analysis.findings if f.kind == "straggler"]
+    assert straggler and f"rank {generate_nccl.LATE_RANK}" in straggler[0].title
+
+
+def test_inspector_without_records_is_an_error(tmp_path: Path, warehouse: Warehouse) -> None:
+    path = tmp_path / "node-pid1.log"
+    path.write_text('{"header": {"id": "0x1"}, "metadata": {"inspector_output_format_version": "v4.0"}}\n'
+                    "not json at all\n")
+    result = warehouse.ingest_file(path)
+    assert not result.ok and "no NCCL Inspector records" in (result.error or "")
+
+
+def test_committed_inspector_samples_match_the_generator() -> None:
+    for rank in range(generate_nccl.INSPECTOR_RANKS):
+        assert (INSPECTOR / f"node-a-pid{4100 + rank}.log").read_text() == generate_nccl.inspector_lines(rank)

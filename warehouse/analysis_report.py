@@ -44,6 +44,10 @@ class Analysis:
 STORED = ("stream_idle", "launch_stats", "stream_queues", "steps", "collectives", "nccl_benchmarks")
 
 
+def _ranks(frame: pl.DataFrame) -> int:
+    return frame.select(pl.struct("trace_id", "rank").n_unique()).item() if frame.height else 0
+
+
 def compute(
     whole: pl.DataFrame, stored: dict[str, pl.DataFrame], top_kernels: pl.DataFrame,
     link_peaks: dict[str, float] | None = None,
@@ -70,7 +74,7 @@ def compute(
     )
     result.findings = findings.rank(
         findings.from_breakdown(whole)
-        + findings.from_last_arrivals(arrivals, ranks=whole.height, whole=whole)
+        + findings.from_last_arrivals(arrivals, ranks=max(whole.height, _ranks(stored["collectives"])), whole=whole)
         + findings.from_idle(result.idle_by_stream, whole)
         + findings.from_launches(result.launches)
         + findings.from_step_outliers(result.step_outliers)

@@ -1,0 +1,150 @@
+"""NCCL Inspector plugin output (NCCL >= 2.28): JSON lines, one completed operation each, into ``collectives``.
+
+A record (FORMATS.md section 3) is ``{"header": {id, comm_name, rank, n_ranks, nnodes},
+"metadata": {inspector_output_format_version, dump_timestamp_us, hostname, pid, ...},
+"coll_perf": {coll, coll_sn, coll_msg_size_bytes, coll_exec_time_us, ...}}`` or the same
+with ``p2p_perf`` (``p2p``, ``p2p_sn``, ``p2p_peer``, ...). Lines that are not JSON
+records are skipped and counted (a warning says how many); a file with none is an error.
+
+Mapping: ``collective`` in snake case (``AllReduce`` -> ``all_reduce``), ``process_group``
+the communicator name (else its id), ``seq`` = ``coll_sn`` (the same on every rank of
+the communicator), ``message_bytes`` as nccl-tests counts the operation (the record's
+per-rank size, times the ranks for AllGather, ReduceScatter and AlltoAll). Inspector
+gives no start time: ``ts_ns`` is the dump time minus the execution time (an
+estimate; the dump follows completion closely).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from tracelake.warehouse.errors import TraceFormatError
+
+from .model import ParseOptions, TraceInfo
+from .source import iter_chunks
+from .tables import write_table
+
+FORMAT = "nccl_inspector"
+
+_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
+#: Collectives whose Inspector size is one rank's share of the nccl-tests size.
+_PER_RANK_SHARE = {"all_gather", "reduce_scatter", "all_to_all", "alltoall"}
+_COLUMNS = ("event_id", "rank", "collective", "process_group", "group_size", "seq", "message_bytes", "src_rank",
+            "dst_rank", "ts_ns", "dur_ns", "cpu_ts_ns", "cpu_dur_ns", "is_async")
+
+
+def sniff(head: bytes, filename: str) -> bool:
+    """JSON lines whose first record has an Inspector ``header`` and a ``coll_perf``/``p2p_perf``."""
+    for line in head.split(b"\n")[:20]:  # launcher noise may come first
+        line = line.strip()
+        if line.startswith(b"{") and b'"header"' in line and (
+                b'"coll_perf"' in line or b'"p2p_perf"' in line or b"inspector_output_format_version" in line):
+            return True
+    return False
+
+
+def _snake(name: str) -> str:
+    return {"AllToAll": "all_to_all", "AlltoAll": "all_to_all"}.get(name) or _SNAKE.sub("_", name).lower()
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
+    """Parse Inspector JSON lines into ``collectives``.
+
+    Raises:
+        TraceFormatError: no Inspector record in the file.
+    """
+    decoder = msgspec.json.Decoder()
+    rows: dict[str, list[object]] = {c: [] for c in _COLUMNS}
+    skipped = lines = 0
+    facts: dict[str, Any] = {}
+    pending = b""
+    line_no = 0
+    for chunk in iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name):
+        parts = (pending + chunk).split(b"\n")
+        pending = parts.pop()
+        for raw in parts:
+            line_no += 1
+            lines, skipped = _line(raw, decoder, rows, facts, lines, skipped)
+    if pending.strip():
+        lines, skipped = _line(pending, decoder, rows, facts, lines, skipped)
+    if not rows["seq"]:
+        raise TraceFormatError(options.source_name, f"no NCCL Inspector records in {lines} non-empty lines")
+    rows["event_id"] = list(range(len(rows["seq"])))
+    write_table(staging, "collectives", rows, trace_id=options.trace_id)
+    info = TraceInfo(format=FORMAT, event_count=len(rows["seq"]), uncompressed_bytes=source.stat().st_size)
+    ranks = sorted({r for r in rows["rank"] if isinstance(r, int)})
+    info.rank = ranks[0] if ranks else 0
+    info.rank_source = "Inspector header"
+    info.world_size = facts.get("n_ranks")
+    info.host, info.pid = facts.get("hostname"), facts.get("pid")
+    starts = [t for t in rows["ts_ns"] if isinstance(t, int)]
+    ends = [t + d for t, d in zip(rows["ts_ns"], rows["dur_ns"], strict=True)
+            if isinstance(t, int) and isinstance(d, int)]
+    info.start_ns, info.end_ns = (min(starts), max(ends)) if starts and ends else (None, None)
+    if skipped:
+        info.warnings.append(f"{skipped} of {lines} lines were not Inspector records and were skipped")
+    return info
+
+
+def _line(raw: bytes, decoder: msgspec.json.Decoder[Any], rows: dict[str, list[object]], facts: dict[str, Any],
+          lines: int, skipped: int) -> tuple[int, int]:
+    text = raw.strip()
+    if not text:
+        return lines, skipped
+    lines += 1
+    try:
+        record = decoder.decode(text)
+    except msgspec.DecodeError:
+        return lines, skipped + 1
+    if not isinstance(record, dict) or not isinstance(record.get("header"), dict):
+        return lines, skipped + 1
+    header = record["header"]
+    meta: dict[str, Any] = record["metadata"] if isinstance(record.get("metadata"), dict) else {}
+    coll, p2p = record.get("coll_perf"), record.get("p2p_perf")
+    perf = coll if isinstance(coll, dict) else p2p if isinstance(p2p, dict) else None
+    if perf is None:
+        return lines, skipped + 1
+    is_p2p = perf is p2p
+    name = perf.get("p2p" if is_p2p else "coll")
+    seq = _int(perf.get("p2p_sn" if is_p2p else "coll_sn"))
+    exec_us = _number(perf.get("p2p_exec_time_us" if is_p2p else "coll_exec_time_us"))
+    if not isinstance(name, str) or seq is None or exec_us is None:
+        return lines, skipped + 1
+    rank, n_ranks = _int(header.get("rank")), _int(header.get("n_ranks"))
+    collective = _snake(name)
+    size = _int(perf.get("p2p_msg_size_bytes" if is_p2p else "coll_msg_size_bytes"))
+    if size is not None and n_ranks and collective in _PER_RANK_SHARE:
+        size *= n_ranks
+    dump_int, dump_float = _int(meta.get("dump_timestamp_us")), _number(meta.get("dump_timestamp_us"))
+    dump_ns = dump_int * 1000 if dump_int is not None else round(dump_float * 1000) if dump_float is not None else None
+    dur_ns = round(exec_us * 1000)
+    ts_ns = dump_ns - dur_ns if dump_ns is not None else None
+    peer = _int(perf.get("p2p_peer")) if is_p2p else None
+    comm = header.get("comm_name") or header.get("id")
+    if is_p2p and comm is not None:
+        comm = f"{comm}:p2p"  # p2p_sn counts separately from coll_sn
+    for column, value in (
+        ("rank", rank), ("collective", collective), ("process_group", str(comm) if comm is not None else None),
+        ("group_size", n_ranks), ("seq", seq), ("message_bytes", size),
+        ("src_rank", rank if is_p2p and collective == "send" else peer if is_p2p else None),
+        ("dst_rank", peer if is_p2p and collective == "send" else rank if is_p2p else None),
+        ("ts_ns", ts_ns), ("dur_ns", dur_ns), ("cpu_ts_ns", None), ("cpu_dur_ns", None), ("is_async", False),
+    ):
+        rows[column].append(value)
+    facts.setdefault("hostname", meta.get("hostname") if isinstance(meta.get("hostname"), str) else None)
+    facts.setdefault("pid", _int(meta.get("pid")))
+    if n_ranks:
+        facts["n_ranks"] = max(facts.get("n_ranks") or 0, n_ranks)
+    return lines, skipped
