@@ -10,14 +10,18 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any, TypeAlias
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracelake.warehouse import schema
 
+#: A column's values: a list, or an Arrow array (cast to the declared type).
+ColumnValues: TypeAlias = "Sequence[object] | pa.Array[Any] | pa.ChunkedArray[Any]"
 
-def arrow_table(table: str, columns: Mapping[str, Sequence[object]], *, trace_id: str) -> pa.Table:
+
+def arrow_table(table: str, columns: Mapping[str, ColumnValues], *, trace_id: str) -> pa.Table:
     """An Arrow table of ``table``'s declared schema from column lists.
 
     ``trace_id`` fills that column; other missing columns are null.
@@ -26,20 +30,24 @@ def arrow_table(table: str, columns: Mapping[str, Sequence[object]], *, trace_id
     unknown = set(columns) - set(tbl.column_names)
     if unknown:
         raise KeyError(f"{table} has no columns {sorted(unknown)}")
-    rows = len(next(iter(columns.values()))) if columns else 0
+    rows = len(next(iter(columns.values()))) if columns else 0  # lists, or Arrow arrays
 
     def column(c: schema.Column) -> pa.Array:
         if c.name in columns:
-            return pa.array(columns[c.name], type=c.arrow_type)
+            values = columns[c.name]
+            if isinstance(values, pa.Array | pa.ChunkedArray):
+                return values.cast(c.arrow_type)
+            return pa.array(values, type=c.arrow_type)
         if c.name == "trace_id":
             return pa.array([trace_id] * rows, type=c.arrow_type)
         return pa.nulls(rows, type=c.arrow_type)
 
     arrays = [column(c) for c in tbl.columns]
+    arrays = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
     return pa.Table.from_arrays(arrays, schema=tbl.arrow_schema)
 
 
-def write_table(staging: Path, table: str, columns: Mapping[str, Sequence[object]], *, trace_id: str) -> None:
+def write_table(staging: Path, table: str, columns: Mapping[str, ColumnValues], *, trace_id: str) -> None:
     """Write ``<table>.parquet`` in ``staging`` from column lists (see :func:`arrow_table`)."""
     pq.write_table(arrow_table(table, columns, trace_id=trace_id), staging / f"{table}.parquet", compression="zstd")
 
@@ -55,7 +63,7 @@ class TableWriter:
             staging / f"{table}.parquet", schema.table(table).arrow_schema, compression="zstd"
         )
 
-    def write(self, columns: Mapping[str, Sequence[object]]) -> None:
+    def write(self, columns: Mapping[str, ColumnValues]) -> None:
         """Append rows given as column lists."""
         part = arrow_table(self.table, columns, trace_id=self.trace_id)
         if part.num_rows:

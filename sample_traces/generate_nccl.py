@@ -9,6 +9,7 @@ are consistent with the formulas:
 - ``nccl_tests/all_gather_perf_old.txt``: an older build (no root column, ``error``
   instead of ``#wrong``, ``N/A`` with validation off);
 - ``nccl_tests/reduce_scatter_perf.json``: the ``-J`` JSON output;
+- ``debug_log/train-4ranks.log``: an NCCL_DEBUG=INFO log of 4 ranks on 2 nodes, interleaved;
 - ``inspector/node-a-pid<pid>.log``: NCCL Inspector JSON lines of a 4-rank communicator
   (AllReduce, AllGather, Send/Recv), rank 2 finishing late, one line of launcher noise each.
 
@@ -133,6 +134,44 @@ def inspector_lines(rank: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+LOG_OUT = Path(__file__).resolve().parent / "nccl" / "debug_log"
+LOG_HOSTS = ("node-a", "node-b")
+
+
+def debug_log() -> str:
+    """An NCCL_DEBUG=INFO log of 4 ranks on 2 nodes (2 GPUs each), interleaved in one file as mpirun
+    writes it: version, inits (NCCL 2.2x form), nNodes lines, transports (P2P in a node, NET/IB across),
+    10 AllReduce and 2 AllGather COLL lines per rank with timestamps, a TUNING line, a WARN, and noise."""
+    ranks = [(r, LOG_HOSTS[r // 2], 5100 + r, r % 2) for r in range(4)]
+    lines = ["[1,0]<stdout>:node-a:5100:5100 [0] NCCL INFO NCCL version 2.21.5+cuda12.4", "starting training"]
+    for rank, host, pid, dev in ranks:
+        prefix = f"[1,{rank}]<stdout>:{host}:{pid}:{pid + 7} [{dev}] NCCL INFO "
+        lines += [
+            prefix + f"ncclCommInitRank comm 0x55d0c{rank}a0 rank {rank} nranks 4 cudaDev {dev} nvmlDev {dev} "
+                     f"busId {dev + 1}8000 commId 0x9e2f4c1d5a7b3e01 - Init START",
+            prefix + f"comm 0x55d0c{rank}a0 rank {rank} nRanks 4 nNodes 2 localRanks 2 localRank {dev} MNNVL 0",
+            prefix + f"Channel 00/0 : {rank}[{dev}] -> {(rank + 1) % 4}[{(dev + 1) % 2}] "
+                     + ("via P2P/IPC" if dev == 0 else "[send] via NET/IB/0/GDRDMA"),
+            prefix + f"Channel 01/0 : {rank}[{dev}] -> {(rank + 1) % 4}[{(dev + 1) % 2}] "
+                     + ("via P2P/IPC" if dev == 0 else "[send] via NET/IB/1/GDRDMA"),
+            prefix + f"ncclCommInitRank comm 0x55d0c{rank}a0 rank {rank} nranks 4 cudaDev {dev} nvmlDev {dev} "
+                     f"busId {dev + 1}8000 commId 0x9e2f4c1d5a7b3e01 - Init COMPLETE",
+        ]
+    lines.append("[1,0]<stdout>:node-a:5100:5107 [0] NCCL INFO AllReduce: 67108864 Bytes -> Algo RING proto "
+                 "SIMPLE channel{Lo..Hi}={0..1}")
+    for op_count in range(12):
+        op, count = ("AllReduce", 16 << 20) if op_count < 10 else ("AllGather", 4 << 20)
+        for rank, host, pid, dev in ranks:
+            stamp = f"2026-01-01 00:00:{op_count:02d}.{100 + rank * 50:06d}"
+            lines.append(
+                f"[1,{rank}]<stdout>:[{stamp}] {host}:{pid}:{pid + 7} [{dev}] NCCL INFO {op}: opCount {op_count:x} "
+                f"sendbuff 0x7f00{rank}000 recvbuff 0x7f00{rank}800 count {count} datatype 7 op 0 root 0 "
+                f"comm 0x55d0c{rank}a0 [nranks=4] stream 0x55d0d{rank}00")
+    lines += ["", "[1,3]<stdout>:node-b:5103:5110 [1] transport/net_ib.cc:1234 NCCL WARN NET/IB : Got async event : "
+              "port error", "loss 2.31"]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     files = {"all_reduce_perf.txt": all_reduce_text(), "all_gather_perf_old.txt": all_gather_old_text(),
@@ -140,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in files.items():
         (OUT / name).write_text(text, encoding="utf-8")
         print(f"wrote {OUT / name}")
+    LOG_OUT.mkdir(parents=True, exist_ok=True)
+    (LOG_OUT / "train-4ranks.log").write_text(debug_log(), encoding="utf-8")
+    print(f"wrote {LOG_OUT / 'train-4ranks.log'}")
     INSPECTOR_OUT.mkdir(parents=True, exist_ok=True)
     for rank in range(INSPECTOR_RANKS):
         path = INSPECTOR_OUT / f"node-a-pid{4100 + rank}.log"

@@ -109,3 +109,38 @@ def test_inspector_without_records_is_an_error(tmp_path: Path, warehouse: Wareho
 def test_committed_inspector_samples_match_the_generator() -> None:
     for rank in range(generate_nccl.INSPECTOR_RANKS):
         assert (INSPECTOR / f"node-a-pid{4100 + rank}.log").read_text() == generate_nccl.inspector_lines(rank)
+
+
+DEBUG_LOG = ROOT / "sample_traces" / "nccl" / "debug_log" / "train-4ranks.log"
+
+
+def test_debug_log_communicators_channels_and_collectives(warehouse: Warehouse) -> None:
+    assert detect(DEBUG_LOG).name == "nccl_log"
+    result = warehouse.ingest_file(DEBUG_LOG, job="log")
+    assert result.ok, result.error
+    comms = warehouse.query("SELECT rank, host, nodes, local_rank, cuda_dev, comm_id FROM communicators "
+                            "ORDER BY rank").rows
+    assert comms == [(r, ("node-a", "node-b")[r // 2], 2, r % 2, r % 2, "0x9e2f4c1d5a7b3e01") for r in range(4)]
+    transports = dict(warehouse.query("SELECT transport, count(*) FROM comm_channels GROUP BY 1").rows)
+    assert transports == {"P2P/IPC": 4, "NET/IB/0/GDRDMA": 2, "NET/IB/1/GDRDMA": 2}
+    colls = warehouse.query("SELECT collective, count(*), min(seq), max(seq), max(message_bytes), "
+                            "count(DISTINCT rank) FROM collectives GROUP BY 1 ORDER BY 1").rows
+    assert colls == [("all_gather", 8, 10, 11, 64 << 20, 4), ("all_reduce", 40, 0, 9, 64 << 20, 4)]
+    row = warehouse.traces()[0]
+    assert row["nccl_version"] == "2.21.5+cuda12.4" and row["world_size"] == 4
+    assert any("NCCL WARN on node-b:5103" in w for w in row["warnings"])
+    assert any(w.startswith("recognised 65 of 73 lines") for w in row["warnings"])
+    # opCount is the same on every rank: the instances line up, rank 3 is the last to log each
+    inst = warehouse.analyze(job="log").collectives
+    assert inst.height == 12 and set(inst["ranks"].to_list()) == {4} and set(inst["last_rank"].to_list()) == {3}
+
+
+def test_text_without_nccl_lines_is_not_a_log(tmp_path: Path, warehouse: Warehouse) -> None:
+    path = tmp_path / "train.log"
+    path.write_text("epoch 1\n" * 100)
+    result = warehouse.ingest_file(path)
+    assert not result.ok and "not a trace format" in (result.error or "")
+
+
+def test_committed_debug_log_matches_the_generator() -> None:
+    assert DEBUG_LOG.read_text() == generate_nccl.debug_log()

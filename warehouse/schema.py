@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 #: Bumped whenever a table or column changes meaning or type.
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "VARCHAR": pa.string(),
@@ -92,7 +92,7 @@ TRACES = Table(
     "One row per ingested trace file. A trace is visible in every other table only once its row here exists.",
     (
         TRACE_ID,
-        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON), `xla` (XSpace `.xplane.pb`), `xla_json` (trace-viewer JSON of XLA), `nccl_tests`, `nccl_inspector`."),
+        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON), `xla` (XSpace `.xplane.pb`), `xla_json` (trace-viewer JSON of XLA), `nccl_tests`, `nccl_inspector`, `nccl_log`."),
         _c("source_name", "VARCHAR", "File name as given at ingest."),
         _c("source_path", "VARCHAR", "Absolute path of the file on the ingesting machine (null for uploads)."),
         _c("source_bytes", "BIGINT", "Size of the file as stored (compressed if it was)."),
@@ -293,6 +293,44 @@ NCCL_BENCHMARKS = Table(
 )
 
 
+COMMUNICATORS = Table(
+    "communicators",
+    "NCCL communicators per rank, from the init lines of NCCL debug logs.",
+    (
+        TRACE_ID,
+        RANK,
+        _c("comm", "VARCHAR", "Communicator address on this rank (`0x...`)."),
+        _c("comm_id", "VARCHAR", "Communicator id, the same on every rank (newer NCCL)."),
+        _c("nranks", "INTEGER", "Ranks in the communicator."),
+        _c("nodes", "INTEGER", "Nodes it spans."),
+        _c("local_ranks", "INTEGER", "Ranks of it on this node."),
+        _c("local_rank", "INTEGER", "This rank's index on its node."),
+        _c("cuda_dev", "INTEGER", "CUDA device."),
+        _c("nvml_dev", "INTEGER", "NVML device."),
+        _c("bus_id", "VARCHAR", "PCI bus id of the GPU."),
+        _c("host", "VARCHAR", "Host."),
+        _c("pid", "BIGINT", "Process id."),
+    ),
+    (JOB,),
+)
+
+COMM_CHANNELS = Table(
+    "comm_channels",
+    "NCCL channel connections and their transports (`P2P/IPC`, `SHM/direct/direct`, `NET/IB/0/GDRDMA`, "
+    "`NET/Socket/0`), from debug logs.",
+    (
+        TRACE_ID,
+        RANK,
+        _c("channel", "INTEGER", "Channel."),
+        _c("src_rank", "INTEGER", "Sending rank."),
+        _c("dst_rank", "INTEGER", "Receiving rank."),
+        _c("transport", "VARCHAR", "Transport as NCCL prints it."),
+        _c("direction", "VARCHAR", "`send` or `receive` where the log says."),
+    ),
+    (JOB,),
+)
+
+
 def _ns(name: str, doc: str) -> Column:
     return _c(name, "BIGINT", doc)
 
@@ -409,7 +447,8 @@ STREAM_QUEUES = Table(
 #: its row is what makes a trace visible.
 TABLES: dict[str, Table] = {
     t.name: t
-    for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, DEVICES, NCCL_BENCHMARKS, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
+    for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, DEVICES, NCCL_BENCHMARKS, COMMUNICATORS,
+              COMM_CHANNELS, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
               LAUNCH_STATS, STREAM_QUEUES, TRACES)
 }
 

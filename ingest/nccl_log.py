@@ -1,0 +1,230 @@
+"""NCCL debug logs (``NCCL_DEBUG=INFO``, FORMATS.md section 3) into ``communicators``, ``comm_channels``
+and ``collectives``.
+
+Lines read ``[timestamp ]host:pid:tid [cudaDev] NCCL INFO <msg>``, possibly behind a
+launcher prefix (``[1,0]<stdout>:``, ``host: ``), ranks interleaved. Each message kind
+is found by one regular expression run over a whole chunk of the log (the regex
+engine scans in C; Python only sees the matching lines), so a log of GBs parses at
+the speed of the scan:
+
+- communicator init (``comm 0x.. rank R nranks N cudaDev D [nvmlDev M] busId B
+  [commId 0x..] - Init COMPLETE``) and ``nRanks .. nNodes .. localRanks ..`` lines;
+- transports per channel (``Channel 00/0 : 0[0] -> 1[1] via P2P/IPC``);
+- COLL lines (``AllReduce: opCount 1a ... count .. datatype .. op .. root .. comm 0x..
+  [nranks=8] stream 0x..``): a ``collectives`` row each, ``seq`` = opCount (the same on
+  every rank of the communicator), ``process_group`` = the communicator's ``commId``
+  when an init line gave it (else its address on that rank), rank from the init line of
+  the same (host, pid, comm). COLL lines have no duration;
+- ``NCCL version``, WARN lines (counted, the first few kept as warnings).
+
+Lines of anything else are skipped and counted; a file without any NCCL line is an error.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+
+from tracelake.warehouse.errors import TraceFormatError
+
+from .model import ParseOptions, TraceInfo
+from .source import iter_chunks
+from .tables import write_table
+
+FORMAT = "nccl_log"
+
+_LINE = (r"^(?:\[\d+,\d+\]<std(?:out|err)>:|[\w.-]+: )?(?:\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?)\] ?)?"
+         r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO ")
+#: (marker text that every such line holds, pattern); lines are picked by the marker, then matched
+#: by polars (Rust regex, vectorised) so that GB logs parse at scanning speed.
+_INIT = ("Init COMPLETE",
+         _LINE + r"(?:\w+ )?comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cuda>\d+)"
+         r"(?: nvmlDev (?P<nvml>\d+))? busId (?P<bus>\w+)(?: commId (?P<commid>0x[0-9a-f]+))?")
+_NODES = (" nNodes ",
+          _LINE + r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nodes>\d+) "
+          r"localRanks (?P<local_ranks>\d+) localRank (?P<local_rank>\d+)")
+_CHANNEL = (" via ",
+            _LINE + r"Channel (?P<channel>\d+)(?:/\d+)? : (?P<src>\d+)\[(?P<srcdev>\d+)\] -> (?P<dst>\d+)\[(?P<dstdev>\d+)\] "
+            r"(?:\[(?P<direction>send|receive)\] )?via (?P<transport>\S+)")
+_COLL = (" opCount ",
+         _LINE + r"(?P<op>\w+): opCount (?P<opcount>[0-9a-f]+) sendbuff \S+ recvbuff \S+ count (?P<count>\d+) "
+         r"datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>\d+) comm (?P<comm>0x[0-9a-f]+)"
+         r"(?: \[nranks=(?P<nranks>\d+)\])? stream (?P<stream>0x[0-9a-f]+)")
+_WARN = ("NCCL WARN", r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[\d+\] (?:\S+:\d+ )?(?:\(\w+\) )?NCCL WARN (?P<msg>.*)$")
+_VERSION = re.compile(r"NCCL version (?P<version>[\w.+-]+)")
+
+#: FORMATS.md: datatype codes -> bytes per element.
+DTYPE = {0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8), 5: ("uint64", 8),
+         6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bfloat16", 2), 10: ("float8e4m3", 1),
+         11: ("float8e5m2", 1)}
+#: Collectives whose COLL ``count`` is one rank's share of the nccl-tests size.
+_PER_RANK_SHARE = {"all_gather", "reduce_scatter", "all_to_all"}
+_OPS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
+        "Broadcast": "broadcast", "Reduce": "reduce", "AllToAll": "all_to_all", "Send": "send", "Recv": "recv"}
+_KEEP_WARNINGS = 5
+
+
+def sniff(head: bytes, filename: str) -> bool:
+    """Text with NCCL's INFO/WARN lines or its version line."""
+    return b" NCCL INFO " in head or b" NCCL WARN " in head or b"NCCL version " in head
+
+
+class _State:
+    def __init__(self) -> None:
+        self.found: dict[str, list[pl.DataFrame]] = {"init": [], "nodes": [], "channel": [], "coll": [], "warn": []}
+        self.version: str | None = None
+        self.lines = 0
+
+
+_KINDS = {"init": _INIT, "nodes": _NODES, "channel": _CHANNEL, "coll": _COLL, "warn": _WARN}
+
+
+def _scan(text: str, state: _State) -> None:
+    lines = pl.Series("line", text.split("\n"), dtype=pl.String)
+    state.lines += int((lines.str.len_bytes() > 0).sum())
+    if state.version is None and (found := _VERSION.search(text)):
+        state.version = found.group("version")
+    for kind, (marker, pattern) in _KINDS.items():
+        picked = lines.filter(lines.str.contains(marker, literal=True))
+        if picked.len():
+            groups = picked.str.extract_groups(pattern).struct.unnest()
+            state.found[kind].append(groups.filter(pl.col("host").is_not_null()))
+
+
+def _frame(state: _State, kind: str) -> pl.DataFrame:
+    frames = [f for f in state.found[kind] if f.height]
+    return pl.concat(frames) if frames else pl.DataFrame()
+
+
+def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
+    """Parse one NCCL debug log (any number of ranks interleaved).
+
+    Raises:
+        TraceFormatError: no NCCL line in the file.
+    """
+    state = _State()
+    pending = ""
+    for chunk in iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name, chunk_bytes=16 << 20):
+        text = pending + chunk.decode("utf-8", "replace")
+        cut = text.rfind("\n") + 1
+        pending = text[cut:]
+        _scan(text[:cut], state)
+    if pending:
+        _scan(pending, state)
+    frames = {kind: _frame(state, kind) for kind in _KINDS}
+    recognised = sum(f.height for f in frames.values())
+    if not recognised and state.version is None:
+        raise TraceFormatError(options.source_name, f"no NCCL INFO/WARN lines in {state.lines:,} lines")
+    comms = _communicators(frames["init"], frames["nodes"])
+    write_table(staging, "communicators", {c: comms[c].to_arrow() for c in _COMM_COLUMNS if c in comms.columns},
+                trace_id=options.trace_id)
+    write_table(staging, "comm_channels", _channels(frames["channel"], comms), trace_id=options.trace_id)
+    write_table(staging, "collectives", _collectives(frames["coll"], comms), trace_id=options.trace_id)
+
+    info = TraceInfo(format=FORMAT, event_count=recognised, uncompressed_bytes=source.stat().st_size)
+    ranks = sorted(r for r in comms["rank"].to_list() if r is not None) if comms.height else []
+    info.rank = ranks[0] if ranks else 0
+    info.rank_source = "NCCL init lines"
+    most = comms["nranks"].max() if comms.height else None
+    info.world_size = int(most) if isinstance(most, int) else None
+    info.nccl_version = state.version
+    info.backend = "nccl"
+    hosts = sorted(h for h in comms["host"].to_list() if h) if comms.height else []
+    info.host = hosts[0] if hosts else None
+    warn = frames["warn"]
+    for row in warn.head(_KEEP_WARNINGS).iter_rows(named=True):
+        info.warnings.append(f"NCCL WARN on {row['host']}:{row['pid']}: {str(row['msg']).strip()}")
+    if warn.height > _KEEP_WARNINGS:
+        info.warnings.append(f"{warn.height - _KEEP_WARNINGS} more NCCL WARN lines")
+    if recognised < state.lines:
+        info.warnings.append(f"recognised {recognised:,} of {state.lines:,} lines (the rest is not NCCL "
+                             "output tracelake reads)")
+    return info
+
+
+_COMM_COLUMNS = ("rank", "comm", "comm_id", "nranks", "nodes", "local_ranks", "local_rank", "cuda_dev", "nvml_dev",
+                 "bus_id", "host", "pid")
+_KEY = ["host", "pid", "comm"]
+
+
+def _communicators(init: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
+    """One row per (host, pid, comm): what its init and nNodes lines say."""
+    parts = []
+    if init.height:
+        parts.append(init.select(
+            *_KEY, pl.col("rank").cast(pl.Int32), pl.col("nranks").cast(pl.Int32),
+            pl.col("cuda").cast(pl.Int32).alias("cuda_dev"), pl.col("nvml").cast(pl.Int32).alias("nvml_dev"),
+            pl.col("bus").alias("bus_id"), pl.col("commid").alias("comm_id"),
+        ).unique(_KEY, keep="last", maintain_order=True))
+    if nodes.height:
+        parts.append(nodes.select(
+            *_KEY, pl.col("rank").cast(pl.Int32), pl.col("nranks").cast(pl.Int32),
+            pl.col("nodes").cast(pl.Int32), pl.col("local_ranks").cast(pl.Int32),
+            pl.col("local_rank").cast(pl.Int32),
+        ).unique(_KEY, keep="last", maintain_order=True))
+    if not parts:
+        return pl.DataFrame(schema={"host": pl.String, "pid": pl.String, "comm": pl.String, "rank": pl.Int32,
+                                    "nranks": pl.Int32})
+    comms = parts[0]
+    if len(parts) == 2:
+        comms = comms.join(parts[1], on=_KEY, how="full", coalesce=True, suffix="_n").with_columns(
+            pl.coalesce("rank", "rank_n").alias("rank"), pl.coalesce("nranks", "nranks_n").alias("nranks"),
+        ).drop("rank_n", "nranks_n")
+    return comms.with_columns(pl.col("pid").cast(pl.Int64)).sort("rank", "comm", nulls_last=True)
+
+
+def _channels(channel: pl.DataFrame, comms: pl.DataFrame) -> dict[str, pa.Array]:
+    if not channel.height:
+        return {}
+    ranks = comms.select("host", "pid", "rank").unique(["host", "pid"], keep="first") if comms.height else None
+    frame = channel.with_columns(pl.col("pid").cast(pl.Int64))
+    frame = frame.join(ranks, on=["host", "pid"], how="left") if ranks is not None else \
+        frame.with_columns(pl.lit(None, dtype=pl.Int32).alias("rank"))
+    out = frame.select(
+        pl.coalesce(pl.col("rank"), pl.col("src").cast(pl.Int32)).alias("rank"),
+        pl.col("channel").cast(pl.Int32), pl.col("src").cast(pl.Int32).alias("src_rank"),
+        pl.col("dst").cast(pl.Int32).alias("dst_rank"), "transport", "direction",
+    )
+    return {c: out[c].to_arrow() for c in out.columns}
+
+
+def _collectives(coll: pl.DataFrame, comms: pl.DataFrame) -> dict[str, pa.Array]:
+    if not coll.height:
+        return {}
+    frame = coll.with_columns(pl.col("pid").cast(pl.Int64))
+    if comms.height:
+        frame = frame.join(comms.select(*_KEY, "rank", pl.col("nranks").alias("comm_nranks"),
+                                        *(["comm_id"] if "comm_id" in comms.columns else [])),
+                           on=_KEY, how="left")
+    for name, dtype in (("rank", pl.Int32), ("comm_nranks", pl.Int32), ("comm_id", pl.String)):
+        if name not in frame.columns:
+            frame = frame.with_columns(pl.lit(None, dtype=dtype).alias(name))
+    op = pl.col("op").replace_strict(_OPS, default=pl.col("op").str.to_lowercase())
+    dtype_code = pl.col("dtype").cast(pl.Int64)
+    size = dtype_code.replace_strict({k: v[1] for k, v in DTYPE.items()}, default=None, return_dtype=pl.Int64)
+    nranks = pl.coalesce(pl.col("nranks").cast(pl.Int32), pl.col("comm_nranks"))
+    count = pl.col("count").cast(pl.Int64)
+    message = count * size * pl.when(op.is_in(list(_PER_RANK_SHARE))).then(nranks.cast(pl.Int64)).otherwise(1)
+    root = pl.col("root").cast(pl.Int32)
+    out = frame.with_columns(op.alias("collective")).select(
+        pl.int_range(pl.len(), dtype=pl.Int64).alias("event_id"),
+        "rank", "collective",
+        pl.coalesce("comm_id", "comm").alias("process_group"),
+        nranks.alias("group_size"),
+        pl.col("opcount").str.to_integer(base=16).alias("seq"),
+        dtype_code.replace_strict({k: v[0] for k, v in DTYPE.items()}, default=pl.col("dtype"),
+                                  return_dtype=pl.String).alias("dtype"),
+        count.alias("in_nelems"), message.alias("message_bytes"),
+        pl.when(pl.col("collective") == "send").then(pl.col("rank"))
+        .when(pl.col("collective").is_in(["recv", "broadcast"])).then(root).alias("src_rank"),
+        pl.when(pl.col("collective") == "send").then(root)
+        .when(pl.col("collective") == "recv").then(pl.col("rank")).alias("dst_rank"),
+        pl.col("ts").str.replace(" ", "T").str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", time_unit="ns", strict=False)
+        .dt.epoch("ns").alias("ts_ns"),
+        (pl.col("stream").str.slice(2).str.to_integer(base=16, strict=False) % (1 << 62)).alias("stream"),
+        pl.lit(False).alias("is_async"),
+    )
+    return {c: out[c].to_arrow() for c in out.columns}
