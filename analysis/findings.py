@@ -65,8 +65,10 @@ def from_breakdown(whole: pl.DataFrame) -> list[Finding]:
     return findings
 
 
-#: A straggler is reported only when its lateness adds up to this share of a rank's span.
+#: A straggler is reported only when its lateness adds up to this share of a rank's span...
 MIN_GAIN_SHARE = 0.001
+#: ...and it arrives at least this late on average.
+MIN_SKEW_NS = 10_000
 
 
 def from_last_arrivals(arrivals: pl.DataFrame, ranks: int, whole: pl.DataFrame | None = None) -> list[Finding]:
@@ -84,6 +86,8 @@ def from_last_arrivals(arrivals: pl.DataFrame, ranks: int, whole: pl.DataFrame |
     if share <= 2 / ranks:
         return []
     skew_ns = float(top["mean_skew_us"] or 0) * 1e3
+    if skew_ns < MIN_SKEW_NS:
+        return []  # microseconds apart: clock noise, not a straggler
     if whole is not None and not whole.is_empty():
         span = whole.select(pl.col("span_ns").cast(pl.Float64).median()).item() or 0
         if skew_ns * top["times_last"] < MIN_GAIN_SHARE * span:
@@ -166,8 +170,8 @@ def from_step_outliers(outliers: pl.DataFrame) -> list[Finding]:
 
 
 def rank(findings: list[Finding]) -> list[Finding]:
-    """Findings ordered by estimated gain, largest first."""
-    return sorted(findings, key=lambda f: f.gain_ns, reverse=True)
+    """Findings ordered by estimated gain, largest first; a hang (no gain to estimate: nothing moves) first of all."""
+    return sorted(findings, key=lambda f: (f.kind != "hang", -f.gain_ns))
 
 
 def from_nccl_benchmarks(summary: pl.DataFrame) -> list[Finding]:
@@ -188,3 +192,21 @@ def from_nccl_benchmarks(summary: pl.DataFrame) -> list[Finding]:
         )
         for row in low.to_dicts()
     ]
+
+
+def from_lagging_ranks(lagging: pl.DataFrame) -> list[Finding]:
+    """Ranks behind the rest of their process group in Flight Recorder dumps: the likely cause of a hang."""
+    if lagging.is_empty():
+        return []
+    worst = lagging.row(0, named=True)
+    ahead = lagging.filter(pl.col("process_group") == worst["process_group"])
+    ranks = ", ".join(str(r) for r in ahead["rank"].to_list())
+    return [Finding(
+        "hang",
+        f"rank{'s' if ahead.height > 1 else ''} {ranks} stopped behind process group {worst['process_group']}",
+        f"Flight Recorder: the group enqueued collectives up to seq {worst['group_enqueued']}, but rank "
+        f"{worst['rank']} completed only up to {worst['last_completed']}: it is stuck in (or never reached) "
+        f"seq {(worst['last_completed'] or 0) + 1}; look at what that rank was doing (its stack, its data loader, "
+        "its GPU)",
+        0,
+    )]

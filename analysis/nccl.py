@@ -60,3 +60,19 @@ def benchmark_summary(rows: pl.DataFrame, peaks: dict[str, float] | None = None)
     ).with_columns(
         (100 * pl.col("peak_busbw_gbs") / pl.col("link_peak_gbs")).alias("peak_share_pct"),
     ).select(SUMMARY_COLUMNS)
+
+
+def lagging_ranks(status: pl.DataFrame) -> pl.DataFrame:
+    """From Flight Recorder status: per process group, the ranks whose last completed collective is behind
+    the furthest any rank enqueued (hung in, or late to, the next one). Columns: ``process_group``, ``rank``,
+    ``last_completed``, ``group_enqueued`` (the furthest enqueued seq in the group), ``behind``."""
+    if status.is_empty():
+        return pl.DataFrame(schema={"process_group": pl.String, "rank": pl.Int32, "last_completed": pl.Int64,
+                                    "group_enqueued": pl.Int64, "behind": pl.Int64})
+    return (
+        status.with_columns(pl.col("last_enqueued").max().over("process_group").alias("group_enqueued"))
+        .with_columns((pl.col("group_enqueued") - pl.col("last_completed").fill_null(0)).alias("behind"))
+        .filter(pl.col("behind") > 0)
+        .select("process_group", "rank", "last_completed", "group_enqueued", "behind")
+        .sort("behind", "rank", descending=[True, False])
+    )

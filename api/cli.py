@@ -313,8 +313,8 @@ def _print_findings(found: list[findings.Finding]) -> None:
     if not found:
         console.print("no findings: nothing exposed, idle or late stands out", highlight=False)
     for f in found:
-        console.print(f"- [bold]{escape(f.title)}[/]: {escape(f.detail)} "
-                      f"(fixing it saves up to {f.gain_ns / 1e6:,.1f} ms)", highlight=False, soft_wrap=True)
+        gain = f" (fixing it saves up to {f.gain_ns / 1e6:,.1f} ms)" if f.gain_ns > 0 else ""
+        console.print(f"- [bold]{escape(f.title)}[/]: {escape(f.detail)}{gain}", highlight=False, soft_wrap=True)
 
 
 def _short_kernel(name: pl.Expr, width: int = 40) -> pl.Expr:

@@ -10,6 +10,8 @@ are consistent with the formulas:
   instead of ``#wrong``, ``N/A`` with validation off);
 - ``nccl_tests/reduce_scatter_perf.json``: the ``-J`` JSON output;
 - ``debug_log/train-4ranks.log``: an NCCL_DEBUG=INFO log of 4 ranks on 2 nodes, interleaved;
+- ``flight_recorder/nccl_trace_rank_<r>[.json]``: PyTorch Flight Recorder dumps of 4 ranks (JSON,
+  and the default pickle for rank 3), rank 3 hung in an all_reduce;
 - ``inspector/node-a-pid<pid>.log``: NCCL Inspector JSON lines of a 4-rank communicator
   (AllReduce, AllGather, Send/Recv), rank 2 finishing late, one line of launcher noise each.
 
@@ -19,6 +21,7 @@ Deterministic: run ``python sample_traces/generate_nccl.py`` to rewrite them.
 from __future__ import annotations
 
 import json
+import pickle
 import sys
 from pathlib import Path
 
@@ -172,6 +175,47 @@ def debug_log() -> str:
     return "\n".join(lines) + "\n"
 
 
+FR_OUT = Path(__file__).resolve().parent / "nccl" / "flight_recorder"
+FR_RANKS, HUNG_RANK = 4, 3
+
+
+def flight_recorder_dump(rank: int) -> dict[str, object]:
+    """One rank's Flight Recorder dump: 12 all_reduces and a send/recv in the default group; rank 3 is
+    hung in all_reduce seq 10 (it completed 9; the others enqueued 12)."""
+    last = 9 if rank == HUNG_RANK else 12
+    entries: list[dict[str, object]] = []
+    for seq in range(1, 13):
+        state = "completed" if seq <= last else ("started" if seq == last + 1 else "scheduled")
+        entry: dict[str, object] = {
+            "record_id": seq - 1, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": seq,
+            "p2p_seq_id": 0, "op_id": seq, "profiling_name": "nccl:all_reduce",
+            "time_created_ns": 1_767_225_600_000_000_000 + seq * 10_000_000 + rank * 1_000,
+            "input_sizes": [[4096, 1024]], "input_dtypes": ["Float"], "output_sizes": [[4096, 1024]],
+            "output_dtypes": ["Float"], "state": state, "retired": state == "completed", "timeout_ms": 600_000,
+            "is_p2p": False, "frames": [],
+        }
+        if state == "completed":
+            entry["duration_ms"] = 1.25
+            entry["time_discovered_started_ns"] = entry["time_created_ns"]
+        entries.append(entry)
+    peer = rank ^ 1
+    entries.append({
+        "record_id": 12, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": 0, "p2p_seq_id": 1,
+        "op_id": 13, "profiling_name": f"nccl:{'send' if rank % 2 == 0 else 'recv'} "
+                                       f"{rank if rank % 2 == 0 else peer}->{peer if rank % 2 == 0 else rank}",
+        "time_created_ns": 1_767_225_600_000_000_000, "input_sizes": [[256]], "input_dtypes": ["BFloat16"],
+        "output_sizes": [[256]], "output_dtypes": ["BFloat16"], "state": "completed", "is_p2p": True,
+        "duration_ms": 0.05, "frames": [],
+    })
+    return {
+        "version": "2.4", "comm_lib_version": "2.21.5", "rank": rank,
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": list(range(FR_RANKS))}},
+        "pg_status": {"0": {"last_enqueued_collective": 12, "last_started_collective": min(last + 1, 12),
+                            "last_completed_collective": last}},
+        "entries": entries,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     files = {"all_reduce_perf.txt": all_reduce_text(), "all_gather_perf_old.txt": all_gather_old_text(),
@@ -182,6 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     LOG_OUT.mkdir(parents=True, exist_ok=True)
     (LOG_OUT / "train-4ranks.log").write_text(debug_log(), encoding="utf-8")
     print(f"wrote {LOG_OUT / 'train-4ranks.log'}")
+    FR_OUT.mkdir(parents=True, exist_ok=True)
+    for rank in range(FR_RANKS):  # JSON for ranks 0-2, the default pickle for rank 3
+        dump = flight_recorder_dump(rank)
+        if rank == FR_RANKS - 1:
+            (FR_OUT / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(dump, protocol=4))
+        else:
+            (FR_OUT / f"nccl_trace_rank_{rank}.json").write_text(json.dumps(dump, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {FR_OUT}/nccl_trace_rank_*")
     INSPECTOR_OUT.mkdir(parents=True, exist_ok=True)
     for rank in range(INSPECTOR_RANKS):
         path = INSPECTOR_OUT / f"node-a-pid{4100 + rank}.log"

@@ -144,3 +144,55 @@ def test_text_without_nccl_lines_is_not_a_log(tmp_path: Path, warehouse: Warehou
 
 def test_committed_debug_log_matches_the_generator() -> None:
     assert DEBUG_LOG.read_text() == generate_nccl.debug_log()
+
+
+FLIGHT = ROOT / "sample_traces" / "nccl" / "flight_recorder"
+
+
+def test_flight_recorder_json_and_pickle_find_the_hung_rank(warehouse: Warehouse) -> None:
+    report = warehouse.ingest([FLIGHT], job="fr")
+    assert report.ok and len(report.results) == 4, [r.error for r in report.failed]
+    assert {r.format for r in report.results} == {"flight_recorder"}
+    status = warehouse.query("SELECT rank, last_enqueued, last_completed FROM flight_recorder_status "
+                             "ORDER BY rank").rows
+    assert status == [(0, 12, 12), (1, 12, 12), (2, 12, 12), (3, 12, 9)]
+    colls = warehouse.query("SELECT rank, count(*), max(message_bytes) FROM collectives "
+                            "WHERE collective = 'all_reduce' GROUP BY 1 ORDER BY 1").rows
+    assert colls == [(r, 12, 4096 * 1024 * 4) for r in range(4)]  # the pickle (rank 3) reads like the JSON
+    analysis = warehouse.analyze(job="fr")
+    assert analysis.lagging_ranks.rows() == [("0", 3, 9, 12, 3)]
+    assert analysis.findings[0].kind == "hang" and "rank 3" in analysis.findings[0].title
+
+
+def test_a_pickle_that_would_run_code_is_refused(tmp_path: Path, warehouse: Warehouse) -> None:
+    """The untrusted pickle must be rejected before anything in it runs."""
+    import os
+    import pickle
+
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (os.system, (f"touch {marker}",))
+
+    dump = generate_nccl.flight_recorder_dump(0)
+    dump["entries"][0]["frames"] = [Exploit()]  # type: ignore[index]
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps(dump, protocol=4))
+    result = warehouse.ingest_file(path)
+    assert not result.ok
+    assert "refused without running anything" in (result.error or "") and "system" in (result.error or "")
+    assert not marker.exists()
+    assert warehouse.query("SELECT count(*) FROM traces").rows == [(0,)]
+
+
+def test_committed_flight_recorder_samples_match_the_generator() -> None:
+    import json
+    import pickle
+
+    for rank in range(generate_nccl.FR_RANKS - 1):
+        assert json.loads((FLIGHT / f"nccl_trace_rank_{rank}.json").read_text()) == \
+            generate_nccl.flight_recorder_dump(rank)
+    last = generate_nccl.FR_RANKS - 1
+    assert (FLIGHT / f"nccl_trace_rank_{last}").read_bytes() == pickle.dumps(
+        generate_nccl.flight_recorder_dump(last), protocol=4)

@@ -28,6 +28,7 @@ class Analysis:
     collectives: pl.DataFrame
     last_arrivals: pl.DataFrame
     nccl_benchmarks: pl.DataFrame
+    lagging_ranks: pl.DataFrame
     findings: list[findings.Finding] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -35,13 +36,14 @@ class Analysis:
         frames = {
             name: getattr(self, name).to_dicts()
             for name in ("breakdown", "top_kernels", "idle_by_stream", "launches", "queues", "step_stats",
-                         "step_outliers", "collectives", "last_arrivals", "nccl_benchmarks")
+                         "step_outliers", "collectives", "last_arrivals", "nccl_benchmarks", "lagging_ranks")
         }
         return {"findings": [f.as_dict() for f in self.findings], **frames}
 
 
 #: Tables :func:`compute` takes rows of (stored at ingest or parsed; small per trace).
-STORED = ("stream_idle", "launch_stats", "stream_queues", "steps", "collectives", "nccl_benchmarks")
+STORED = ("stream_idle", "launch_stats", "stream_queues", "steps", "collectives", "nccl_benchmarks",
+          "flight_recorder_status")
 
 
 def _ranks(frame: pl.DataFrame) -> int:
@@ -71,6 +73,7 @@ def compute(
         collectives=collectives.instances(stored["collectives"]),
         last_arrivals=arrivals,
         nccl_benchmarks=nccl.benchmark_summary(stored["nccl_benchmarks"], link_peaks),
+        lagging_ranks=nccl.lagging_ranks(stored["flight_recorder_status"]),
     )
     result.findings = findings.rank(
         findings.from_breakdown(whole)
@@ -79,5 +82,6 @@ def compute(
         + findings.from_launches(result.launches)
         + findings.from_step_outliers(result.step_outliers)
         + findings.from_nccl_benchmarks(result.nccl_benchmarks)
+        + findings.from_lagging_ranks(result.lagging_ranks)
     )
     return result

@@ -492,7 +492,8 @@ _TEXT_SUFFIXES = (".txt", ".log", ".out")
 def _looks_like_trace(path: Path) -> bool:
     if path.name.startswith("."):
         return False
-    if path.name.endswith(_TEXT_SUFFIXES):
+    if path.name.endswith(_TEXT_SUFFIXES) or ("." not in path.name and "rank" in path.name.lower()):
+        # text outputs, and Flight Recorder dumps (``nccl_trace_rank_3``): only when recognised
         try:
             ingest.detect(path)
         except TracelakeError:

@@ -92,7 +92,7 @@ TRACES = Table(
     "One row per ingested trace file. A trace is visible in every other table only once its row here exists.",
     (
         TRACE_ID,
-        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON), `xla` (XSpace `.xplane.pb`), `xla_json` (trace-viewer JSON of XLA), `nccl_tests`, `nccl_inspector`, `nccl_log`."),
+        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON), `xla` (XSpace `.xplane.pb`), `xla_json` (trace-viewer JSON of XLA), `nccl_tests`, `nccl_inspector`, `nccl_log`, `flight_recorder`."),
         _c("source_name", "VARCHAR", "File name as given at ingest."),
         _c("source_path", "VARCHAR", "Absolute path of the file on the ingesting machine (null for uploads)."),
         _c("source_bytes", "BIGINT", "Size of the file as stored (compressed if it was)."),
@@ -331,6 +331,22 @@ COMM_CHANNELS = Table(
 )
 
 
+FLIGHT_RECORDER_STATUS = Table(
+    "flight_recorder_status",
+    "Per rank and process group, from PyTorch Flight Recorder dumps: the seq of the last collective enqueued, "
+    "started and completed. A rank whose last completed seq is behind what the others enqueued is hung or late.",
+    (
+        TRACE_ID,
+        RANK,
+        _c("process_group", "VARCHAR", "Process group."),
+        _c("last_enqueued", "BIGINT", "Seq of the last collective enqueued."),
+        _c("last_started", "BIGINT", "Seq of the last collective started."),
+        _c("last_completed", "BIGINT", "Seq of the last collective completed."),
+    ),
+    (JOB,),
+)
+
+
 def _ns(name: str, doc: str) -> Column:
     return _c(name, "BIGINT", doc)
 
@@ -448,7 +464,7 @@ STREAM_QUEUES = Table(
 TABLES: dict[str, Table] = {
     t.name: t
     for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, DEVICES, NCCL_BENCHMARKS, COMMUNICATORS,
-              COMM_CHANNELS, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
+              COMM_CHANNELS, FLIGHT_RECORDER_STATUS, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
               LAUNCH_STATS, STREAM_QUEUES, TRACES)
 }
 

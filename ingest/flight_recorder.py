@@ -1,0 +1,157 @@
+"""PyTorch Flight Recorder dumps (JSON or pickle) into ``collectives`` and ``flight_recorder_status``.
+
+A dump (FORMATS.md section 3) is one rank's record of its last N collectives:
+``pg_config`` (process groups), ``pg_status`` (per group, the seq of the last
+collective enqueued, started and completed: what a hang analysis compares across
+ranks) and ``entries`` (``profiling_name`` like ``nccl:all_reduce``,
+``collective_seq_id``, ``time_created_ns``, ``duration_ms``, sizes and dtypes, state).
+
+Pickles come from uploads and are untrusted: :class:`PlainUnpickler` builds only
+plain containers and scalars and refuses any reference to a class or function, so a
+pickle that would run code is rejected before anything runs.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+from tracelake.warehouse.errors import TraceFormatError
+
+from .model import ParseOptions, TraceInfo
+from .source import iter_chunks
+from .tables import write_table
+
+FORMAT = "flight_recorder"
+
+_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
+_P2P = re.compile(r"^(?:nccl:)?(send|recv)\s+(\d+)\s*->\s*(\d+)")
+#: Bytes per element by the dtype names Flight Recorder writes.
+DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Long": 8, "Byte": 1, "Char": 1,
+               "Bool": 1, "Short": 2, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
+#: A dump larger than this is refused (Flight Recorder keeps the last few thousand entries).
+MAX_BYTES = 512 << 20
+
+
+class PlainUnpickler(pickle.Unpickler):
+    """Unpickles dicts, lists, tuples, sets, strings, bytes and numbers; refuses every class and function."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(
+            f"the pickle refers to {module}.{name}; Flight Recorder dumps hold only plain containers and scalars, "
+            "so it was refused without running anything"
+        )
+
+
+def sniff(head: bytes, filename: str) -> bool:
+    """A Flight Recorder dump: JSON or pickle with its top-level keys."""
+    markers = (b"pg_config", b"pg_status", b"comm_lib_version")
+    if head[:1] == b"\x80":  # pickle protocol 2+
+        return any(m in head for m in markers)
+    return head.lstrip()[:1] == b"{" and b'"entries"' in head and any(m in head for m in markers)
+
+
+def _load(source: Path, options: ParseOptions) -> dict[str, Any]:
+    if source.stat().st_size > MAX_BYTES:
+        raise TraceFormatError(options.source_name, f"larger than {MAX_BYTES >> 20} MB: not a Flight Recorder dump")
+    data = b"".join(iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name))
+    if data[:1] == b"\x80":
+        try:
+            doc = PlainUnpickler(io.BytesIO(data)).load()
+        except pickle.UnpicklingError as exc:
+            raise TraceFormatError(options.source_name, f"unsafe or damaged pickle: {exc}") from None
+        except (EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError, MemoryError) as exc:
+            raise TraceFormatError(options.source_name, f"damaged pickle ({type(exc).__name__}: {exc})") from None
+    else:
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise TraceFormatError(options.source_name, f"invalid JSON ({exc})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
+        raise TraceFormatError(options.source_name, "no 'entries' list: not a Flight Recorder dump")
+    return doc
+
+
+def _bytes(sizes: object, dtypes: object) -> int | None:
+    if not isinstance(sizes, list | tuple) or not isinstance(dtypes, list | tuple):
+        return None
+    total = 0
+    for shape, dtype in zip(sizes, dtypes, strict=False):
+        if not isinstance(shape, list | tuple) or not all(isinstance(d, int) for d in shape):
+            return None
+        total += math.prod(shape) * DTYPE_BYTES.get(str(dtype), 0)
+    return total
+
+
+def _group(value: object) -> str | None:
+    if isinstance(value, list | tuple) and value:
+        return str(value[0])
+    return None if value is None else str(value)
+
+
+def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
+    """Parse one rank's Flight Recorder dump.
+
+    Raises:
+        TraceFormatError: not a dump, a damaged one, or a pickle that refers to anything but plain data.
+    """
+    doc = _load(source, options)
+    rank = doc.get("rank") if isinstance(doc.get("rank"), int) else None
+    rank_source = "dump"
+    if rank is None:
+        match = _RANK_IN_NAME.search(options.source_name)
+        rank, rank_source = (int(match.group(1)), "file name") if match else (0, "default")
+    columns = ("event_id", "rank", "collective", "process_group", "process_group_desc", "group_ranks", "group_size",
+               "seq", "message_bytes", "src_rank", "dst_rank", "ts_ns", "dur_ns", "is_async")
+    rows: dict[str, list[object]] = {c: [] for c in columns}
+    configs: dict[str, Any] = doc["pg_config"] if isinstance(doc.get("pg_config"), dict) else {}
+    for index, entry in enumerate(doc["entries"]):
+        if not isinstance(entry, dict):
+            raise TraceFormatError(options.source_name, "an entry that is not a record", where=f"entries[{index}]")
+        name = str(entry.get("profiling_name") or "")
+        p2p = _P2P.match(name)
+        collective = p2p.group(1) if p2p else name.split(":", 1)[-1].strip() or "unknown"
+        group = _group(entry.get("process_group")) or str(entry.get("pg_id", ""))
+        config: dict[str, Any] = configs[group] if isinstance(configs.get(group), dict) else {}
+        seq = entry.get("p2p_seq_id") if entry.get("is_p2p") or p2p else entry.get("collective_seq_id")
+        duration = entry.get("duration_ms")
+        ranks = config.get("ranks")
+        for column, value in (
+            ("event_id", index), ("rank", rank), ("collective", collective),
+            ("process_group", f"{group}:p2p" if p2p or entry.get("is_p2p") else group),
+            ("process_group_desc", config.get("desc")), ("group_ranks", str(ranks) if ranks is not None else None),
+            ("group_size", len(ranks) if isinstance(ranks, list | tuple) else None),
+            ("seq", seq if isinstance(seq, int) else None),
+            ("message_bytes", max(filter(None, (_bytes(entry.get("input_sizes"), entry.get("input_dtypes")),
+                                                _bytes(entry.get("output_sizes"), entry.get("output_dtypes")))),
+                                  default=None)),
+            ("src_rank", int(p2p.group(2)) if p2p else None), ("dst_rank", int(p2p.group(3)) if p2p else None),
+            ("ts_ns", entry.get("time_discovered_started_ns") or entry.get("time_created_ns")),
+            ("dur_ns", round(duration * 1e6) if isinstance(duration, int | float) else None), ("is_async", False),
+        ):
+            rows[column].append(value)
+    write_table(staging, "collectives", rows, trace_id=options.trace_id)
+    status: dict[str, list[object]] = {c: [] for c in (
+        "rank", "process_group", "last_enqueued", "last_started", "last_completed")}
+    pg_status: dict[str, Any] = doc["pg_status"] if isinstance(doc.get("pg_status"), dict) else {}
+    for group, state in pg_status.items():
+        if not isinstance(state, dict):
+            continue
+        for column, value in (("rank", rank), ("process_group", str(group)),
+                              ("last_enqueued", state.get("last_enqueued_collective")),
+                              ("last_started", state.get("last_started_collective")),
+                              ("last_completed", state.get("last_completed_collective"))):
+            status[column].append(value if column in ("rank", "process_group") or isinstance(value, int) else None)
+    write_table(staging, "flight_recorder_status", status, trace_id=options.trace_id)
+    info = TraceInfo(format=FORMAT, event_count=len(doc["entries"]), uncompressed_bytes=source.stat().st_size)
+    info.rank, info.rank_source = rank, rank_source
+    info.backend = "nccl"
+    info.nccl_version = str(doc["comm_lib_version"]) if doc.get("comm_lib_version") else None
+    starts = [t for t in rows["ts_ns"] if isinstance(t, int)]
+    info.start_ns, info.end_ns = (min(starts), max(starts)) if starts else (None, None)
+    return info
