@@ -210,3 +210,14 @@ def from_lagging_ranks(lagging: pl.DataFrame) -> list[Finding]:
         "its GPU)",
         0,
     )]
+
+
+def from_topology(topology: pl.DataFrame) -> list[Finding]:
+    """Transport surprises in NCCL's topology (socket where IB exists, SHM inside a node, no GDRDMA)."""
+    return [
+        Finding("transport", f"NCCL transport: {surprise}",
+                f"{row['ranks']} ranks on {row['nodes']} node(s), transports {row['transports']}; check "
+                "NCCL_IB_HCA / NCCL_SOCKET_IFNAME / NCCL_P2P_DISABLE and the NCCL INFO lines of the init", 0)
+        for row in topology.filter(pl.col("surprises").is_not_null()).to_dicts()
+        for surprise in str(row["surprises"]).split("; ")
+    ]

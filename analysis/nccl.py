@@ -76,3 +76,53 @@ def lagging_ranks(status: pl.DataFrame) -> pl.DataFrame:
         .select("process_group", "rank", "last_completed", "group_enqueued", "behind")
         .sort("behind", "rank", descending=[True, False])
     )
+
+
+def _transport_kind(transport: str) -> str:
+    """``P2P``, ``SHM``, ``NET/IB``, ``NET/Socket`` (GDRDMA and channel suffixes dropped)."""
+    parts = transport.split("/")
+    if parts[0] == "NET" and len(parts) > 1:
+        return f"NET/{parts[1]}"
+    return parts[0]
+
+
+def topology(communicators: pl.DataFrame, channels: pl.DataFrame) -> pl.DataFrame:
+    """Per trace: nodes, GPUs per node, ranks, channels, the transports used and the surprises among them.
+
+    Surprises: a ``NET/Socket`` connection where ``NET/IB`` also appears (a NIC or HCA
+    not used), ``NET/Socket`` only across several nodes (no InfiniBand at all), ``SHM``
+    between GPUs of one node (peer-to-peer disabled or unavailable).
+    """
+    columns = {"trace_id": pl.String, "nodes": pl.Int64, "gpus_per_node": pl.Int64, "ranks": pl.Int64,
+               "channels": pl.Int64, "transports": pl.String, "surprises": pl.String}
+    if communicators.is_empty():
+        return pl.DataFrame(schema=columns)
+    rows = []
+    for (trace_id,), comms in communicators.group_by(["trace_id"], maintain_order=True):
+        mine = channels.filter(pl.col("trace_id") == trace_id) if channels.height else channels
+        kinds = sorted({_transport_kind(t) for t in mine["transport"].to_list()}) if mine.height else []
+        gdr = mine.height and any("GDRDMA" in t for t in mine["transport"].to_list())
+        nodes = _max_int(comms, "nodes") or len(set(comms["host"].to_list()))
+        surprises = []
+        if "NET/Socket" in kinds and "NET/IB" in kinds:
+            surprises.append("NET/Socket connections beside NET/IB: some traffic misses the InfiniBand NICs")
+        elif "NET/Socket" in kinds and nodes > 1:
+            surprises.append("across nodes only over NET/Socket: no InfiniBand/RoCE in use")
+        if "SHM" in kinds:
+            surprises.append("SHM between GPUs of a node: peer-to-peer (NVLink/PCIe P2P) disabled or unavailable")
+        if "NET/IB" in kinds and not gdr:
+            surprises.append("NET/IB without GPUDirect RDMA: network traffic is staged through host memory")
+        rows.append({
+            "trace_id": str(trace_id), "nodes": nodes,
+            "gpus_per_node": _max_int(comms, "local_ranks"),
+            "ranks": _max_int(comms, "nranks") or 0, "channels": mine["channel"].n_unique() if mine.height else 0,
+            "transports": ", ".join(kinds) or None, "surprises": "; ".join(surprises) or None,
+        })
+    return pl.DataFrame(rows, schema=columns)
+
+
+def _max_int(frame: pl.DataFrame, column: str) -> int | None:
+    if column not in frame.columns:
+        return None
+    value = frame[column].max()
+    return int(value) if isinstance(value, int | float) else None

@@ -256,15 +256,19 @@ def analyze(
     if whole.height:
         console.print(to_table(_frame_result(_breakdown_view(whole)), title="where the device time went, per rank"))
     _print_findings(result.findings)
+    for row in result.topology.to_dicts():
+        console.print(f"NCCL topology: {row['ranks']} ranks on {row['nodes']} node(s), {row['gpus_per_node']} GPUs per "
+                      f"node, {row['channels']} channels, transports {row['transports']}", highlight=False,
+                      markup=False, soft_wrap=True)
     if result.nccl_benchmarks.height:
         console.print()
         console.print(to_table(_frame_result(_nccl_view(result.nccl_benchmarks)), title="nccl-tests bus bandwidth"))
     if colls.height:
-        busbw = float(colls.select(pl.col("busbw_gbs").median()).item() or 0)
+        busbw = colls.select(pl.col("busbw_gbs").median()).item()
         skew_us = float(colls.select(pl.col("skew_ns").median()).item() or 0) / 1e3
+        bandwidth = f", median busbw {busbw:,.1f} GB/s" if busbw is not None else ""
         console.print(
-            f"collectives: {colls.height} instances across ranks, median busbw {busbw:,.1f} GB/s, "
-            f"median arrival skew {skew_us:,.1f} us",
+            f"collectives: {colls.height} instances across ranks{bandwidth}, median arrival skew {skew_us:,.1f} us",
             highlight=False, soft_wrap=True,
         )
     if result.top_kernels.height:

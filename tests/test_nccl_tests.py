@@ -196,3 +196,15 @@ def test_committed_flight_recorder_samples_match_the_generator() -> None:
     last = generate_nccl.FR_RANKS - 1
     assert (FLIGHT / f"nccl_trace_rank_{last}").read_bytes() == pickle.dumps(
         generate_nccl.flight_recorder_dump(last), protocol=4)
+
+
+def test_topology_and_transport_surprises(tmp_path: Path, warehouse: Warehouse) -> None:
+    assert warehouse.ingest_file(DEBUG_LOG, job="ib").ok
+    topo = warehouse.analyze(job="ib").topology.row(0, named=True)
+    assert (topo["nodes"], topo["gpus_per_node"], topo["ranks"], topo["channels"]) == (2, 2, 4, 2)
+    assert topo["transports"] == "NET/IB, P2P" and topo["surprises"] is None
+    socket_log = tmp_path / "socket.log"
+    socket_log.write_text(generate_nccl.debug_log().replace("NET/IB/1/GDRDMA", "NET/Socket/0"))
+    assert warehouse.ingest_file(socket_log, job="socket").ok
+    found = [f for f in warehouse.analyze(job="socket").findings if f.kind == "transport"]
+    assert found and "NET/Socket connections beside NET/IB" in found[0].title

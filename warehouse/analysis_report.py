@@ -29,6 +29,7 @@ class Analysis:
     last_arrivals: pl.DataFrame
     nccl_benchmarks: pl.DataFrame
     lagging_ranks: pl.DataFrame
+    topology: pl.DataFrame
     findings: list[findings.Finding] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -36,14 +37,14 @@ class Analysis:
         frames = {
             name: getattr(self, name).to_dicts()
             for name in ("breakdown", "top_kernels", "idle_by_stream", "launches", "queues", "step_stats",
-                         "step_outliers", "collectives", "last_arrivals", "nccl_benchmarks", "lagging_ranks")
+                         "step_outliers", "collectives", "last_arrivals", "nccl_benchmarks", "lagging_ranks", "topology")
         }
         return {"findings": [f.as_dict() for f in self.findings], **frames}
 
 
 #: Tables :func:`compute` takes rows of (stored at ingest or parsed; small per trace).
 STORED = ("stream_idle", "launch_stats", "stream_queues", "steps", "collectives", "nccl_benchmarks",
-          "flight_recorder_status")
+          "flight_recorder_status", "communicators", "comm_channels")
 
 
 def _ranks(frame: pl.DataFrame) -> int:
@@ -74,6 +75,7 @@ def compute(
         last_arrivals=arrivals,
         nccl_benchmarks=nccl.benchmark_summary(stored["nccl_benchmarks"], link_peaks),
         lagging_ranks=nccl.lagging_ranks(stored["flight_recorder_status"]),
+        topology=nccl.topology(stored["communicators"], stored["comm_channels"]),
     )
     result.findings = findings.rank(
         findings.from_breakdown(whole)
@@ -83,5 +85,6 @@ def compute(
         + findings.from_step_outliers(result.step_outliers)
         + findings.from_nccl_benchmarks(result.nccl_benchmarks)
         + findings.from_lagging_ranks(result.lagging_ranks)
+        + findings.from_topology(result.topology)
     )
     return result
