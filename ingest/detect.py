@@ -13,7 +13,9 @@ from pathlib import Path
 
 from tracelake.warehouse.errors import TraceFormatError, UnknownFormatError
 
-from . import flight_recorder, nccl_inspector, nccl_log, nccl_tests, pytorch_profiler, xla, xla_json
+from . import (
+    flight_recorder, nccl_inspector, nccl_log, nccl_profiler, nccl_tests, pytorch_profiler, xla, xla_json,
+)
 from .model import ParseFunction
 from .source import read_head
 
@@ -41,6 +43,8 @@ FORMATS: list[Format] = [
     Format(xla.FORMAT, "XLA profile: XSpace protobuf (.xplane.pb)", xla.sniff, xla.parse),
     Format(nccl_tests.FORMAT, "nccl-tests output (stdout or -J JSON)", nccl_tests.sniff, nccl_tests.parse),
     Format(nccl_inspector.FORMAT, "NCCL Inspector JSON lines", nccl_inspector.sniff, nccl_inspector.parse),
+    Format(nccl_profiler.FORMAT, "NCCL profiler plugin trace (JSON array of b/e events)", nccl_profiler.sniff,
+           nccl_profiler.parse),
     Format(flight_recorder.FORMAT, "PyTorch Flight Recorder dump (JSON or pickle)", flight_recorder.sniff,
            flight_recorder.parse),
     Format(nccl_log.FORMAT, "NCCL debug log (NCCL_DEBUG=INFO)", nccl_log.sniff, nccl_log.parse),

@@ -514,7 +514,8 @@ def _write_tables(
         }),
         "collectives": ("coll", {
             c: shifted(c) if c in ("ts_ns", "cpu_ts_ns") else c
-            for c in schema.COLLECTIVES.column_names if c not in common and c != "is_async"
+            for c in schema.COLLECTIVES.column_names
+            if c not in common and c not in ("is_async", "algorithm", "protocol", "channels")
         } | {"is_async": "FALSE"}),
         "steps": ("step_rows", {
             c: shifted(c) if c in ("ts_ns", "device_start_ns", "device_end_ns") else c

@@ -10,6 +10,8 @@ are consistent with the formulas:
   instead of ``#wrong``, ``N/A`` with validation off);
 - ``nccl_tests/reduce_scatter_perf.json``: the ``-J`` JSON output;
 - ``debug_log/train-4ranks.log``: an NCCL_DEBUG=INFO log of 4 ranks on 2 nodes, interleaved;
+- ``profiler_plugin/nccl_profile_<commHash>_<rank>.json``: the NCCL profiler plugin's dumps of a
+  2-rank communicator (COLL begin/end pairs with algorithm, protocol, channels);
 - ``flight_recorder/nccl_trace_rank_<r>[.json]``: PyTorch Flight Recorder dumps of 4 ranks (JSON,
   and the default pickle for rank 3), rank 3 hung in an all_reduce;
 - ``inspector/node-a-pid<pid>.log``: NCCL Inspector JSON lines of a 4-rank communicator
@@ -216,6 +218,30 @@ def flight_recorder_dump(rank: int) -> dict[str, object]:
     }
 
 
+PROFILER_OUT = Path(__file__).resolve().parent / "nccl" / "profiler_plugin"
+
+
+def profiler_plugin_dump(rank: int) -> str:
+    """The profiler plugin's dump for one rank of a 2-rank communicator: 8 AllReduce COLL begin/end pairs
+    (RING/LL128 for small, RING/SIMPLE for large), PROXY events between them, the closing ``{}]``."""
+    events: list[dict[str, object]] = []
+    for seq in range(8):
+        count = 1024 << (2 * seq)
+        proto = "LL128" if count < (1 << 20) else "SIMPLE"
+        args = {"SeqNum": seq, "CommHash": 4242424242, "Rank": rank, "Count": count, "Datatype": "ncclFloat32",
+                "Algorithm": "RING", "Protocol": proto, "nChannels": 2 if proto == "LL128" else 8}
+        start = 1000.0 + seq * 500.0 + rank * 3.0
+        events.append({"name": "AllReduce", "cat": "COLL", "ph": "b", "id": seq, "pid": 4100 + rank, "tid": 1,
+                       "ts": start, "args": args})
+        events.append({"name": "ScheduleProxyOp", "cat": "PROXY", "ph": "b", "id": 100 + seq, "pid": 4100 + rank,
+                       "tid": 2, "ts": start + 2.0, "args": {"Channel": 0, "Peer": 1 - rank}})
+        events.append({"name": "ScheduleProxyOp", "cat": "PROXY", "ph": "e", "id": 100 + seq, "pid": 4100 + rank,
+                       "tid": 2, "ts": start + 40.0})
+        events.append({"name": "AllReduce", "cat": "COLL", "ph": "e", "id": seq, "pid": 4100 + rank, "tid": 1,
+                       "ts": start + 12.5})
+    return "[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n{}]\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     files = {"all_reduce_perf.txt": all_reduce_text(), "all_gather_perf_old.txt": all_gather_old_text(),
@@ -226,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     LOG_OUT.mkdir(parents=True, exist_ok=True)
     (LOG_OUT / "train-4ranks.log").write_text(debug_log(), encoding="utf-8")
     print(f"wrote {LOG_OUT / 'train-4ranks.log'}")
+    PROFILER_OUT.mkdir(parents=True, exist_ok=True)
+    for rank in range(2):
+        (PROFILER_OUT / f"nccl_profile_4242424242_{rank}.json").write_text(profiler_plugin_dump(rank),
+                                                                          encoding="utf-8")
+    print(f"wrote {PROFILER_OUT}/nccl_profile_*.json")
     FR_OUT.mkdir(parents=True, exist_ok=True)
     for rank in range(FR_RANKS):  # JSON for ranks 0-2, the default pickle for rank 3
         dump = flight_recorder_dump(rank)

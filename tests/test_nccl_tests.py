@@ -208,3 +208,24 @@ def test_topology_and_transport_surprises(tmp_path: Path, warehouse: Warehouse) 
     assert warehouse.ingest_file(socket_log, job="socket").ok
     found = [f for f in warehouse.analyze(job="socket").findings if f.kind == "transport"]
     assert found and "NET/Socket connections beside NET/IB" in found[0].title
+
+
+PROFILER = ROOT / "sample_traces" / "nccl" / "profiler_plugin"
+
+
+def test_profiler_plugin_dumps_carry_algorithm_protocol_channels(warehouse: Warehouse) -> None:
+    report = warehouse.ingest([PROFILER], job="prof")
+    assert report.ok and {r.format for r in report.results} == {"nccl_profiler"}
+    rows = warehouse.query("SELECT rank, seq, message_bytes, algorithm, protocol, channels, dur_ns, cpu_dur_ns "
+                           "FROM collectives WHERE rank = 0 ORDER BY seq").rows
+    assert len(rows) == 8
+    assert rows[0] == (0, 0, 4096, "RING", "LL128", 2, None, 12_500)
+    assert rows[-1][2:6] == ((1024 << 14) * 4, "RING", "SIMPLE", 8)
+    inst = warehouse.analyze(job="prof").collectives
+    assert inst.height == 8 and set(inst["ranks"].to_list()) == {2} and inst["busbw_gbs"].null_count() == 8
+
+
+def test_committed_profiler_plugin_samples_match_the_generator() -> None:
+    for rank in range(2):
+        assert (PROFILER / f"nccl_profile_4242424242_{rank}.json").read_text() == \
+            generate_nccl.profiler_plugin_dump(rank)

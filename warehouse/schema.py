@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 #: Bumped whenever a table or column changes meaning or type.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "VARCHAR": pa.string(),
@@ -92,7 +92,7 @@ TRACES = Table(
     "One row per ingested trace file. A trace is visible in every other table only once its row here exists.",
     (
         TRACE_ID,
-        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON), `xla` (XSpace `.xplane.pb`), `xla_json` (trace-viewer JSON of XLA), `nccl_tests`, `nccl_inspector`, `nccl_log`, `flight_recorder`."),
+        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON), `xla` (XSpace `.xplane.pb`), `xla_json` (trace-viewer JSON of XLA), `nccl_tests`, `nccl_inspector`, `nccl_log`, `flight_recorder`, `nccl_profiler`."),
         _c("source_name", "VARCHAR", "File name as given at ingest."),
         _c("source_path", "VARCHAR", "Absolute path of the file on the ingesting machine (null for uploads)."),
         _c("source_bytes", "BIGINT", "Size of the file as stored (compressed if it was)."),
@@ -213,6 +213,9 @@ COLLECTIVES = Table(
         _c("stream", "BIGINT", "Stream of its kernel."),
         STEP,
         _c("is_async", "BOOLEAN", "XLA: an async collective's start-to-done window (not a device op)."),
+        _c("algorithm", "VARCHAR", "NCCL algorithm (`RING`, `TREE`, `NVLS`, ...), when the source says."),
+        _c("protocol", "VARCHAR", "NCCL protocol (`LL`, `LL128`, `SIMPLE`), when the source says."),
+        _c("channels", "INTEGER", "NCCL channels used, when the source says."),
     ),
     (JOB,),
 )

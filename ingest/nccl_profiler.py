@@ -1,0 +1,124 @@
+"""NCCL profiler plugin example output (NCCL >= 2.23) into ``collectives``.
+
+One Chrome-trace JSON array per communicator and rank (``<dump>_<commHash>_<rank>.json``)
+of async ``b``/``e`` events, ``ts`` in us since the plugin started, often ending with
+``{}]`` (FORMATS.md section 3). ``COLL`` events carry ``SeqNum``, ``CommHash``, ``Rank``,
+``Count``, ``Datatype``, ``Algorithm``, ``Protocol`` and ``nChannels``; ``P2P`` events the
+peer. A begin and its end are paired by (category, id). The end of a COLL event marks
+when NCCL enqueued the work, not when it completed: the span goes to ``cpu_ts_ns`` /
+``cpu_dur_ns`` and ``dur_ns`` stays null (no transfer time, so no bandwidth either). The other categories (``PROXY``, ``NET``, ``KERNEL_LAUNCH``, ``GPU``...)
+are counted, not stored.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from tracelake.warehouse.errors import TraceFormatError
+
+from .model import ParseOptions, TraceInfo
+from .source import iter_chunks
+from .tables import write_table
+
+FORMAT = "nccl_profiler"
+
+_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
+#: ``ncclFloat32``-style names (and the short ``f32`` ones) -> bytes per element.
+DTYPE_BYTES = {"ncclInt8": 1, "ncclUint8": 1, "ncclInt32": 4, "ncclUint32": 4, "ncclInt64": 8, "ncclUint64": 8,
+               "ncclFloat16": 2, "ncclFloat32": 4, "ncclFloat64": 8, "ncclBfloat16": 2, "ncclFloat8e4m3": 1,
+               "ncclFloat8e5m2": 1, "ncclFloat": 4, "ncclHalf": 2, "ncclDouble": 8, "ncclInt": 4, "ncclChar": 1}
+#: Collectives whose ``Count`` is one rank's share of the nccl-tests size.
+_PER_RANK_SHARE = {"all_gather", "reduce_scatter", "all_to_all"}
+
+
+def sniff(head: bytes, filename: str) -> bool:
+    """A JSON array of b/e events with NCCL's COLL/P2P arguments."""
+    return head.lstrip()[:1] == b"[" and (b'"SeqNum"' in head or b'"CommHash"' in head)
+
+
+class _Event(msgspec.Struct, gc=False):
+    ph: str | None = None
+    cat: str | None = None
+    name: str | None = None
+    id: int | str | None = None
+    ts: float | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    args: dict[str, Any] | None = None
+
+
+def _snake(name: str) -> str:
+    return {"AllToAll": "all_to_all", "AlltoAll": "all_to_all", "SendRecv": "send"}.get(name) \
+        or _SNAKE.sub("_", name).lower()
+
+
+def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
+    """Parse one profiler-plugin dump.
+
+    Raises:
+        TraceFormatError: not a JSON array of events, or no COLL/P2P events in it.
+    """
+    data = b"".join(iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name))
+    text = data.rstrip()
+    if text.endswith(b"{}]"):  # the plugin closes the array with an empty object
+        text = text[:-3].rstrip().rstrip(b",") + b"]"
+    try:
+        events = msgspec.json.decode(text, type=list[_Event])
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise TraceFormatError(options.source_name, f"not a JSON array of trace events ({exc})") from None
+    begins: dict[tuple[str, object], _Event] = {}
+    pairs: list[tuple[_Event, _Event | None]] = []
+    for event in events:
+        if event.cat not in ("COLL", "P2P") or event.ph not in ("b", "e"):
+            continue
+        key = (event.cat, event.id)
+        if event.ph == "b":
+            begins[key] = event
+        elif key in begins:
+            pairs.append((begins.pop(key), event))
+    pairs.extend((begin, None) for begin in begins.values())  # begun, never ended (a hang?)
+    if not pairs:
+        raise TraceFormatError(options.source_name, f"no COLL or P2P events among {len(events):,} events")
+    columns = ("event_id", "rank", "collective", "process_group", "seq", "dtype", "in_nelems", "message_bytes",
+               "dst_rank", "ts_ns", "cpu_ts_ns", "cpu_dur_ns", "algorithm", "protocol", "channels", "is_async")
+    rows: dict[str, list[object]] = {c: [] for c in columns}
+    for index, (begin, end) in enumerate(sorted(pairs, key=lambda p: p[0].ts or 0.0)):
+        args = begin.args or {}
+        collective = _snake(str(begin.name or args.get("Func") or "unknown"))
+        count = args.get("Count") if isinstance(args.get("Count"), int) else None
+        size = DTYPE_BYTES.get(str(args.get("Datatype")))
+        message = count * size if count is not None and size is not None else None
+        n_ranks = args.get("nRanks") if isinstance(args.get("nRanks"), int) else None
+        if message is not None and collective in _PER_RANK_SHARE and n_ranks:
+            message *= n_ranks
+        ts = round(begin.ts * 1000) if begin.ts is not None else None
+        dur = round((end.ts - begin.ts) * 1000) if end is not None and end.ts is not None and begin.ts is not None \
+            else None
+        comm = args.get("CommHash")
+        group = None if comm is None else (str(comm) + (":p2p" if begin.cat == "P2P" else ""))
+        for column, value in (
+            ("event_id", index), ("rank", args.get("Rank") if isinstance(args.get("Rank"), int) else None),
+            ("collective", collective), ("process_group", group),
+            ("seq", args.get("SeqNum") if isinstance(args.get("SeqNum"), int) else None),
+            ("dtype", args.get("Datatype")), ("in_nelems", count), ("message_bytes", message),
+            ("dst_rank", args.get("Peer") if isinstance(args.get("Peer"), int) else None),
+            ("ts_ns", ts), ("cpu_ts_ns", ts), ("cpu_dur_ns", dur),
+            ("algorithm", args.get("Algorithm")), ("protocol", args.get("Protocol")),
+            ("channels", args.get("nChannels") if isinstance(args.get("nChannels"), int) else None),
+            ("is_async", False),
+        ):
+            rows[column].append(value)
+    write_table(staging, "collectives", rows, trace_id=options.trace_id)
+    info = TraceInfo(format=FORMAT, event_count=len(events), uncompressed_bytes=len(data))
+    ranks = sorted({r for r in rows["rank"] if isinstance(r, int)})
+    info.rank = ranks[0] if ranks else 0
+    info.rank_source = "profiler plugin events"
+    info.backend = "nccl"
+    unfinished = sum(1 for _, end in pairs if end is None)
+    if unfinished:
+        info.warnings.append(f"{unfinished} NCCL operations began and never ended in this dump")
+    return info
