@@ -100,3 +100,44 @@ def last_arrivals(collectives: pl.DataFrame) -> pl.DataFrame:
         .sort(["times_last", "rank"], descending=[True, False])
         .select("rank", "times_last", "collectives", "mean_skew_us")
     )
+
+
+def _size_bucket(size: pl.Expr) -> pl.Expr:
+    """Power-of-4 message-size buckets, labelled by their lower bound (``1 MiB``, ``4 MiB``, ...)."""
+    exponent = (size.cast(pl.Float64).log(4).floor() * 2).cast(pl.Int64)
+    lower = pl.lit(2, dtype=pl.Int64).pow(exponent)
+    units = [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB"), (0, "B")]
+    label = pl.lit(None, dtype=pl.String)
+    for shift, unit in reversed(units):
+        label = pl.when(exponent >= shift).then(
+            (lower // (1 << shift)).cast(pl.String) + pl.lit(f" {unit}")).otherwise(label)
+    return label
+
+
+def bandwidth_by_size(instances_frame: pl.DataFrame) -> pl.DataFrame:
+    """Bus bandwidth per collective and message-size bucket (powers of 4), from :func:`instances` rows.
+
+    Columns: ``collective``, ``bucket`` (lower bound), ``bucket_bytes``, ``instances``, ``median_busbw_gbs``,
+    ``min_busbw_gbs``, ``total_transfer_ns``; largest buckets last.
+    """
+    timed = instances_frame.filter(pl.col("busbw_gbs").is_not_null() & (pl.col("message_bytes") > 0))
+    if timed.is_empty():
+        return pl.DataFrame(schema={"collective": pl.String, "bucket": pl.String, "bucket_bytes": pl.Int64,
+                                    "instances": pl.Int64, "median_busbw_gbs": pl.Float64,
+                                    "min_busbw_gbs": pl.Float64, "total_transfer_ns": pl.Int64})
+    exponent = (pl.col("message_bytes").cast(pl.Float64).log(4).floor() * 2).cast(pl.Int64)
+    return (
+        timed.with_columns(_size_bucket(pl.col("message_bytes")).alias("bucket"),
+                           pl.lit(2, dtype=pl.Int64).pow(exponent).alias("bucket_bytes"))
+        .group_by("collective", "bucket", "bucket_bytes")
+        .agg(pl.len().cast(pl.Int64).alias("instances"), pl.col("busbw_gbs").median().alias("median_busbw_gbs"),
+             pl.col("busbw_gbs").min().alias("min_busbw_gbs"),
+             pl.col("transfer_ns").sum().cast(pl.Int64).alias("total_transfer_ns"))
+        .sort("collective", "bucket_bytes")
+    )
+
+
+def slowest(instances_frame: pl.DataFrame, top: int = 5) -> pl.DataFrame:
+    """The collective instances that took longest (transfer time), with their group, size and bandwidth."""
+    return instances_frame.filter(pl.col("transfer_ns").is_not_null()).sort(
+        "transfer_ns", descending=True).head(top)

@@ -256,6 +256,13 @@ def analyze(
     if whole.height:
         console.print(to_table(_frame_result(_breakdown_view(whole)), title="where the device time went, per rank"))
     _print_findings(result.findings)
+    if result.bandwidth_by_size.height:
+        console.print(to_table(_frame_result(result.bandwidth_by_size.select(
+            "collective", pl.col("bucket").alias("size from"), "instances",
+            pl.col("median_busbw_gbs").round(1).alias("median busbw GB/s"),
+            pl.col("min_busbw_gbs").round(1).alias("min busbw GB/s"),
+            (pl.col("total_transfer_ns") / 1e6).round(2).alias("total ms"),
+        )), title="collective bus bandwidth by message size"))
     for row in result.topology.to_dicts():
         console.print(f"NCCL topology: {row['ranks']} ranks on {row['nodes']} node(s), {row['gpus_per_node']} GPUs per "
                       f"node, {row['channels']} channels, transports {row['transports']}", highlight=False,

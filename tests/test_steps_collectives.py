@@ -77,3 +77,19 @@ def test_top_kernels_from_stored_stats_match_the_device_ops(sample_warehouse: Wa
             assert stored.height == live.height > 0
             assert stored.drop("share_pct").rows() == live.drop("share_pct").rows()
             assert stored["share_pct"].to_list() == pytest.approx(live["share_pct"].to_list())
+
+
+def test_bandwidth_by_size_buckets() -> None:
+    frame = pl.DataFrame({
+        "process_group": ["0"] * 6, "seq": [1, 1, 2, 2, 3, 3], "collective": ["allreduce"] * 6,
+        "rank": [0, 1] * 3, "ts_ns": [0, 10, 100, 110, 200, 230],
+        "dur_ns": [1_000_000, 900_000, 2_000_000, 2_100_000, 10_000, 10_000],
+        "message_bytes": [1 << 20] * 2 + [(1 << 20) + 5] * 2 + [3000] * 2,
+    })
+    inst = collectives.instances(frame)
+    buckets = collectives.bandwidth_by_size(inst)
+    assert buckets.select("bucket", "bucket_bytes", "instances").rows() == [("1 KiB", 1024, 1), ("1 MiB", 1 << 20, 2)]
+    mib = buckets.row(1, named=True)
+    assert mib["min_busbw_gbs"] == pytest.approx(((1 << 20) + 5) / 2_000_000 * 1.0)
+    assert mib["total_transfer_ns"] == 900_000 + 2_000_000
+    assert collectives.slowest(inst, top=1)["seq"].to_list() == [2]

@@ -30,6 +30,8 @@ class Analysis:
     nccl_benchmarks: pl.DataFrame
     lagging_ranks: pl.DataFrame
     topology: pl.DataFrame
+    bandwidth_by_size: pl.DataFrame
+    slowest_collectives: pl.DataFrame
     findings: list[findings.Finding] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -37,7 +39,8 @@ class Analysis:
         frames = {
             name: getattr(self, name).to_dicts()
             for name in ("breakdown", "top_kernels", "idle_by_stream", "launches", "queues", "step_stats",
-                         "step_outliers", "collectives", "last_arrivals", "nccl_benchmarks", "lagging_ranks", "topology")
+                         "step_outliers", "collectives", "last_arrivals", "nccl_benchmarks", "lagging_ranks", "topology",
+                         "bandwidth_by_size", "slowest_collectives")
         }
         return {"findings": [f.as_dict() for f in self.findings], **frames}
 
@@ -63,6 +66,7 @@ def compute(
     each link type carries (:func:`tracelake.analysis.nccl.link_peaks`).
     """
     arrivals = collectives.last_arrivals(stored["collectives"])
+    instances = collectives.instances(stored["collectives"])
     result = Analysis(
         breakdown=whole,
         top_kernels=top_kernels,
@@ -71,11 +75,13 @@ def compute(
         queues=stored["stream_queues"].sort("trace_id", "rank", "stream"),
         step_stats=steps.step_stats(stored["steps"]),
         step_outliers=steps.step_outliers(stored["steps"]),
-        collectives=collectives.instances(stored["collectives"]),
+        collectives=instances,
         last_arrivals=arrivals,
         nccl_benchmarks=nccl.benchmark_summary(stored["nccl_benchmarks"], link_peaks),
         lagging_ranks=nccl.lagging_ranks(stored["flight_recorder_status"]),
         topology=nccl.topology(stored["communicators"], stored["comm_channels"]),
+        bandwidth_by_size=collectives.bandwidth_by_size(instances),
+        slowest_collectives=collectives.slowest(instances),
     )
     result.findings = findings.rank(
         findings.from_breakdown(whole)
