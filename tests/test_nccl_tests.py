@@ -229,3 +229,23 @@ def test_committed_profiler_plugin_samples_match_the_generator() -> None:
     for rank in range(2):
         assert (PROFILER / f"nccl_profile_4242424242_{rank}.json").read_text() == \
             generate_nccl.profiler_plugin_dump(rank)
+
+
+def test_debug_log_variants(tmp_path: Path, warehouse: Warehouse) -> None:
+    """Older init and COLL lines (no nvmlDev/commId, no [nranks=]), a `host: ` prefix, no timestamps."""
+    path = tmp_path / "old.log"
+    path.write_text(
+        "gpu7: gpu7:900:900 [0] NCCL INFO NCCL version 2.10.3+cuda11.4\n"
+        "gpu7: gpu7:900:950 [0] NCCL INFO comm 0x1a rank 0 nranks 2 cudaDev 0 busId 1000 - Init COMPLETE\n"
+        "gpu7: gpu7:901:951 [1] NCCL INFO comm 0x2b rank 1 nranks 2 cudaDev 1 busId 2000 - Init COMPLETE\n"
+        "gpu7: gpu7:900:950 [0] NCCL INFO Broadcast: opCount 0 sendbuff 0x1 recvbuff 0x2 count 10 datatype 0 "
+        "op 0 root 1 comm 0x1a stream 0x5\n"
+        "gpu7: gpu7:901:951 [1] NCCL INFO Broadcast: opCount 0 sendbuff 0x1 recvbuff 0x2 count 10 datatype 0 "
+        "op 0 root 1 comm 0x2b stream 0x6\n"
+        "some unrelated line\n")
+    result = warehouse.ingest_file(path, job="old")
+    assert result.ok, result.error
+    rows = warehouse.query("SELECT rank, collective, seq, group_size, message_bytes, src_rank, process_group "
+                           "FROM collectives ORDER BY rank").rows
+    assert rows == [(0, "broadcast", 0, 2, 10, 1, "0x1a"), (1, "broadcast", 0, 2, 10, 1, "0x2b")]
+    assert warehouse.traces()[0]["nccl_version"] == "2.10.3+cuda11.4"
