@@ -15,6 +15,8 @@ the speed of the scan:
   every rank of the communicator), ``process_group`` = the communicator's ``commId``
   when an init line gave it (else its address on that rank), rank from the init line of
   the same (host, pid, comm). COLL lines have no duration;
+- TUNING lines (``AllReduce: 8388608 Bytes -> Algo RING proto LL128 channel{Lo..Hi}={0..15}``):
+  the algorithm, protocol and channels of the COLL rows of that process, op and size;
 - ``NCCL version``, WARN lines (counted, the first few kept as warnings).
 
 Lines of anything else are skipped and counted; a file without any NCCL line is an error.
@@ -53,6 +55,9 @@ _COLL = (" opCount ",
          _LINE + r"(?P<op>\w+): opCount (?P<opcount>[0-9a-f]+) sendbuff \S+ recvbuff \S+ count (?P<count>\d+) "
          r"datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>\d+) comm (?P<comm>0x[0-9a-f]+)"
          r"(?: \[nranks=(?P<nranks>\d+)\])? stream (?P<stream>0x[0-9a-f]+)")
+_TUNING = (" Bytes -> Algo ",
+           _LINE + r"(?P<op>\w+): (?P<bytes>\d+) Bytes -> Algo (?P<algo>\w+) proto (?P<proto>\w+)"
+           r"(?: channel\{Lo\.\.Hi\}=\{(?P<lo>\d+)\.\.(?P<hi>\d+)\})?")
 _WARN = ("NCCL WARN", r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[\d+\] (?:\S+:\d+ )?(?:\(\w+\) )?NCCL WARN (?P<msg>.*)$")
 _VERSION = re.compile(r"NCCL version (?P<version>[\w.+-]+)")
 
@@ -74,12 +79,13 @@ def sniff(head: bytes, filename: str) -> bool:
 
 class _State:
     def __init__(self) -> None:
-        self.found: dict[str, list[pl.DataFrame]] = {"init": [], "nodes": [], "channel": [], "coll": [], "warn": []}
+        self.found: dict[str, list[pl.DataFrame]] = {
+            "init": [], "nodes": [], "channel": [], "coll": [], "tuning": [], "warn": []}
         self.version: str | None = None
         self.lines = 0
 
 
-_KINDS = {"init": _INIT, "nodes": _NODES, "channel": _CHANNEL, "coll": _COLL, "warn": _WARN}
+_KINDS = {"init": _INIT, "nodes": _NODES, "channel": _CHANNEL, "coll": _COLL, "tuning": _TUNING, "warn": _WARN}
 
 
 def _scan(text: str, state: _State) -> None:
@@ -122,7 +128,8 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     write_table(staging, "communicators", {c: comms[c].to_arrow() for c in _COMM_COLUMNS if c in comms.columns},
                 trace_id=options.trace_id)
     write_table(staging, "comm_channels", _channels(frames["channel"], comms), trace_id=options.trace_id)
-    write_table(staging, "collectives", _collectives(frames["coll"], comms), trace_id=options.trace_id)
+    write_table(staging, "collectives", _collectives(frames["coll"], comms, frames["tuning"]),
+                trace_id=options.trace_id)
 
     info = TraceInfo(format=FORMAT, event_count=recognised, uncompressed_bytes=source.stat().st_size)
     ranks = sorted(r for r in comms["rank"].to_list() if r is not None) if comms.height else []
@@ -191,7 +198,9 @@ def _channels(channel: pl.DataFrame, comms: pl.DataFrame) -> dict[str, pa.Array]
     return {c: out[c].to_arrow() for c in out.columns}
 
 
-def _collectives(coll: pl.DataFrame, comms: pl.DataFrame) -> dict[str, pa.Array]:
+def _collectives(coll: pl.DataFrame, comms: pl.DataFrame, tuning: pl.DataFrame) -> dict[str, pa.Array]:
+    """COLL lines as ``collectives`` rows; a TUNING line of the same process, op and size gives the algorithm,
+    protocol and channel count (NCCL prints it on the ranks that tune, usually rank 0)."""
     if not coll.height:
         return {}
     frame = coll.with_columns(pl.col("pid").cast(pl.Int64))
@@ -202,6 +211,15 @@ def _collectives(coll: pl.DataFrame, comms: pl.DataFrame) -> dict[str, pa.Array]
     for name, dtype in (("rank", pl.Int32), ("comm_nranks", pl.Int32), ("comm_id", pl.String)):
         if name not in frame.columns:
             frame = frame.with_columns(pl.lit(None, dtype=dtype).alias(name))
+    if tuning.height:
+        choices = tuning.select(
+            "host", pl.col("pid").cast(pl.Int64), pl.col("op").alias("tuned_op"),
+            pl.col("bytes").cast(pl.Int64).alias("tuned_bytes"), pl.col("algo").alias("algorithm"),
+            pl.col("proto").alias("protocol"),
+            (pl.col("hi").cast(pl.Int32) - pl.col("lo").cast(pl.Int32) + 1).alias("channels"),
+        ).unique(["host", "pid", "tuned_op", "tuned_bytes"], keep="last")
+    else:
+        choices = None
     op = pl.col("op").replace_strict(_OPS, default=pl.col("op").str.to_lowercase())
     dtype_code = pl.col("dtype").cast(pl.Int64)
     size = dtype_code.replace_strict({k: v[1] for k, v in DTYPE.items()}, default=None, return_dtype=pl.Int64)
@@ -209,7 +227,16 @@ def _collectives(coll: pl.DataFrame, comms: pl.DataFrame) -> dict[str, pa.Array]
     count = pl.col("count").cast(pl.Int64)
     message = count * size * pl.when(op.is_in(list(_PER_RANK_SHARE))).then(nranks.cast(pl.Int64)).otherwise(1)
     root = pl.col("root").cast(pl.Int32)
-    out = frame.with_columns(op.alias("collective")).select(
+    frame = frame.with_columns(op.alias("collective"), message.alias("message_bytes"))
+    if choices is not None:
+        # TUNING prints the bytes of one rank's buffer: count x element size
+        frame = frame.with_columns((count * size).alias("buffer_bytes")).join(
+            choices, left_on=["host", "pid", "op", "buffer_bytes"],
+            right_on=["host", "pid", "tuned_op", "tuned_bytes"], how="left")
+    for name, dtype in (("algorithm", pl.String), ("protocol", pl.String), ("channels", pl.Int32)):
+        if name not in frame.columns:
+            frame = frame.with_columns(pl.lit(None, dtype=dtype).alias(name))
+    out = frame.select(
         pl.int_range(pl.len(), dtype=pl.Int64).alias("event_id"),
         "rank", "collective",
         pl.coalesce("comm_id", "comm").alias("process_group"),
@@ -217,7 +244,7 @@ def _collectives(coll: pl.DataFrame, comms: pl.DataFrame) -> dict[str, pa.Array]
         pl.col("opcount").str.to_integer(base=16).alias("seq"),
         dtype_code.replace_strict({k: v[0] for k, v in DTYPE.items()}, default=pl.col("dtype"),
                                   return_dtype=pl.String).alias("dtype"),
-        count.alias("in_nelems"), message.alias("message_bytes"),
+        count.alias("in_nelems"), "message_bytes",
         pl.when(pl.col("collective") == "send").then(pl.col("rank"))
         .when(pl.col("collective").is_in(["recv", "broadcast"])).then(root).alias("src_rank"),
         pl.when(pl.col("collective") == "send").then(root)
@@ -225,6 +252,6 @@ def _collectives(coll: pl.DataFrame, comms: pl.DataFrame) -> dict[str, pa.Array]
         pl.col("ts").str.replace(" ", "T").str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", time_unit="ns", strict=False)
         .dt.epoch("ns").alias("ts_ns"),
         (pl.col("stream").str.slice(2).str.to_integer(base=16, strict=False) % (1 << 62)).alias("stream"),
-        pl.lit(False).alias("is_async"),
+        pl.lit(False).alias("is_async"), "algorithm", "protocol", "channels",
     )
     return {c: out[c].to_arrow() for c in out.columns}

@@ -129,7 +129,11 @@ def test_debug_log_communicators_channels_and_collectives(warehouse: Warehouse) 
     row = warehouse.traces()[0]
     assert row["nccl_version"] == "2.21.5+cuda12.4" and row["world_size"] == 4
     assert any("NCCL WARN on node-b:5103" in w for w in row["warnings"])
-    assert any(w.startswith("recognised 65 of 73 lines") for w in row["warnings"])
+    assert any(w.startswith("recognised 66 of 73 lines") for w in row["warnings"])
+    # the TUNING line (printed by rank 0) names the algorithm of rank 0's all-reduces of that size
+    tuned = warehouse.query("SELECT DISTINCT rank, algorithm, protocol, channels FROM collectives "
+                            "WHERE algorithm IS NOT NULL").rows
+    assert tuned == [(0, "RING", "SIMPLE", 2)]
     # opCount is the same on every rank: the instances line up, rank 3 is the last to log each
     inst = warehouse.analyze(job="log").collectives
     assert inst.height == 12 and set(inst["ranks"].to_list()) == {4} and set(inst["last_rank"].to_list()) == {3}
