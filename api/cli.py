@@ -55,7 +55,7 @@ err_console = Console(stderr=True)
 
 HomeOption = Annotated[
     Path | None,
-    typer.Option("--home", envvar="TRACELAKE_HOME", help="Warehouse directory [default: ~/.tracelake].",
+    typer.Option("--home", envvar="TRACELAKE_HOME", help="Warehouse directory (default: ~/.tracelake).",
                  show_default=False),
 ]
 FormatOption = Annotated[OutputFormat, typer.Option("--format", "-f", help="Output format.")]
