@@ -168,12 +168,21 @@ _STATE_BUCKETS = {
 }
 
 
+def _order(key: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """The permutation sorting by (key, t): one argsort of a packed int64 when it fits, else lexsort."""
+    t_low, t_span = int(t.min()), int(t.max()) - int(t.min()) + 1
+    k_low, k_span = int(key.min()), int(key.max()) - int(key.min()) + 1
+    if t_span * k_span < 2**62:
+        return np.argsort((key - k_low) * t_span + (t - t_low))
+    return np.lexsort((t, key))
+
+
 def _state_sums(key: np.ndarray, start: np.ndarray, end: np.ndarray, code: np.ndarray) -> dict[int, dict[str, int]]:
     """Per key: time spent in each state of the sweep, summed into the buckets."""
     if not len(key):
         return {}
     t = np.concatenate([start, end])
-    order = np.lexsort((t, np.concatenate([key, key])))
+    order = _order(np.concatenate([key, key]), t)
     t = t[order]
     k = np.concatenate([key, key])[order]
     c = np.concatenate([code, code]).astype(np.int8)[order]
@@ -227,7 +236,7 @@ def _rank_rows(
 ) -> list[dict[str, object]]:
     start = ops["ts_ns"].to_numpy().astype(np.int64)
     end = start + ops["dur_ns"].to_numpy().astype(np.int64)
-    code = ops["category"].replace_strict(_CODES, default=_OTHER, return_dtype=pl.Int64).to_numpy()
+    code = ops["category"].cast(pl.String).replace_strict(_CODES, default=_OTHER, return_dtype=pl.Int8).to_numpy()
     steps = ops["step"].fill_null(-1).to_numpy().astype(np.int64)
     if windows is not None and windows.height:
         w_start = windows["ts_ns"].to_numpy().astype(np.int64)

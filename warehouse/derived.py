@@ -12,10 +12,11 @@ from pathlib import Path
 import duckdb
 
 import polars as pl
+import polars.selectors
 import pyarrow.parquet as pq
 
-from tracelake.analysis.breakdown import breakdown_frame
-from tracelake.analysis.idle import idle_frame
+from tracelake.analysis.breakdown import breakdown_frame, breakdown_sql
+from tracelake.analysis.idle import idle_frame, idle_sql
 from tracelake.analysis.launches import launch_stats_sql, queue_lengths_sql
 
 from . import schema
@@ -41,11 +42,34 @@ def write_derived(parsed: Path, out_dir: Path, *, threads: int = 2, memory_limit
         con.execute("SET enable_progress_bar = false")
         for name in INPUTS:
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({sql_literal(str(parsed / f'{name}.parquet'))})")
-        _write_per_rank(parsed, out_dir)
+        if pq.read_metadata(parsed / "device_ops.parquet").num_rows <= SQL_MAX_OPS:
+            _write_in_sql(con, out_dir)
+        else:
+            _write_per_rank(parsed, out_dir)
         _copy(con, schema.LAUNCH_STATS, f"({launch_stats_sql('device_ops', 'host_ops')})", out_dir)
         _copy(con, schema.STREAM_QUEUES, f"({queue_lengths_sql('device_ops', 'host_ops')})", out_dir)
     finally:
         con.close()
+
+
+#: Up to this many device ops, ``breakdown``, ``kernel_stats`` and ``stream_idle`` are computed in DuckDB
+#: within the ingest memory limit; past it, per rank in numpy/polars (DuckDB's windows spill for minutes there,
+#: while the vectorised sweep needs memory in proportion to one rank's ops). Tests keep both ways equal.
+SQL_MAX_OPS = 2_000_000
+
+_KERNEL_STATS_SQL = """
+    SELECT trace_id, rank, name, any_value(category) AS category, count(*) AS count, sum(dur_ns) AS total_ns,
+           round(sum(dur_ns) / count(*)) AS mean_ns, round(quantile_cont(dur_ns, 0.5)) AS p50_ns,
+           round(quantile_cont(dur_ns, 0.95)) AS p95_ns, max(dur_ns) AS max_ns
+    FROM device_ops WHERE category <> 'sync' GROUP BY ALL
+"""
+
+
+def _write_in_sql(con: duckdb.DuckDBPyConnection, out_dir: Path) -> None:
+    async_windows = "(SELECT trace_id, rank, step, ts_ns, dur_ns FROM collectives WHERE is_async)"
+    _copy(con, schema.BREAKDOWN, f"({breakdown_sql('device_ops', async_windows, 'devices')})", out_dir)
+    _copy(con, schema.KERNEL_STATS, f"({_KERNEL_STATS_SQL})", out_dir)
+    _copy(con, schema.STREAM_IDLE, f"({idle_sql('device_ops', 'host_ops')})", out_dir)
 
 
 def _kernel_stats(ops: pl.DataFrame) -> pl.DataFrame:
@@ -75,20 +99,23 @@ def _write_per_rank(parsed: Path, out_dir: Path) -> None:
     launches = pl.scan_parquet(parsed / "host_ops.parquet").filter(pl.col("correlation").is_not_null()).group_by(
         "trace_id", "correlation").agg(pl.col("ts_ns").min().alias("launch_ns")).collect()
     parts: dict[str, list[pl.DataFrame]] = {"breakdown": [], "kernel_stats": [], "stream_idle": []}
+    # Repeated strings are read as categoricals: a rank of an XLA trace can hold millions of ops.
+    lean = ops.with_columns(pl.col("trace_id", "category", "name").cast(pl.Categorical))
+    launches = launches.with_columns(pl.col("trace_id").cast(pl.Categorical))
     for rank in sorted(ops.select(pl.col("rank").unique()).collect()["rank"].drop_nulls().to_list()):
-        mine = ops.filter(pl.col("rank") == rank).select("trace_id", "rank", "category", "name", "dur_ns").collect()
+        mine = lean.filter(pl.col("rank") == rank).select("trace_id", "rank", "category", "name", "dur_ns").collect()
         parts["kernel_stats"].append(_kernel_stats(mine))
-        mine = ops.filter(pl.col("rank") == rank).select(
+        mine = lean.filter(pl.col("rank") == rank).select(
             "trace_id", "rank", "stream", "category", "ts_ns", "dur_ns", "correlation").collect()
         parts["stream_idle"].append(idle_frame(mine, launches))
-        mine = ops.filter(pl.col("rank") == rank).select(
+        mine = lean.filter(pl.col("rank") == rank).select(
             "trace_id", "rank", "step", "category", "ts_ns", "dur_ns", "flops").collect()
         parts["breakdown"].append(breakdown_frame(mine, windows.filter(pl.col("rank") == rank), peaks))
         del mine
     for name, frames in parts.items():
         tbl = schema.table(name)
-        arrow = pl.concat(frames).select(tbl.column_names).to_arrow().cast(tbl.arrow_schema) if frames \
-            else tbl.arrow_schema.empty_table()
+        arrow = pl.concat(frames).select(tbl.column_names).with_columns(pl.selectors.categorical().cast(pl.String)) \
+            .to_arrow().cast(tbl.arrow_schema) if frames else tbl.arrow_schema.empty_table()
         pq.write_table(arrow, out_dir / f"{name}.parquet", compression="zstd")
 
 
