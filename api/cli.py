@@ -162,7 +162,9 @@ def _ingest_summary(results: list[IngestResult], seconds: float) -> None:
 @app.command()
 @_errors
 def ingest(
-    paths: Annotated[list[Path], typer.Argument(help="Trace files or directories of them: Kineto .json(.gz), XLA .xplane.pb and .trace.json.gz.",
+    paths: Annotated[list[Path], typer.Argument(help=(
+        "Trace files or directories of them: Kineto .json(.gz), XLA .xplane.pb/.trace.json.gz, NCCL logs, "
+        "nccl-tests output, Inspector/profiler-plugin dumps, Flight Recorder dumps."),
                                                 show_default=False)],
     job: Annotated[str, typer.Option("--job", "-j", help="Job name to file the traces under.")] = "default",
     label: Annotated[list[str] | None, typer.Option("--label", "-l", help="A key=value label; repeatable.",
