@@ -16,7 +16,6 @@ estimate; the dump follows completion closely).
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +24,12 @@ import msgspec
 from tracelake.warehouse.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
+from .nccl_ops import collective_name, nccl_tests_bytes
 from .source import iter_chunks
 from .tables import write_table
 
 FORMAT = "nccl_inspector"
 
-_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
-#: Collectives whose Inspector size is one rank's share of the nccl-tests size.
-_PER_RANK_SHARE = {"all_gather", "reduce_scatter", "all_to_all", "alltoall"}
 _COLUMNS = ("event_id", "rank", "collective", "process_group", "group_size", "seq", "message_bytes", "src_rank",
             "dst_rank", "ts_ns", "dur_ns", "cpu_ts_ns", "cpu_dur_ns", "is_async")
 
@@ -45,10 +42,6 @@ def sniff(head: bytes, filename: str) -> bool:
                 b'"coll_perf"' in line or b'"p2p_perf"' in line or b"inspector_output_format_version" in line):
             return True
     return False
-
-
-def _snake(name: str) -> str:
-    return {"AllToAll": "all_to_all", "AlltoAll": "all_to_all"}.get(name) or _SNAKE.sub("_", name).lower()
 
 
 def _int(value: object) -> int | None:
@@ -123,10 +116,9 @@ def _line(raw: bytes, decoder: msgspec.json.Decoder[Any], rows: dict[str, list[o
     if not isinstance(name, str) or seq is None or exec_us is None:
         return lines, skipped + 1
     rank, n_ranks = _int(header.get("rank")), _int(header.get("n_ranks"))
-    collective = _snake(name)
-    size = _int(perf.get("p2p_msg_size_bytes" if is_p2p else "coll_msg_size_bytes"))
-    if size is not None and n_ranks and collective in _PER_RANK_SHARE:
-        size *= n_ranks
+    collective = collective_name(name)
+    size = nccl_tests_bytes(collective, _int(perf.get("p2p_msg_size_bytes" if is_p2p else "coll_msg_size_bytes")),
+                            n_ranks)
     dump_int, dump_float = _int(meta.get("dump_timestamp_us")), _number(meta.get("dump_timestamp_us"))
     dump_ns = dump_int * 1000 if dump_int is not None else round(dump_float * 1000) if dump_float is not None else None
     dur_ns = round(exec_us * 1000)

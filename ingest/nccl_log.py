@@ -33,6 +33,7 @@ import pyarrow as pa
 from tracelake.warehouse.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
+from .nccl_ops import PER_RANK_SHARE, collective_name
 from .source import iter_chunks
 from .tables import write_table
 
@@ -65,10 +66,6 @@ _VERSION = re.compile(r"NCCL version (?P<version>[\w.+-]+)")
 DTYPE = {0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8), 5: ("uint64", 8),
          6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bfloat16", 2), 10: ("float8e4m3", 1),
          11: ("float8e5m2", 1)}
-#: Collectives whose COLL ``count`` is one rank's share of the nccl-tests size.
-_PER_RANK_SHARE = {"all_gather", "reduce_scatter", "all_to_all"}
-_OPS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
-        "Broadcast": "broadcast", "Reduce": "reduce", "AllToAll": "all_to_all", "Send": "send", "Recv": "recv"}
 _KEEP_WARNINGS = 5
 
 
@@ -220,12 +217,13 @@ def _collectives(coll: pl.DataFrame, comms: pl.DataFrame, tuning: pl.DataFrame) 
         ).unique(["host", "pid", "tuned_op", "tuned_bytes"], keep="last")
     else:
         choices = None
-    op = pl.col("op").replace_strict(_OPS, default=pl.col("op").str.to_lowercase())
+    names = {name: collective_name(name) for name in frame["op"].unique().to_list()}
+    op = pl.col("op").replace_strict(names, return_dtype=pl.String)
     dtype_code = pl.col("dtype").cast(pl.Int64)
     size = dtype_code.replace_strict({k: v[1] for k, v in DTYPE.items()}, default=None, return_dtype=pl.Int64)
     nranks = pl.coalesce(pl.col("nranks").cast(pl.Int32), pl.col("comm_nranks"))
     count = pl.col("count").cast(pl.Int64)
-    message = count * size * pl.when(op.is_in(list(_PER_RANK_SHARE))).then(nranks.cast(pl.Int64)).otherwise(1)
+    message = count * size * pl.when(op.is_in(list(PER_RANK_SHARE))).then(nranks.cast(pl.Int64)).otherwise(1)
     root = pl.col("root").cast(pl.Int32)
     frame = frame.with_columns(op.alias("collective"), message.alias("message_bytes"))
     if choices is not None:

@@ -12,7 +12,6 @@ are counted, not stored.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +20,16 @@ import msgspec
 from tracelake.warehouse.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
+from .nccl_ops import collective_name, nccl_tests_bytes
 from .source import iter_chunks
 from .tables import write_table
 
 FORMAT = "nccl_profiler"
 
-_SNAKE = re.compile(r"(?<!^)(?=[A-Z])")
 #: ``ncclFloat32``-style names (and the short ``f32`` ones) -> bytes per element.
 DTYPE_BYTES = {"ncclInt8": 1, "ncclUint8": 1, "ncclInt32": 4, "ncclUint32": 4, "ncclInt64": 8, "ncclUint64": 8,
                "ncclFloat16": 2, "ncclFloat32": 4, "ncclFloat64": 8, "ncclBfloat16": 2, "ncclFloat8e4m3": 1,
                "ncclFloat8e5m2": 1, "ncclFloat": 4, "ncclHalf": 2, "ncclDouble": 8, "ncclInt": 4, "ncclChar": 1}
-#: Collectives whose ``Count`` is one rank's share of the nccl-tests size.
-_PER_RANK_SHARE = {"all_gather", "reduce_scatter", "all_to_all"}
 
 
 def sniff(head: bytes, filename: str) -> bool:
@@ -49,11 +46,6 @@ class _Event(msgspec.Struct, gc=False):
     pid: int | str | None = None
     tid: int | str | None = None
     args: dict[str, Any] | None = None
-
-
-def _snake(name: str) -> str:
-    return {"AllToAll": "all_to_all", "AlltoAll": "all_to_all", "SendRecv": "send"}.get(name) \
-        or _SNAKE.sub("_", name).lower()
 
 
 def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
@@ -88,13 +80,12 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     rows: dict[str, list[object]] = {c: [] for c in columns}
     for index, (begin, end) in enumerate(sorted(pairs, key=lambda p: p[0].ts or 0.0)):
         args = begin.args or {}
-        collective = _snake(str(begin.name or args.get("Func") or "unknown"))
+        collective = collective_name(str(begin.name or args.get("Func") or "unknown"))
         count = args.get("Count") if isinstance(args.get("Count"), int) else None
         size = DTYPE_BYTES.get(str(args.get("Datatype")))
-        message = count * size if count is not None and size is not None else None
         n_ranks = args.get("nRanks") if isinstance(args.get("nRanks"), int) else None
-        if message is not None and collective in _PER_RANK_SHARE and n_ranks:
-            message *= n_ranks
+        message = nccl_tests_bytes(collective, count * size if count is not None and size is not None else None,
+                                   n_ranks)
         ts = round(begin.ts * 1000) if begin.ts is not None else None
         dur = round((end.ts - begin.ts) * 1000) if end is not None and end.ts is not None and begin.ts is not None \
             else None

@@ -21,7 +21,7 @@ from typing import Any
 from tracelake.warehouse.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
-from .source import iter_chunks
+from .source import iter_chunks, read_head
 from .tables import write_table
 
 FORMAT = "nccl_tests"
@@ -159,8 +159,6 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     Raises:
         TraceFormatError: no result rows, or a row that cannot be read (with its line).
     """
-    from .source import read_head
-
     is_json = read_head(source, 64, name=options.source_name).lstrip().startswith(b"{")
     rows, facts = (_parse_json if is_json else _parse_text)(source, options)
     if not len(rows):

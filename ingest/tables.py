@@ -39,7 +39,7 @@ def arrow_table(table: str, columns: Mapping[str, ColumnValues], *, trace_id: st
                 return values.cast(c.arrow_type)
             return pa.array(values, type=c.arrow_type)
         if c.name == "trace_id":
-            return pa.array([trace_id] * rows, type=c.arrow_type)
+            return pa.repeat(pa.scalar(trace_id, type=c.arrow_type), rows)
         return pa.nulls(rows, type=c.arrow_type)
 
     arrays = [column(c) for c in tbl.columns]
@@ -64,27 +64,11 @@ class TableWriter:
         )
 
     def write(self, columns: Mapping[str, ColumnValues]) -> None:
-        """Append rows given as column lists."""
+        """Append rows given as column lists or Arrow arrays."""
         part = arrow_table(self.table, columns, trace_id=self.trace_id)
         if part.num_rows:
             self._writer.write_table(part)
             self.rows += part.num_rows
-
-    def write_arrays(self, columns: Mapping[str, pa.Array]) -> None:
-        """Append rows given as Arrow arrays (missing columns null; ``trace_id`` filled)."""
-        tbl = schema.table(self.table)
-        rows = len(next(iter(columns.values())))
-        arrays = []
-        for c in tbl.columns:
-            if c.name in columns:
-                arrays.append(columns[c.name].cast(c.arrow_type))
-            elif c.name == "trace_id":
-                arrays.append(pa.array([self.trace_id], type=c.arrow_type).take(pa.array([0] * rows)))
-            else:
-                arrays.append(pa.nulls(rows, type=c.arrow_type))
-        if rows:
-            self._writer.write_table(pa.Table.from_arrays(arrays, schema=tbl.arrow_schema))
-            self.rows += rows
 
     def close(self) -> None:
         """Finish the file (an empty table still gets a valid file)."""

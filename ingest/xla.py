@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -47,7 +46,6 @@ FORMAT = "xla"
 
 _DEVICE_PLANE = re.compile(r"^/device:(TPU|GPU):(\d+)$")
 _STREAM_LINE = re.compile(r"^Stream #(\d+)")
-_PROGRAM_IN_NAME = re.compile(r"\((\d+)\)$")
 #: Rows buffered before a part of ``device_ops`` is written.
 FLUSH_ROWS = 200_000
 #: Line timestamps below this (about 1973 in epoch ns) are relative to the profile start.
@@ -250,19 +248,12 @@ class _Parser(RowBuilder):
         device_ops.write(rows.take())
 
     def _tpu_ops(self, plane: Plane, index: int, line: Any, device_ops: TableWriter) -> None:
-        """The ``XLA Ops`` line, vectorised: per-event work is three integers; the rest is per op kind."""
-        events = line.events
-        n = len(events)
-        self.events += n
-        if not n:
+        """The ``XLA Ops`` line, vectorised (see :meth:`_tpu_events`)."""
+        decoded = self._tpu_events(plane, line)
+        if decoded is None:
             return
-        mids = np.fromiter((e.metadata_id for e in events), dtype=np.int64, count=n)
-        offsets = np.fromiter((e.offset_ps for e in events), dtype=np.int64, count=n)
-        durations = np.fromiter((e.duration_ps for e in events), dtype=np.int64, count=n)
-        kinds, which = np.unique(mids, return_inverse=True)
-        ops = [self._tpu_op(plane, int(mid)) for mid in kinds]
-        ts = self._origin_ns(line) + offsets // 1000  # whole ns: floor((origin * 1000 + ps) / 1000)
-        dur = np.maximum(durations // 1000, 0)
+        ops, which, ts, dur = decoded
+        n = len(ts)
         steps = self.steps.steps_of(index, ts)
         first_id = self.next_id
         self.next_id += n
@@ -278,7 +269,7 @@ class _Parser(RowBuilder):
             "rank": pa.array(np.full(n, index, dtype=np.int32)),
             "device": pa.array(np.full(n, self.local_index.get(index, index), dtype=np.int32)),
             "stream": pa.array(np.full(n, int(line.id), dtype=np.int64)),
-            "kind": pa.array(["xla_op"] * 1, type=pa.string()).take(pa.array(np.zeros(n, dtype=np.int64))),
+            "kind": pa.repeat("xla_op", n),
             "category": per_op([o.category for o in ops], pa.string()),
             "name": per_op([o.name for o in ops], pa.string()),
             "ts_ns": pa.array(ts),
@@ -291,8 +282,26 @@ class _Parser(RowBuilder):
             "flops": per_op([o.flops for o in ops], pa.float64()),
             "bytes_accessed": per_op([o.bytes_accessed for o in ops], pa.int64()),
         }
-        device_ops.write_arrays(table)
+        device_ops.write(table)
         self._tpu_collectives(index, int(line.id), ops, which, ts, dur, steps, first_id)
+
+    def _tpu_events(self, plane: Plane, line: Any) -> tuple[list[_Op], np.ndarray, np.ndarray, np.ndarray] | None:
+        """A TPU line's events as arrays: the op kinds, each event's kind, start and duration (ns); None if empty.
+
+        Per event only three integers are read; everything else is per op kind.
+        """
+        events = line.events
+        n = len(events)
+        self.events += n
+        if not n:
+            return None
+        mids = np.fromiter((e.metadata_id for e in events), dtype=np.int64, count=n)
+        offsets = np.fromiter((e.offset_ps for e in events), dtype=np.int64, count=n)
+        durations = np.fromiter((e.duration_ps for e in events), dtype=np.int64, count=n)
+        kinds, which = np.unique(mids, return_inverse=True)
+        ops = [self._tpu_op(plane, int(mid)) for mid in kinds]
+        ts = self._origin_ns(line) + offsets // 1000  # whole ns: floor((origin * 1000 + ps) / 1000)
+        return ops, which, ts, np.maximum(durations // 1000, 0)
 
     def _tpu_op(self, plane: Plane, metadata_id: int) -> _Op:
         """What one event metadata entry says about its op (computed once per entry)."""
@@ -323,18 +332,10 @@ class _Parser(RowBuilder):
 
     def _tpu_async(self, plane: Plane, index: int, line: Any) -> None:
         """``Async XLA Ops`` windows of collectives become async spans in ``collectives`` (copies are left out)."""
-        events = line.events
-        n = len(events)
-        self.events += n
-        if not n:
+        decoded = self._tpu_events(plane, line)
+        if decoded is None:
             return
-        mids = np.fromiter((e.metadata_id for e in events), dtype=np.int64, count=n)
-        offsets = np.fromiter((e.offset_ps for e in events), dtype=np.int64, count=n)
-        durations = np.fromiter((e.duration_ps for e in events), dtype=np.int64, count=n)
-        kinds, which = np.unique(mids, return_inverse=True)
-        ops = [self._tpu_op(plane, int(mid)) for mid in kinds]
-        ts = self._origin_ns(line) + offsets // 1000
-        dur = np.maximum(durations // 1000, 0)
+        ops, which, ts, dur = decoded
         self._tpu_collectives(index, int(line.id), ops, which, ts, dur, self.steps.steps_of(index, ts), 0,
                               is_async=True)
 
@@ -359,7 +360,7 @@ class _Parser(RowBuilder):
         take = pa.array(kinds)
         first_collective = self.next_id
         self.next_id += len(rows)
-        self.collective_writer.write_arrays({
+        self.collective_writer.write({
             "event_id": pa.array(np.arange(first_collective, first_collective + len(rows), dtype=np.int64)),
             "rank": pa.array(np.full(len(rows), rank, dtype=np.int32)),
             "collective": pa.array([o.collective for o in ops], type=pa.string()).take(take),
@@ -483,10 +484,3 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
         options.on_bytes(source.stat().st_size)
     (staging / "xplane.pb").unlink(missing_ok=True)
     return info
-
-
-def iter_planes(source: Path) -> Iterator[str]:
-    """The plane names of an XSpace (for quick looks and tests)."""
-    with Space(source, source.name) as space:
-        for plane in space.planes:
-            yield plane.name
