@@ -32,7 +32,7 @@ from rich.progress import (
 )
 
 from tracelake.analysis import findings, overview
-from tracelake.warehouse import IngestResult, Settings, TracelakeError, Warehouse
+from tracelake.warehouse import IngestResult, InvalidArgument, Settings, TracelakeError, Warehouse
 from tracelake.warehouse.results import QueryResult
 from tracelake.warehouse.store import parse_labels
 
@@ -424,6 +424,43 @@ def _fresh_demo_home(home: Path) -> None:
     from tracelake.warehouse import InvalidArgument
 
     raise InvalidArgument(f"{home} exists and is not a tracelake demo warehouse; choose another --home")
+
+
+@app.command()
+@_errors
+def serve(
+    home: HomeOption = None,
+    host: Annotated[str, typer.Option(help="Address to listen on. Anything but loopback needs API tokens.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.", min=1, max=65535)] = 8000,
+    tokens_file: Annotated[Path | None, typer.Option(
+        "--tokens-file", envvar="TRACELAKE_TOKENS_FILE", show_default=False,
+        help="File of API tokens, one `token:read,write` per line (also: TRACELAKE_TOKENS).")] = None,
+    ingest_workers: Annotated[int | None, typer.Option(
+        "--ingest-workers", min=0, show_default=False,
+        help="Processes that ingest uploads (default 1; 0 ingests on a thread of the server).")] = None,
+) -> None:
+    """Serve the REST API (uploads, ingest status, analyses, SQL) with uvicorn; docs at /docs."""
+    import uvicorn
+
+    from .app import create_app
+    from .auth import Tokens
+    from .network import is_loopback
+
+    settings = Settings.from_env(home=home, tokens_file=str(tokens_file) if tokens_file else None,
+                                 ingest_workers=ingest_workers)
+    if not Tokens.from_settings(settings).configured:
+        if not is_loopback(host):
+            raise InvalidArgument(
+                f"refusing to serve on {host} without API tokens: anyone who can reach it could read and "
+                "write the warehouse. Set TRACELAKE_TOKENS=\"<token>:read,write\" (or --tokens-file), "
+                "or serve on 127.0.0.1"
+            )
+        err_console.print("[yellow]no API tokens configured:[/] serving on loopback only; "
+                          "every local user can read and write the warehouse", highlight=False)
+    application = create_app(settings)
+    err_console.print(f"tracelake {escape(str(settings.home_path))} on http://{escape(host)}:{port} "
+                      f"(API docs: http://{escape(host)}:{port}/docs)", highlight=False)
+    uvicorn.run(application, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
 
 
 @app.command()

@@ -10,7 +10,7 @@ from conftest import ROOT
 from tracelake.ingest import detect
 from tracelake.sample_traces import generate_nccl
 from tracelake.warehouse import Warehouse
-from tracelake.warehouse.core import expand_inputs
+from tracelake.warehouse.inputs import expand_inputs
 from tracelake.warehouse.settings import Settings
 
 NCCL_TESTS = ROOT / "sample_traces" / "nccl" / "nccl_tests"

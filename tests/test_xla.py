@@ -12,7 +12,7 @@ from conftest import REAL_TRACES, ROOT
 from tracelake.ingest import detect, xla_ops
 from tracelake.ingest.xspace import Space, stat_value
 from tracelake.warehouse import Warehouse
-from tracelake.warehouse.core import expand_inputs
+from tracelake.warehouse.inputs import expand_inputs
 
 REAL_XLA = REAL_TRACES / "xla"
 TPU_SAMPLE = ROOT / "sample_traces" / "xla" / "tpu_allreduce" / "host0.xplane.pb"

@@ -2,11 +2,14 @@
 
 from .core import Warehouse
 from .errors import (
+    Forbidden,
     InvalidArgument,
     NotFound,
     QueryError,
+    TooLarge,
     TraceFormatError,
     TracelakeError,
+    Unauthorized,
     UnknownFormatError,
     WarehouseError,
 )
@@ -14,6 +17,7 @@ from .results import IngestReport, IngestResult, QueryResult
 from .settings import Settings
 
 __all__ = [
+    "Forbidden",
     "IngestReport",
     "IngestResult",
     "InvalidArgument",
@@ -21,8 +25,10 @@ __all__ = [
     "QueryError",
     "QueryResult",
     "Settings",
+    "TooLarge",
     "TraceFormatError",
     "TracelakeError",
+    "Unauthorized",
     "UnknownFormatError",
     "Warehouse",
     "WarehouseError",

@@ -9,7 +9,6 @@ import datetime as dt
 import logging
 import multiprocessing
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -34,18 +33,13 @@ from . import analysis_report, catalog, schema
 from .analysis_report import Analysis
 from .derived import INPUTS, write_derived
 from .errors import InvalidArgument, NotFound, QueryError, TraceFormatError, TracelakeError, WarehouseError
+from .inputs import expand_inputs, file_size
+from .readonly import readonly_query
 from .results import IngestProgress, IngestReport, IngestResult, QueryResult
 from .settings import Settings
 from .store import Store, check_job
 
 log = logging.getLogger(__name__)
-
-#: File name endings taken from a directory given to ``ingest`` (files named
-#: explicitly are always tried, whatever their name).
-TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz", ".xplane.pb", ".xplane.pb.gz")
-#: The JSON renderings XProf writes beside an ``.xplane.pb``: skipped in a directory that has the XSpace.
-_XLA_JSON = re.compile(r"^(?P<host>.+)\.trace\.json(\.gz)?$|^perfetto_trace\.json(\.gz)?$")
-
 
 def tracelake_version() -> str:
     """The installed tracelake version."""
@@ -99,7 +93,7 @@ class Warehouse:
         check_job(job)
         files = expand_inputs(paths)
         if progress is not None:
-            progress.start([(f, _size(f)) for f in files])
+            progress.start([(f, file_size(f)) for f in files])
         if workers > 1 and len(files) > 1:
             return self._ingest_parallel(files, job, labels, progress, workers)
         report = IngestReport()
@@ -127,7 +121,7 @@ class Warehouse:
         results: dict[Path, IngestResult] = {}
         context = multiprocessing.get_context("spawn")  # no fork of a process holding DuckDB threads
         with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            futures = {pool.submit(_ingest_in_worker, settings, path, job, labels): path for path in files}
+            futures = {pool.submit(ingest_in_process, settings, path, job, labels): path for path in files}
             for future in as_completed(futures):
                 path = futures[future]
                 try:
@@ -137,7 +131,7 @@ class Warehouse:
                 results[path] = result
                 if progress is not None:
                     progress.file_started(path)
-                    progress.advance(_size(path))
+                    progress.advance(file_size(path))
                     progress.file_done(result)
         return IngestReport([results[path] for path in files])
 
@@ -415,31 +409,121 @@ class Warehouse:
             return _Selection(tuple((name, i) for i in ids), "job = ?", [name])
         raise NotFound(f"{name!r} is neither a trace id nor a job (see `tracelake traces`)")
 
-    def traces(self, job: str | None = None) -> list[dict[str, Any]]:
-        """Registered traces, newest first (optionally of one job)."""
-        sql = "SELECT * FROM traces"
-        params: list[Any] = []
-        if job is not None:
-            sql += " WHERE job = ?"
-            params.append(job)
-        sql += " ORDER BY ingested_at DESC, job, rank"
+    def traces(
+        self,
+        job: str | None = None,
+        *,
+        labels: dict[str, str] | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[dict[str, Any]]:
+        """Registered traces, newest first, optionally of one job, with all ``labels``, ingested in ``[since, until)``."""
+        where, params = _trace_filter(job, labels, since, until)
+        sql = f"SELECT * FROM traces{where} ORDER BY ingested_at DESC, job, rank, trace_id"
+        if limit is not None:
+            sql += " LIMIT ? OFFSET ?"
+            params += [limit, offset]
         return self.query(sql, params).as_dicts()
 
-    def trace(self, trace_id: str) -> dict[str, Any]:
-        """One trace's registry row.
+    def count_traces(
+        self,
+        job: str | None = None,
+        *,
+        labels: dict[str, str] | None = None,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+    ) -> int:
+        """How many registered traces :meth:`traces` would list without a limit."""
+        where, params = _trace_filter(job, labels, since, until)
+        return int(self.query(f"SELECT count(*) FROM traces{where}", params).rows[0][0])
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """One summary row per job (traces, ranks, formats, bytes, time span), most recently ingested first."""
+        sql = """
+            SELECT job, count(*) AS traces, count(DISTINCT rank) AS ranks,
+                   list(DISTINCT format ORDER BY format) AS formats,
+                   sum(source_bytes) AS source_bytes, sum(device_op_count) AS device_ops,
+                   min(start_ns) AS start_ns, max(end_ns) AS end_ns,
+                   min(ingested_at) AS first_ingested_at, max(ingested_at) AS last_ingested_at
+            FROM traces GROUP BY job ORDER BY last_ingested_at DESC, job
+        """
+        return self.query(sql).as_dicts()
+
+    def delete(self, trace_id: str) -> str:
+        """Remove a trace and all its rows from the warehouse; returns the job it was in.
+
+        Its registration goes first, so queries stop seeing it at once.
 
         Raises:
             NotFound: no trace has this id.
         """
-        rows = self.query("SELECT * FROM traces WHERE trace_id = ?", [trace_id]).as_dicts()
+        job = self.store.registered_job(trace_id)
+        if job is None:
+            raise NotFound(f"no trace with id {trace_id!r}")
+        try:
+            self.store.remove(job, trace_id)
+        except OSError as exc:
+            raise WarehouseError(f"cannot delete trace {trace_id}: {exc}") from exc
+        return job
+
+    def query_readonly(self, sql: str, *, max_rows: int | None = None) -> QueryResult:
+        """Run one untrusted SQL query in a sandbox: read-only, no file or network access, time and row limits.
+
+        At most ``max_rows`` rows (never more than the ``sql_max_rows`` setting) come back;
+        ``truncated`` says when there were more.
+
+        Raises:
+            QueryError: the statement is not a single query, DuckDB rejected it, or it ran too long.
+        """
+        limit = self.settings.sql_max_rows if max_rows is None else min(max_rows, self.settings.sql_max_rows)
+        return readonly_query(
+            self.store, sql, max_rows=limit, timeout_seconds=self.settings.sql_timeout_seconds,
+            memory_limit=self.settings.sql_memory_limit, threads=self.settings.threads,
+        )
+
+    def trace(self, trace_id: str) -> dict[str, Any]:
+        """One trace's registry row (read from its own file: as fast with 10,000 traces as with one).
+
+        Raises:
+            NotFound: no trace has this id.
+        """
+        job = self.store.registered_job(trace_id)
+        rows = self.store.read("traces", [(job, trace_id)]).to_pylist() if job is not None else []
         if not rows:
             raise NotFound(f"no trace with id {trace_id!r}")
-        return rows[0]
+        row = rows[0]
+        row["labels"] = dict(row["labels"] or [])
+        return {"trace_id": trace_id, "job": job, **{k: v for k, v in row.items() if k != "trace_id"}}
 
 
-def _ingest_in_worker(settings: Settings, path: Path, job: str, labels: dict[str, str] | None) -> IngestResult:
-    """Ingest one file in a worker process."""
-    return Warehouse(settings=settings).ingest_file(path, job=job, labels=labels)
+def ingest_in_process(
+    settings: Settings, path: Path, job: str, labels: dict[str, str] | None, source_name: str | None = None
+) -> IngestResult:
+    """Ingest one file with a warehouse opened from ``settings`` (a picklable entry point for worker processes)."""
+    return Warehouse(settings=settings).ingest_file(path, job=job, labels=labels, source_name=source_name)
+
+
+def _trace_filter(
+    job: str | None, labels: dict[str, str] | None, since: dt.datetime | None, until: dt.datetime | None
+) -> tuple[str, list[Any]]:
+    """The ``WHERE`` clause (with its parameters) selecting traces by job, labels and ingest time."""
+    terms: list[str] = []
+    params: list[Any] = []
+    if job is not None:
+        terms.append("job = ?")
+        params.append(job)
+    for key, value in (labels or {}).items():
+        terms.append("labels[?] = ?")
+        params += [key, value]
+    if since is not None:
+        terms.append("ingested_at >= ?")
+        params.append(since)
+    if until is not None:
+        terms.append("ingested_at < ?")
+        params.append(until)
+    return (" WHERE " + " AND ".join(terms) if terms else ""), params
 
 
 @dataclass(frozen=True)
@@ -449,61 +533,3 @@ class _Selection:
     traces: tuple[tuple[str, str], ...]
     where: str
     params: list[Any]
-
-
-def expand_inputs(paths: Iterable[str | Path]) -> list[Path]:
-    """Files named directly, plus trace files found under directories, sorted and de-duplicated.
-
-    A path that does not exist is kept, so that ingest reports it as a failure.
-    """
-    out: list[Path] = []
-    seen: set[Path] = set()
-    for raw in paths:
-        path = Path(raw)
-        found = _traces_in(path) if path.is_dir() else [path]
-        for p in found:
-            key = p.resolve()
-            if key not in seen:
-                seen.add(key)
-                out.append(p)
-    return out
-
-
-def _traces_in(folder: Path) -> list[Path]:
-    """Trace files under ``folder``; XLA's JSON renderings are left out where their ``.xplane.pb`` is there."""
-    found = sorted(p for p in folder.rglob("*") if p.is_file() and _looks_like_trace(p))
-    xspaces: dict[Path, set[str]] = {p.parent: set() for p in found if p.name.endswith((".xplane.pb", ".xplane.pb.gz"))}
-    for p in found:
-        if p.parent in xspaces:
-            xspaces[p.parent].add(p.name.split(".xplane.pb")[0])
-    kept = []
-    for p in found:
-        match = _XLA_JSON.match(p.name)
-        if match and p.parent in xspaces and (match.group("host") is None or match.group("host") in xspaces[p.parent]):
-            continue
-        kept.append(p)
-    return kept
-
-
-#: Text outputs (nccl-tests, NCCL logs) are taken from a directory only when their content is recognised.
-_TEXT_SUFFIXES = (".txt", ".log", ".out")
-
-
-def _looks_like_trace(path: Path) -> bool:
-    if path.name.startswith("."):
-        return False
-    if path.name.endswith(_TEXT_SUFFIXES) or ("." not in path.name and "rank" in path.name.lower()):
-        # text outputs, and Flight Recorder dumps (``nccl_trace_rank_3``): only when recognised
-        try:
-            ingest.detect(path)
-        except TracelakeError:
-            return False
-        return True
-    return path.name.endswith(TRACE_SUFFIXES)
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0

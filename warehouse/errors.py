@@ -56,3 +56,21 @@ class WarehouseError(TracelakeError):
     """The warehouse directory or its catalog cannot be used as it is."""
 
     http_status = 500
+
+
+class TooLarge(InvalidArgument):
+    """An upload, archive or decompressed stream is larger than the configured limit."""
+
+    http_status = 413
+
+
+class Unauthorized(TracelakeError):
+    """A request carries no valid API token."""
+
+    http_status = 401
+
+
+class Forbidden(TracelakeError):
+    """A request's token lacks the scope the operation needs."""
+
+    http_status = 403

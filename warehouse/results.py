@@ -53,11 +53,16 @@ class IngestReport:
 
 @dataclass
 class QueryResult:
-    """Rows of a SQL query, with column names and DuckDB type names."""
+    """Rows of a SQL query, with column names and DuckDB type names.
+
+    ``truncated`` is True when the query had more rows than the caller's row limit
+    and only the first ones are in ``rows``.
+    """
 
     columns: list[str]
     types: list[str]
     rows: list[tuple[Any, ...]]
+    truncated: bool = False
 
     def as_dicts(self) -> list[dict[str, Any]]:
         """Rows as ``{column: value}`` dicts."""

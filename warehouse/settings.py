@@ -28,6 +28,28 @@ class Settings:
     parse_batch_bytes: int = 8 << 20
     #: Bus bandwidth each link type carries at best, GB/s per GPU, over the defaults: ``nvlink=450,ib=50``.
     link_peaks: str = ""
+    #: API bearer tokens and their scopes: ``tokenA:read,write;tokenB:read`` (scopes: read, write, admin).
+    tokens: str = ""
+    #: A file of API tokens, one ``token:scopes`` per line (``#`` starts a comment).
+    tokens_file: str = ""
+    #: Largest file one upload may carry, bytes.
+    max_file_bytes: int = 4 << 30
+    #: Largest request body an upload may send, bytes (every file of it together).
+    max_request_bytes: int = 8 << 30
+    #: Most bytes an uploaded archive or gzip file may expand to, in all.
+    max_expanded_bytes: int = 32 << 30
+    #: Most an uploaded archive or gzip file may expand relative to its size (zip and gzip bombs).
+    max_expansion_ratio: int = 200
+    #: Most members an uploaded archive may hold.
+    max_archive_members: int = 10_000
+    #: Seconds an API SQL query may run before it is cancelled.
+    sql_timeout_seconds: int = 30
+    #: Most rows an API SQL query returns (the answer says when it was cut).
+    sql_max_rows: int = 10_000
+    #: DuckDB memory limit of one API SQL query.
+    sql_memory_limit: str = "1GB"
+    #: Processes the server ingests uploads with, side by side.
+    ingest_workers: int = 1
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -70,4 +92,16 @@ SETTINGS_DOC: dict[str, str] = {
     "threads": "DuckDB threads per ingest and per query (default 2).",
     "parse_batch_bytes": "Bytes of JSON decoded per batch while streaming a trace (default 8 MiB).",
     "link_peaks": "Bus bandwidth per link type, GB/s, e.g. `nvlink=450,pcie=50,ib=50,socket=12.5` (the defaults).",
+    "tokens": "API bearer tokens with scopes, `tokenA:read,write;tokenB:read` (scopes `read`, `write`, `admin`); "
+    "none set: the server serves loopback only.",
+    "tokens_file": "A file of API tokens, one `token:scopes` per line; read with `tokens`.",
+    "max_file_bytes": "Largest file one upload may carry (default 4 GiB).",
+    "max_request_bytes": "Largest upload request body, every file together (default 8 GiB).",
+    "max_expanded_bytes": "Most bytes an uploaded archive or gzip file may expand to (default 32 GiB).",
+    "max_expansion_ratio": "Most an uploaded archive or gzip file may expand per byte uploaded (default 200).",
+    "max_archive_members": "Most members an uploaded `.zip` or `.tar.gz` may hold (default 10,000).",
+    "sql_timeout_seconds": "Seconds an API SQL query may run before it is cancelled (default 30).",
+    "sql_max_rows": "Most rows an API SQL query returns; the answer says when rows were cut (default 10,000).",
+    "sql_memory_limit": "DuckDB memory limit of one API SQL query (default `1GB`).",
+    "ingest_workers": "Processes `tracelake serve` ingests uploads with (default 1).",
 }

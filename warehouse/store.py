@@ -127,6 +127,11 @@ class Store:
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(source, target)
 
+    def remove(self, job: str, trace_id: str) -> None:
+        """Delete a trace's files, its registration (``traces``) first so that no query sees it half removed."""
+        for name in ("traces", *schema.DATA_TABLES):
+            self.path(name, job, trace_id).unlink(missing_ok=True)
+
     @staticmethod
     def write_atomic(table: pa.Table, target: Path) -> None:
         """Write a Parquet file under a name no view matches, then rename it into place."""

@@ -1,0 +1,113 @@
+"""The REST API: ``create_app(settings)`` builds the FastAPI app that ``tracelake serve`` runs.
+
+Routes are thin: each calls the :class:`~tracelake.warehouse.Warehouse` facade
+(or the ingest queue in front of it) and maps :class:`TracelakeError` to an HTTP
+status in one exception handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tracelake.warehouse import Settings, TracelakeError, Warehouse
+from tracelake.warehouse.core import tracelake_version
+
+from .auth import Tokens
+from .deps import ServerState
+from .ingest_queue import IngestQueue
+from .metrics import Metrics
+from .responses import FastJSONResponse
+from .routes import health, jobs, sql, traces
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+Upload ML profiler traces (PyTorch profiler / Kineto JSON, XLA `.xplane.pb`, NCCL
+logs, nccl-tests output, Flight Recorder dumps), follow their ingestion, read each
+job's analyses and query the warehouse with SQL.
+
+Send `Authorization: Bearer <token>` when the server has tokens configured
+(scopes: `read`, `write`, `admin`).
+"""
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """A FastAPI app over the warehouse in ``settings`` (default: from the environment).
+
+    The ingest queue starts with the app (its lifespan) and stops with it.
+
+    Raises:
+        InvalidArgument: the token settings cannot be read.
+    """
+    settings = settings or Settings.from_env()
+    tokens = Tokens.from_settings(settings)
+    warehouse = Warehouse(settings=settings)
+    metrics = Metrics()
+    state = ServerState(warehouse.settings, warehouse, tokens, IngestQueue(warehouse.settings, metrics), metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        state.queue.start()
+        try:
+            yield
+        finally:
+            state.queue.stop()
+
+    app = FastAPI(
+        title="tracelake",
+        version=tracelake_version(),
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        default_response_class=FastJSONResponse,
+    )
+    app.state.tracelake = state
+    app.add_exception_handler(TracelakeError, _tracelake_error)  # type: ignore[arg-type]
+    app.add_middleware(_RequestMetrics, metrics=metrics)
+    for module in (traces, jobs, sql, health):
+        app.include_router(module.router)
+    return app
+
+
+async def _tracelake_error(request: Request, exc: TracelakeError) -> JSONResponse:
+    """Every tracelake error becomes its HTTP status with the message, never a traceback."""
+    if exc.http_status >= 500:
+        log.error("%s %s failed: %s", request.method, request.url.path, exc)
+    return JSONResponse({"error": str(exc), "kind": type(exc).__name__}, status_code=exc.http_status)
+
+
+class _RequestMetrics:
+    """Counts each request by method, route template and status (pure ASGI: uploads stream through untouched)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.metrics.request(scope["method"], template, status, time.perf_counter() - started)
+
+
+__all__ = ["create_app"]

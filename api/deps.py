@@ -1,0 +1,58 @@
+"""What every route shares: the server state, and the token check as a dependency per scope."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from tracelake.warehouse import Settings, Warehouse
+
+from .auth import Tokens, require
+from .ingest_queue import IngestQueue
+from .metrics import Metrics
+
+#: Documents the bearer scheme in the OpenAPI schema; the check itself is :class:`Tokens`.
+bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer <token>`.")
+
+
+@dataclass
+class ServerState:
+    """One server's warehouse, tokens, ingest queue, metrics and answer cache."""
+
+    settings: Settings
+    warehouse: Warehouse
+    tokens: Tokens
+    queue: IngestQueue
+    metrics: Metrics
+    cache: dict[Any, bytes] = field(default_factory=dict)
+
+
+def server(request: Request) -> ServerState:
+    """The state of the app serving ``request``."""
+    state: ServerState = request.app.state.tracelake
+    return state
+
+
+State = Annotated[ServerState, Depends(server)]
+
+
+def scope(name: str) -> Callable[..., None]:
+    """A dependency that lets a request through only with a token granting ``name``."""
+
+    def check(
+        state: State, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+    ) -> None:
+        header = f"{credentials.scheme} {credentials.credentials}" if credentials is not None else None
+        require(state.tokens.scopes(header), name)
+
+    check.__name__ = f"needs_{name}_scope"
+    return check
+
+
+Read = Depends(scope("read"))
+Write = Depends(scope("write"))
+Admin = Depends(scope("admin"))

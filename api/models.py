@@ -1,0 +1,136 @@
+"""The API's request and answer shapes, declared once for validation and the OpenAPI schema."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TRACE_ID = r"^[0-9a-f]{1,64}$"
+JOB = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_ID_EXAMPLE = "3f2a9c41d07be8a15c66"
+
+
+class ErrorAnswer(BaseModel):
+    """What every refused request answers: a message for a person, and the kind of error."""
+
+    error: str
+    kind: str
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"error": "rank-3.json.gz: gzip stream ends early at byte 1048576 (truncated upload?)", "kind": "TraceFormatError"}
+    ]})
+
+
+class TraceState(BaseModel):
+    """Where one uploaded trace is: queued, ingesting, done or failed (with the reason)."""
+
+    trace_id: str
+    name: str
+    job: str
+    status: Literal["queued", "ingesting", "done", "failed"]
+    error: str | None = None
+    submitted_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+    already_present: bool = Field(False, description="The same bytes were ingested before: the existing trace.")
+    url: str
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "trace_id": _ID_EXAMPLE, "name": "rank-0.pt.trace.json.gz", "job": "llama-70b", "status": "queued",
+        "error": None, "submitted_at": "2026-12-02T06:00:00Z", "finished_at": None, "already_present": False,
+        "url": f"/api/v1/traces/{_ID_EXAMPLE}",
+    }]})
+
+
+class UploadAnswer(BaseModel):
+    """The traces an upload became (an archive becomes one per trace file in it)."""
+
+    job: str
+    labels: dict[str, str]
+    files: int = Field(description="Files received (archives count once).")
+    bytes: int = Field(description="Bytes received.")
+    traces: list[TraceState]
+
+
+class TraceDetail(BaseModel):
+    """One trace: its ingest status and, once done, its row of the ``traces`` table."""
+
+    trace_id: str
+    job: str | None
+    status: Literal["queued", "ingesting", "done", "failed"]
+    error: str | None = None
+    trace: dict[str, Any] | None = Field(None, description="The trace's `traces` row (see docs/schema.md).")
+
+
+class TracePage(BaseModel):
+    """One page of registered traces, newest first."""
+
+    traces: list[dict[str, Any]]
+    total: int
+    limit: int
+    offset: int
+    next: str | None = Field(None, description="The URL of the next page, if there is one.")
+
+
+class JobSummary(BaseModel):
+    """One job: how many traces and ranks, which formats, how many bytes, and when."""
+
+    job: str
+    traces: int
+    ranks: int
+    formats: list[str]
+    source_bytes: int | None
+    device_ops: int | None
+    start_ns: int | None
+    end_ns: int | None
+    first_ingested_at: dt.datetime | None
+    last_ingested_at: dt.datetime | None
+
+
+class JobList(BaseModel):
+    """Every job in the warehouse, most recently ingested first."""
+
+    jobs: list[JobSummary]
+
+
+class JobAnalysis(BaseModel):
+    """Every analysis of a job, as ``tracelake analyze --json`` prints it (definitions: docs/analyses.md)."""
+
+    job: str
+    traces: int
+    findings: list[dict[str, Any]] = Field(description="What to fix first: largest possible gain first.")
+    breakdown: list[dict[str, Any]] = Field(description="Device time per rank: compute, communication, exposed, idle.")
+    last_arrivals: list[dict[str, Any]] = Field(description="Stragglers: the ranks that arrive last at collectives.")
+    top_kernels: list[dict[str, Any]]
+    analysis: dict[str, Any] = Field(description="Every other analysis: idle by stream, launches, steps, collectives...")
+
+
+class SqlQuery(BaseModel):
+    """One read-only SQL query over the warehouse views (``traces``, ``device_ops``, ...)."""
+
+    sql: str = Field(min_length=1, max_length=100_000)
+    max_rows: int | None = Field(None, ge=1, description="Return at most this many rows (never more than the server's limit).")
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"sql": "SELECT rank, category, sum(dur_ns) / 1e6 AS ms FROM device_ops GROUP BY ALL ORDER BY 1, 2"}
+    ]})
+
+
+class SqlAnswer(BaseModel):
+    """A query's rows, column names and DuckDB types; ``truncated`` when rows were left out."""
+
+    columns: list[str]
+    types: list[str]
+    rows: list[list[Any]]
+    row_count: int
+    truncated: bool
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"columns": ["rank", "ms"], "types": ["INTEGER", "DOUBLE"], "rows": [[0, 12.5], [1, 13.1]],
+         "row_count": 2, "truncated": False}
+    ]})
+
+
+class Health(BaseModel):
+    """The server is up."""
+
+    status: Literal["ok"]
+    version: str
+    queue_depth: int

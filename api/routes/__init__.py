@@ -1,0 +1,1 @@
+"""One router per resource: traces, jobs, SQL, and the server's health and metrics."""

@@ -1,0 +1,263 @@
+"""Receiving uploads: request bodies streamed to disk, never whole in memory, within size limits.
+
+A multipart upload's file parts and a raw ``PUT`` body are written chunk by chunk
+into the upload's private folder under names the server chooses (the client's file
+name is only ever a label), hashed on the way so that the trace id is known when
+the last byte lands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import ClientDisconnect, Request
+
+from tracelake.warehouse import InvalidArgument, Settings, TooLarge
+
+#: Form fields other than files are small; a larger one is refused.
+MAX_FIELD_BYTES = 64 << 10
+#: Most form fields (files included) one upload request may carry.
+MAX_PARTS = 1_000
+#: Length of a trace id: the first hex digits of the SHA-256 of the file's bytes (see ``ingest.content_id``).
+TRACE_ID_DIGITS = 20
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class UploadLimits:
+    """How much one upload may carry."""
+
+    max_file_bytes: int
+    max_request_bytes: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> UploadLimits:
+        """The limits configured in ``settings``."""
+        return cls(settings.max_file_bytes, settings.max_request_bytes)
+
+
+@dataclass
+class ReceivedFile:
+    """One file of an upload, on disk."""
+
+    name: str  # the client's name for it, cleaned up for display
+    path: Path  # where the server wrote it
+    size: int
+    trace_id: str
+
+
+@dataclass
+class Received:
+    """Everything an upload request carried: its files (on disk) and its other form fields."""
+
+    files: list[ReceivedFile] = field(default_factory=list)
+    fields: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of every file together."""
+        return sum(f.size for f in self.files)
+
+
+def display_name(raw: str | None, fallback: str = "upload") -> str:
+    """A client-given file name reduced to a label: last path component, no control characters, bounded length."""
+    name = _UNSAFE.sub("", (raw or "").replace("\\", "/").rsplit("/", 1)[-1]).strip()
+    if name in ("", ".", ".."):
+        return fallback
+    return name[:200]
+
+
+class _FileSink:
+    """Writes one file's bytes to disk, counting and hashing them."""
+
+    def __init__(self, path: Path, name: str, limits: UploadLimits) -> None:
+        self.path = path
+        self.name = name
+        self.limits = limits
+        self.size = 0
+        self.hash = hashlib.sha256()
+        self._out: IO[bytes] = open(path, "wb")
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.limits.max_file_bytes:
+            raise TooLarge(f"{self.name}: larger than the {_size(self.limits.max_file_bytes)} a file may be "
+                           "(TRACELAKE_MAX_FILE_BYTES)")
+        self.hash.update(data)
+        self._out.write(data)
+
+    def close(self) -> ReceivedFile:
+        self._out.close()
+        return ReceivedFile(self.name, self.path, self.size, self.hash.hexdigest()[:TRACE_ID_DIGITS])
+
+    def abort(self) -> None:
+        self._out.close()
+
+
+def _check_length(request: Request, limits: UploadLimits) -> None:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_request_bytes:
+        raise TooLarge(f"the request body ({_size(int(declared))}) is larger than the "
+                       f"{_size(limits.max_request_bytes)} an upload may be (TRACELAKE_MAX_REQUEST_BYTES)")
+
+
+class _RequestBudget:
+    def __init__(self, limits: UploadLimits) -> None:
+        self.limits = limits
+        self.seen = 0
+
+    def take(self, n: int) -> None:
+        self.seen += n
+        if self.seen > self.limits.max_request_bytes:
+            raise TooLarge(f"the request body is larger than the {_size(self.limits.max_request_bytes)} "
+                           "an upload may be (TRACELAKE_MAX_REQUEST_BYTES)")
+
+
+async def receive_body(request: Request, folder: Path, name: str, limits: UploadLimits) -> Received:
+    """Stream a raw request body (``PUT /traces/{name}``) into ``folder`` as one file.
+
+    Raises:
+        TooLarge: the body is larger than a file or a request may be.
+        InvalidArgument: the body is empty or the client went away.
+    """
+    _check_length(request, limits)
+    sink = _FileSink(folder / "body", display_name(name), limits)
+    try:
+        async for chunk in request.stream():
+            sink.write(chunk)
+    except ClientDisconnect:
+        sink.abort()
+        raise InvalidArgument(f"{sink.name}: the client disconnected before the upload was complete") from None
+    except BaseException:
+        sink.abort()
+        raise
+    received = sink.close()
+    if received.size == 0:
+        raise InvalidArgument(f"{received.name}: the request body is empty; send the trace file's bytes")
+    return Received(files=[received])
+
+
+class _MultipartState:
+    """Collects one multipart body's parts as the parser reports them."""
+
+    def __init__(self, folder: Path, limits: UploadLimits) -> None:
+        self.folder = folder
+        self.limits = limits
+        self.received = Received()
+        self.parts = 0
+        self.ended = False
+        self._header_field = bytearray()
+        self._header_value = bytearray()
+        self._headers: dict[str, bytes] = {}
+        self._sink: _FileSink | None = None
+        self._field_name: str | None = None
+        self._field_value = bytearray()
+
+    def callbacks(self) -> dict[str, object]:
+        return {
+            "on_part_begin": self.part_begin,
+            "on_header_field": lambda d, s, e: self._header_field.extend(d[s:e]),
+            "on_header_value": lambda d, s, e: self._header_value.extend(d[s:e]),
+            "on_header_end": self.header_end,
+            "on_headers_finished": self.headers_finished,
+            "on_part_data": self.part_data,
+            "on_part_end": self.part_end,
+            "on_end": self.end,
+        }
+
+    def part_begin(self) -> None:
+        self.parts += 1
+        if self.parts > MAX_PARTS:
+            raise InvalidArgument(f"too many form fields in one upload (at most {MAX_PARTS})")
+        self._headers = {}
+        self._field_name = None
+        self._field_value = bytearray()
+
+    def header_end(self) -> None:
+        self._headers[self._header_field.decode("latin-1").strip().lower()] = bytes(self._header_value)
+        self._header_field.clear()
+        self._header_value.clear()
+
+    def headers_finished(self) -> None:
+        _, options = parse_options_header(self._headers.get("content-disposition", b""))
+        name = options.get(b"name", b"").decode("utf-8", "replace")
+        filename = options.get(b"filename")
+        if filename is not None:
+            index = len(self.received.files)
+            label = display_name(filename.decode("utf-8", "replace"), fallback=f"file-{index + 1}")
+            self._sink = _FileSink(self.folder / f"part-{index}", label, self.limits)
+        else:
+            self._field_name = name
+
+    def part_data(self, data: bytes, start: int, end: int) -> None:
+        if self._sink is not None:
+            self._sink.write(data[start:end])
+            return
+        self._field_value.extend(data[start:end])
+        if len(self._field_value) > MAX_FIELD_BYTES:
+            raise InvalidArgument(f"form field {self._field_name!r} is longer than {MAX_FIELD_BYTES} bytes; "
+                                  "send files with a file name (filename=...)")
+
+    def part_end(self) -> None:
+        if self._sink is not None:
+            self.received.files.append(self._sink.close())
+            self._sink = None
+        elif self._field_name is not None:
+            value = self._field_value.decode("utf-8", "replace")
+            self.received.fields.setdefault(self._field_name, []).append(value)
+
+    def end(self) -> None:
+        self.ended = True
+
+    def abort(self) -> None:
+        if self._sink is not None:
+            self._sink.abort()
+
+
+async def receive_multipart(request: Request, folder: Path, limits: UploadLimits) -> Received:
+    """Stream a ``multipart/form-data`` body into ``folder``: file parts to disk, other fields in memory.
+
+    Raises:
+        TooLarge: a file or the whole body is larger than allowed.
+        InvalidArgument: the body is not well-formed multipart, or carries no file.
+    """
+    content_type, options = parse_options_header(request.headers.get("content-type"))
+    boundary = options.get(b"boundary")
+    if content_type != b"multipart/form-data" or not boundary:
+        raise InvalidArgument("send the trace files as multipart/form-data `file` fields "
+                              "(or PUT the raw bytes to /api/v1/traces/{name})")
+    _check_length(request, limits)
+    state = _MultipartState(folder, limits)
+    budget = _RequestBudget(limits)
+    parser = MultipartParser(boundary, state.callbacks())  # type: ignore[arg-type]
+    try:
+        async for chunk in request.stream():
+            budget.take(len(chunk))
+            parser.write(chunk)
+        parser.finalize()
+    except MultipartParseError as exc:
+        raise InvalidArgument(f"malformed multipart body: {exc}") from None
+    except ClientDisconnect:
+        raise InvalidArgument("the client disconnected before the upload was complete") from None
+    finally:
+        state.abort()
+    if not state.ended:
+        raise InvalidArgument("malformed multipart body: it ends before the closing boundary (truncated upload?)")
+    if not state.received.files:
+        raise InvalidArgument("the upload carries no file: send each trace as a `file` field with a file name")
+    return state.received
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{n:,} bytes" if unit == "bytes" else f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:.3g} TiB"

@@ -1,0 +1,448 @@
+"""The REST API in process (FastAPI TestClient): every endpoint and its errors."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tracelake import ingest
+from tracelake.api.app import create_app
+from tracelake.api.responses import encode
+from tracelake.warehouse import Settings, Warehouse
+
+from conftest import SAMPLES
+
+DDP = SAMPLES / "ddp_straggler"
+WRITER = "writer-token-0001"
+READER = "reader-token-0001"
+ADMIN = "admin-token-00001"
+TOKENS = f"{WRITER}:read,write;{READER}:read;{ADMIN}:admin"
+
+
+def _settings(home: Path, **overrides: object) -> Settings:
+    return Settings(home=home, ingest_workers=0, **overrides)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def client(home: Path) -> Iterator[TestClient]:
+    """A server without tokens (loopback mode: every request allowed)."""
+    with TestClient(create_app(_settings(home))) as c:
+        yield c
+
+
+@pytest.fixture
+def secured(home: Path) -> Iterator[TestClient]:
+    """A server with a writer, a reader and an admin token."""
+    with TestClient(create_app(_settings(home, tokens=TOKENS))) as c:
+        yield c
+
+
+def _auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _files(*paths: Path) -> list[tuple[str, tuple[str, bytes, str]]]:
+    return [("file", (p.name, p.read_bytes(), "application/octet-stream")) for p in paths]
+
+
+def _upload(client: TestClient, *paths: Path, job: str = "ddp", wait: float = 60, **kw: object):  # type: ignore[no-untyped-def]
+    data = {"job": job, **{k: str(v) for k, v in kw.items()}}
+    return client.post("/api/v1/traces", params={"wait": wait}, files=_files(*paths), data=data)
+
+
+def _uploads_left(home: Path) -> list[Path]:
+    return list((home / "uploads").iterdir())
+
+
+# -- uploads ---------------------------------------------------------------------------
+def test_upload_returns_content_ids_and_ingests(client: TestClient, home: Path) -> None:
+    paths = sorted(DDP.glob("*.json.gz"))
+    answer = client.post("/api/v1/traces", files=_files(*paths), data={"job": "ddp", "labels": "team=infra,model=gpt"})
+    assert answer.status_code == 202, answer.text
+    body = answer.json()
+    assert [t["trace_id"] for t in body["traces"]] == [ingest.content_id(p) for p in paths]
+    assert body["labels"] == {"team": "infra", "model": "gpt"} and body["files"] == 4
+    assert body["bytes"] == sum(p.stat().st_size for p in paths)
+    assert client.app.state.tracelake.queue.wait([t["trace_id"] for t in body["traces"]], 60)  # type: ignore[attr-defined]
+    for t in body["traces"]:
+        detail = client.get(t["url"]).json()
+        assert detail["status"] == "done" and detail["job"] == "ddp"
+        assert detail["trace"]["labels"] == {"team": "infra", "model": "gpt"}
+    local = Warehouse(home).query("SELECT count(*) FROM device_ops").rows[0][0]
+    assert local > 0
+    assert _uploads_left(home) == []
+
+
+def test_same_bytes_again_is_the_same_trace(client: TestClient) -> None:
+    first = _upload(client, DDP / "rank-0.json.gz").json()["traces"][0]
+    again = _upload(client, DDP / "rank-0.json.gz", job="other").json()["traces"][0]
+    assert again["trace_id"] == first["trace_id"]
+    assert again["already_present"] is True and again["status"] == "done" and again["job"] == "ddp"
+    assert client.get("/api/v1/traces").json()["total"] == 1
+
+
+def test_wait_answers_when_done(client: TestClient) -> None:
+    answer = _upload(client, DDP / "rank-1.json.gz", wait=60)
+    assert answer.status_code == 202
+    assert [t["status"] for t in answer.json()["traces"]] == ["done"]
+
+
+def test_put_raw_body(client: TestClient) -> None:
+    data = (DDP / "rank-2.json.gz").read_bytes()
+    answer = client.put("/api/v1/traces/rank-2.json.gz", params={"job": "raw", "labels": "team=ci", "wait": 60},
+                        content=data)
+    assert answer.status_code == 202, answer.text
+    trace = answer.json()["traces"][0]
+    assert trace["status"] == "done" and trace["name"] == "rank-2.json.gz"
+    row = client.get(trace["url"]).json()["trace"]
+    assert row["rank"] == 2 and row["labels"] == {"team": "ci"} and row["source_name"] == "rank-2.json.gz"
+
+
+def test_tar_gz_of_a_trace_directory(client: TestClient, tmp_path: Path) -> None:
+    archive = tmp_path / "run.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for p in sorted(DDP.glob("*.json.gz")):
+            tar.add(p, arcname=f"run/{p.name}")
+    answer = _upload(client, archive, job="archived")
+    assert answer.status_code == 202, answer.text
+    traces = answer.json()["traces"]
+    assert [t["name"] for t in traces] == [f"run.tar.gz/run/rank-{r}.json.gz" for r in range(4)]
+    assert {t["status"] for t in traces} == {"done"}
+    ranks = client.post("/api/v1/sql", json={"sql": "SELECT rank FROM traces WHERE job = 'archived' ORDER BY 1"})
+    assert ranks.json()["rows"] == [[0], [1], [2], [3]]
+
+
+def test_zip_upload(client: TestClient, tmp_path: Path) -> None:
+    archive = tmp_path / "run.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.write(DDP / "rank-3.json.gz", "rank-3.json.gz")
+    traces = _upload(client, archive, job="zipped").json()["traces"]
+    assert [(t["name"], t["status"]) for t in traces] == [("run.zip/rank-3.json.gz", "done")]
+
+
+@pytest.mark.parametrize("member", ["../evil.json", "/etc/evil.json", "a/../../evil.json"])
+def test_archive_traversal_is_refused(client: TestClient, home: Path, tmp_path: Path, member: str) -> None:
+    archive = tmp_path / "evil.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        z.writestr(member, b'{"traceEvents": []}')
+    answer = _upload(client, archive)
+    assert answer.status_code == 400, answer.text
+    assert "evil.zip" in answer.json()["error"]
+    assert _uploads_left(home) == []
+    assert not (tmp_path / "evil.json").exists() and not (home / "evil.json").exists()
+    assert client.get("/api/v1/traces").json()["total"] == 0
+
+
+def test_symlink_in_archive_is_refused(client: TestClient, home: Path, tmp_path: Path) -> None:
+    archive = tmp_path / "link.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("passwd.json")
+        info.type = tarfile.SYMTYPE
+        info.linkname = "/etc/passwd"
+        tar.addfile(info)
+    answer = _upload(client, archive)
+    assert answer.status_code == 400 and "link" in answer.json()["error"].lower()
+    assert _uploads_left(home) == []
+
+
+def test_gzip_bomb_is_refused(client: TestClient, home: Path, tmp_path: Path) -> None:
+    bomb = tmp_path / "bomb.json.gz"
+    with gzip.open(bomb, "wb", compresslevel=9) as f:
+        block = b" " * (1 << 20)
+        for _ in range(64):
+            f.write(block)
+    small = _settings(home / "small", max_expansion_ratio=10, max_expanded_bytes=8 << 20)
+    with TestClient(create_app(small)) as c:
+        answer = _upload(c, bomb)
+    assert answer.status_code == 413, answer.text
+    assert "bomb.json.gz" in answer.json()["error"]
+
+
+def test_too_large_file_is_refused(home: Path) -> None:
+    with TestClient(create_app(_settings(home, max_file_bytes=10_000))) as c:
+        answer = _upload(c, DDP / "rank-0.json.gz")
+        assert answer.status_code == 413
+        assert "rank-0.json.gz" in answer.json()["error"] and "TRACELAKE_MAX_FILE_BYTES" in answer.json()["error"]
+        put = c.put("/api/v1/traces/x.json.gz", content=(DDP / "rank-0.json.gz").read_bytes())
+        assert put.status_code == 413
+        assert c.get("/healthz").status_code == 200
+    assert _uploads_left(home) == []
+
+
+def test_too_large_request_is_refused(home: Path) -> None:
+    with TestClient(create_app(_settings(home, max_request_bytes=50_000))) as c:
+        answer = _upload(c, DDP / "rank-0.json.gz", DDP / "rank-1.json.gz")
+    assert answer.status_code == 413 and "TRACELAKE_MAX_REQUEST_BYTES" in answer.json()["error"]
+
+
+def test_unknown_format_is_refused_whole(client: TestClient, home: Path, tmp_path: Path) -> None:
+    notes = tmp_path / "notes.txt"
+    notes.write_text("just some text\n")
+    answer = _upload(client, DDP / "rank-0.json.gz", notes)
+    assert answer.status_code == 422
+    assert "notes.txt" in answer.json()["error"]
+    assert client.get("/api/v1/traces").json()["total"] == 0  # the good file of the same upload is not kept
+    assert _uploads_left(home) == []
+
+
+def test_truncated_gzip_is_refused(client: TestClient, tmp_path: Path) -> None:
+    cut = tmp_path / "rank-0.json.gz"
+    cut.write_bytes((DDP / "rank-0.json.gz").read_bytes()[:20_000])
+    answer = _upload(client, cut)
+    assert answer.status_code == 422
+    assert "rank-0.json.gz" in answer.json()["error"] and "truncated" in answer.json()["error"]
+
+
+def test_corrupt_trace_fails_in_the_background_with_the_reason(client: TestClient, tmp_path: Path) -> None:
+    bad = tmp_path / "rank-0.json"
+    text = gzip.decompress((DDP / "rank-0.json.gz").read_bytes()).decode()
+    bad.write_text(text[: len(text) // 2])  # recognisably Kineto, cut in the middle
+    answer = _upload(client, bad, wait=60)
+    assert answer.status_code == 202
+    trace = answer.json()["traces"][0]
+    assert trace["status"] == "failed" and "rank-0.json" in trace["error"]
+    detail = client.get(trace["url"]).json()
+    assert detail["status"] == "failed" and detail["error"] == trace["error"]
+    assert client.get("/api/v1/traces").json()["total"] == 0
+
+
+def test_malformed_multipart(client: TestClient) -> None:
+    body = b"--xyz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.json\"\r\n\r\n{\"traceEv"
+    answer = client.post("/api/v1/traces", content=body,
+                         headers={"Content-Type": "multipart/form-data; boundary=xyz"})
+    assert answer.status_code == 400 and "multipart" in answer.json()["error"]
+    assert client.post("/api/v1/traces", content=b"{}", headers={"Content-Type": "application/json"}).status_code == 400
+    assert client.post("/api/v1/traces", data={"job": "x"}, files={"other": (None, b"1")}).status_code == 400
+
+
+def test_bad_job_and_labels(client: TestClient) -> None:
+    answer = _upload(client, DDP / "rank-0.json.gz", job="../etc")
+    assert answer.status_code == 400 and "invalid job name" in answer.json()["error"]
+    answer = _upload(client, DDP / "rank-0.json.gz", labels="no-equals-sign")
+    assert answer.status_code == 400 and "label" in answer.json()["error"]
+    assert client.get("/api/v1/traces").json()["total"] == 0
+
+
+def test_labels_as_json(client: TestClient) -> None:
+    answer = _upload(client, DDP / "rank-0.json.gz", labels='{"team": "infra", "cluster": "a"}')
+    assert answer.json()["labels"] == {"team": "infra", "cluster": "a"}
+
+
+# -- reading ---------------------------------------------------------------------------
+@pytest.fixture
+def filled(client: TestClient) -> TestClient:
+    """The client's server with the DDP sample (job ddp, team=infra) and the launch-bound one (job lb)."""
+    assert _upload(client, *sorted(DDP.glob("*.json.gz")), labels="team=infra").status_code == 202
+    assert _upload(client, SAMPLES / "launch_bound" / "rank-0.json.gz", job="lb", labels="team=ml").status_code == 202
+    return client
+
+
+def test_list_traces_filters_and_pages(filled: TestClient) -> None:
+    page = filled.get("/api/v1/traces", params={"limit": 2}).json()
+    assert page["total"] == 5 and len(page["traces"]) == 2 and page["next"]
+    second = filled.get(page["next"]).json()
+    assert second["offset"] == 2 and len(second["traces"]) == 2
+    ids = {t["trace_id"] for t in page["traces"] + second["traces"]}
+    assert len(ids) == 4
+    assert filled.get("/api/v1/traces", params={"job": "lb"}).json()["total"] == 1
+    assert filled.get("/api/v1/traces", params={"label": "team=infra"}).json()["total"] == 4
+    assert filled.get("/api/v1/traces", params={"since": "2999-01-01T00:00:00Z"}).json()["total"] == 0
+    assert filled.get("/api/v1/traces", params={"until": "2999-01-01T00:00:00Z"}).json()["total"] == 5
+    assert filled.get("/api/v1/traces", params={"job": "../x"}).status_code == 422
+    assert filled.get("/api/v1/traces", params={"label": "bad"}).status_code == 400
+
+
+def test_unknown_trace(client: TestClient) -> None:
+    assert client.get("/api/v1/traces/0123456789abcdef0123").status_code == 404
+    assert client.get("/api/v1/traces/not-hex").status_code == 422
+    assert client.delete("/api/v1/traces/0123456789abcdef0123").status_code == 404
+
+
+def test_delete(filled: TestClient) -> None:
+    trace_id = ingest.content_id(SAMPLES / "launch_bound" / "rank-0.json.gz")
+    answer = filled.delete(f"/api/v1/traces/{trace_id}")
+    assert answer.status_code == 200 and answer.json() == {"trace_id": trace_id, "job": "lb", "deleted": True}
+    assert filled.get(f"/api/v1/traces/{trace_id}").status_code == 404
+    count = filled.post("/api/v1/sql", json={"sql": f"SELECT count(*) FROM device_ops WHERE trace_id = '{trace_id}'"})
+    assert count.json()["rows"] == [[0]]
+    assert [j["job"] for j in filled.get("/api/v1/jobs").json()["jobs"]] == ["ddp"]
+
+
+def test_jobs(filled: TestClient, home: Path) -> None:
+    jobs = {j["job"]: j for j in filled.get("/api/v1/jobs").json()["jobs"]}
+    assert set(jobs) == {"ddp", "lb"}
+    assert jobs["ddp"]["traces"] == 4 and jobs["ddp"]["ranks"] == 4 and jobs["ddp"]["formats"] == ["pytorch_profiler"]
+
+
+def test_job_analysis_is_the_library_analysis(filled: TestClient, home: Path) -> None:
+    answer = filled.get("/api/v1/jobs/ddp")
+    assert answer.status_code == 200
+    body = answer.json()
+    expected = json.loads(encode(Warehouse(home).analyze(job="ddp").as_dict()))
+    assert body["job"] == "ddp" and body["traces"] == 4
+    assert body["breakdown"] == expected["breakdown"] and len(body["breakdown"]) == 4
+    assert body["findings"] == expected["findings"] and body["findings"]
+    assert body["last_arrivals"] == expected["last_arrivals"]
+    assert body["top_kernels"] == expected["top_kernels"]
+    assert body["analysis"]["idle_by_stream"] == expected["idle_by_stream"]
+    assert filled.get("/api/v1/jobs/ddp").json() == body  # answered again from the cache
+    assert filled.get("/api/v1/jobs/nope").status_code == 404
+
+
+def test_job_analysis_follows_changes(filled: TestClient) -> None:
+    before = filled.get("/api/v1/jobs/ddp").json()
+    trace_id = ingest.content_id(DDP / "rank-3.json.gz")
+    assert filled.delete(f"/api/v1/traces/{trace_id}").status_code == 200
+    after = filled.get("/api/v1/jobs/ddp").json()
+    assert after["traces"] == 3 and len(after["breakdown"]) == 3 and before["traces"] == 4
+
+
+# -- SQL -------------------------------------------------------------------------------
+def test_sql(filled: TestClient, home: Path) -> None:
+    sql = "SELECT rank, category, sum(dur_ns) AS ns FROM device_ops GROUP BY ALL ORDER BY 1, 2"
+    answer = filled.post("/api/v1/sql", json={"sql": sql})
+    assert answer.status_code == 200
+    body = answer.json()
+    local = Warehouse(home).query(sql)
+    assert body["columns"] == local.columns and body["rows"] == [list(r) for r in local.rows]
+    assert body["row_count"] == len(local.rows) and body["truncated"] is False
+
+
+def test_sql_row_limit(filled: TestClient) -> None:
+    body = filled.post("/api/v1/sql", json={"sql": "SELECT * FROM range(100)", "max_rows": 7}).json()
+    assert body["row_count"] == 7 and body["truncated"] is True
+
+
+@pytest.mark.parametrize("sql", [
+    "SELECT * FROM read_text('/etc/passwd')",
+    "COPY (SELECT 1) TO 'x.csv'",
+    "CREATE TABLE t AS SELECT 1",
+    "ATTACH '/tmp/x.duckdb' AS x",
+    "INSTALL httpfs",
+    "SET threads = 1",
+    "SELECT 1; SELECT 2",
+    "SELEC nonsense",
+])
+def test_sql_refuses(filled: TestClient, sql: str) -> None:
+    answer = filled.post("/api/v1/sql", json={"sql": sql})
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["kind"] == "QueryError" and answer.json()["error"]
+
+
+def test_sql_validation(client: TestClient) -> None:
+    assert client.post("/api/v1/sql", json={"sql": ""}).status_code == 422
+    assert client.post("/api/v1/sql", json={}).status_code == 422
+    assert client.post("/api/v1/sql", content=b"not json", headers={"Content-Type": "application/json"}).status_code == 422
+
+
+# -- security --------------------------------------------------------------------------
+def test_tokens_and_scopes(secured: TestClient) -> None:
+    assert secured.get("/healthz").status_code == 200
+    assert secured.get("/api/v1/jobs").status_code == 401
+    assert secured.get("/api/v1/jobs", headers=_auth("wrong-token-000")).status_code == 401
+    assert secured.get("/api/v1/jobs", headers={"Authorization": "Basic abc"}).status_code == 401
+    assert secured.get("/api/v1/jobs", headers=_auth(READER)).status_code == 200
+    assert secured.get("/metrics", headers=_auth(READER)).status_code == 200
+    assert secured.get("/metrics").status_code == 401
+    files = _files(DDP / "rank-0.json.gz")
+    refused = secured.post("/api/v1/traces", files=files, headers=_auth(READER))
+    assert refused.status_code == 403 and "write" in refused.json()["error"]
+    accepted = secured.post("/api/v1/traces", params={"wait": 60}, files=files, headers=_auth(WRITER))
+    assert accepted.status_code == 202
+    trace_id = accepted.json()["traces"][0]["trace_id"]
+    assert secured.delete(f"/api/v1/traces/{trace_id}", headers=_auth(WRITER)).status_code == 403
+    assert secured.delete(f"/api/v1/traces/{trace_id}", headers=_auth(ADMIN)).status_code == 200
+    sql = {"sql": "SELECT 1"}
+    assert secured.post("/api/v1/sql", json=sql).status_code == 401
+    assert secured.post("/api/v1/sql", json=sql, headers=_auth(ADMIN)).status_code == 200
+
+
+def test_bad_token_settings(home: Path) -> None:
+    from tracelake.warehouse import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="scope"):
+        create_app(_settings(home, tokens="abcdefghij:read,delete"))
+    with pytest.raises(InvalidArgument, match="8 characters"):
+        create_app(_settings(home, tokens="abc:read"))
+
+
+def test_tokens_file(home: Path, tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# team tokens\n{READER}:read  # the dashboard\n")
+    with TestClient(create_app(_settings(home, tokens_file=str(tokens)))) as c:
+        assert c.get("/api/v1/jobs", headers=_auth(READER)).status_code == 200
+        assert c.get("/api/v1/jobs").status_code == 401
+
+
+# -- server ----------------------------------------------------------------------------
+def test_health_and_metrics(client: TestClient) -> None:
+    health = client.get("/healthz").json()
+    assert health["status"] == "ok" and health["queue_depth"] == 0
+    _upload(client, DDP / "rank-0.json.gz")
+    client.post("/api/v1/traces", content=b"{}", headers={"Content-Type": "application/json"})
+    text = client.get("/metrics").text
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    size = (DDP / "rank-0.json.gz").stat().st_size
+    assert values["tracelake_uploads_total"] == 1 and values["tracelake_upload_bytes_total"] == size
+    assert values["tracelake_upload_rejections_total"] == 1
+    assert values['tracelake_ingests_total{outcome="ingested"}'] == 1
+    assert values["tracelake_ingest_duration_seconds_count"] == 1
+    assert values["tracelake_ingest_queue_depth"] == 0
+    assert values['tracelake_http_requests_total{method="POST",route="/api/v1/traces",status="202"}'] == 1
+
+
+def test_queued_uploads_survive_a_restart(home: Path) -> None:
+    with TestClient(create_app(_settings(home))):
+        pass
+    folder = home / "uploads" / "left-by-a-dead-server"
+    folder.mkdir()
+    trace = folder / "part-0"
+    trace.write_bytes((DDP / "rank-1.json.gz").read_bytes())
+    trace_id = ingest.content_id(trace)
+    (folder / "manifest.json").write_text(json.dumps(
+        {"job": "resumed", "labels": {}, "files": [{"trace_id": trace_id, "name": "rank-1.json.gz", "path": "part-0"}]}
+    ))
+    incomplete = home / "uploads" / "never-finished"
+    incomplete.mkdir()
+    (incomplete / "part-0").write_bytes(b"half")
+    with TestClient(create_app(_settings(home))) as c:
+        assert c.app.state.tracelake.queue.wait([trace_id], 60)  # type: ignore[attr-defined]
+        assert c.get(f"/api/v1/traces/{trace_id}").json()["job"] == "resumed"
+    assert _uploads_left(home) == []
+
+
+def test_openapi_documents_every_route(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    paths = schema["paths"]
+    for path in ("/api/v1/traces", "/api/v1/traces/{name}", "/api/v1/traces/{trace_id}", "/api/v1/jobs",
+                 "/api/v1/jobs/{job}", "/api/v1/sql", "/healthz", "/metrics"):
+        assert path in paths, path
+    assert "multipart/form-data" in paths["/api/v1/traces"]["post"]["requestBody"]["content"]
+    assert "HTTPBearer" in schema["components"]["securitySchemes"]
+    assert schema["components"]["schemas"]["SqlQuery"]["examples"]
+
+
+def test_errors_never_leak_tracebacks(client: TestClient) -> None:
+    for answer in (
+        client.post("/api/v1/traces", content=b"--b\r\n", headers={"Content-Type": "multipart/form-data; boundary=b"}),
+        client.post("/api/v1/sql", json={"sql": "SELECT * FROM nowhere"}),
+    ):
+        assert 400 <= answer.status_code < 500
+        assert "Traceback" not in answer.text
+
+
+def test_upload_of_in_memory_zip(client: TestClient) -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr("notes/readme.md", b"no traces here")
+    answer = client.post("/api/v1/traces", files=[("file", ("empty.zip", buffer.getvalue(), "application/zip"))])
+    assert answer.status_code == 400 and "no trace file" in answer.json()["error"]
