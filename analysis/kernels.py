@@ -69,6 +69,25 @@ def top_kernels(
     return con.sql(sql, params=list(params or [])).pl()
 
 
+def top_from_ops(ops: pl.DataFrame, *, top: int = 10) -> pl.DataFrame:
+    """:func:`top_kernels` across ranks from device ops in memory (``name``, ``category``, ``dur_ns``).
+
+    The same figures as the SQL (percentiles interpolated linearly, like ``quantile_cont``),
+    for selections small enough to hold three columns of their device ops.
+    """
+    dur = pl.col("dur_ns")
+    stats = ops.filter(pl.col("category") != "sync").group_by("name").agg(
+        pl.col("category").first(),
+        pl.len().alias("count"),
+        dur.sum().alias("total_ns"),
+        (dur.sum() / pl.len() + 0.5).floor().alias("mean_ns"),
+        (dur.quantile(0.5, "linear") + 0.5).floor().alias("p50_ns"),
+        (dur.quantile(0.95, "linear") + 0.5).floor().alias("p95_ns"),
+        dur.max().alias("max_ns"),
+    )
+    return top_from_stats(stats, top=top)
+
+
 def top_from_stats(stats: pl.DataFrame, *, top: int = 10) -> pl.DataFrame:
     """:func:`top_kernels` of one trace from its ``kernel_stats`` rows (no pass over the device ops)."""
     ranked = stats.filter(pl.col("category") != "sync").sort(

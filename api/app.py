@@ -8,6 +8,7 @@ status in one exception handler.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +23,7 @@ from tracelake.warehouse.core import tracelake_version
 from .auth import Tokens
 from .deps import ServerState
 from .ingest_queue import IngestQueue
+from .job_cache import JobAnalyses
 from .metrics import Metrics
 from .responses import FastJSONResponse
 from .routes import health, jobs, sql, traces
@@ -50,15 +52,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     tokens = Tokens.from_settings(settings)
     warehouse = Warehouse(settings=settings)
     metrics = Metrics()
-    state = ServerState(warehouse.settings, warehouse, tokens, IngestQueue(warehouse.settings, metrics), metrics)
+    analyses = JobAnalyses(warehouse)
+    queue = IngestQueue(warehouse.settings, metrics, on_job_ingested=analyses.warm)
+    state = ServerState(warehouse.settings, warehouse, tokens, queue, metrics, analyses)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.queue.start()
+        # read the registry of traces now, not on the first listing request
+        threading.Thread(target=_load_registry, args=(warehouse,), name="tracelake-registry", daemon=True).start()
         try:
             yield
         finally:
             state.queue.stop()
+            analyses.close()
 
     app = FastAPI(
         title="tracelake",
@@ -73,6 +80,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (traces, jobs, sql, health):
         app.include_router(module.router)
     return app
+
+
+def _load_registry(warehouse: Warehouse) -> None:
+    try:
+        warehouse.registry.frame()
+    except (OSError, TracelakeError) as exc:
+        log.warning("cannot read the registry of traces: %s", exc)
 
 
 async def _tracelake_error(request: Request, exc: TracelakeError) -> JSONResponse:

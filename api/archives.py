@@ -14,15 +14,15 @@ before anything is ingested. Uploads are hostile until proven otherwise, so:
 * damaged or truncated input becomes a :class:`TraceFormatError` naming the upload and
   the byte offset, never a raw ``zipfile``/``tarfile``/``zlib`` traceback.
 
-Decompression always asks for bounded output (``max_length``), so no single call can
-inflate a bomb into memory; compressed tars are decompressed here, not by ``tarfile``.
+Decompression goes through :class:`~tracelake.api.decompress.Decompressed`, which always
+asks for bounded output, so no single call can inflate a bomb into memory; compressed
+tars are decompressed by it, not by ``tarfile``. Zip extraction lives here, tar
+extraction in :mod:`tracelake.api.archives_tar`; both write through :class:`Extractor`.
 """
 
 from __future__ import annotations
 
-import bz2
 import logging
-import lzma
 import os
 import re
 import stat
@@ -31,48 +31,25 @@ import tarfile
 import time
 import zipfile
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol, Self, cast
-
-from isal import isal_zlib
+from typing import IO
 
 from tracelake.warehouse.errors import InvalidArgument, TooLarge, TraceFormatError
 from tracelake.warehouse.settings import Settings
 
+from .archives_tar import is_tar_header, unpack_tar
+from .decompress import CHUNK, GZIP_MAGIC, Decompressed, compression_of
+
+__all__ = ["UnpackLimits", "archive_kind", "check_gzip", "unpack"]
+
 log = logging.getLogger(__name__)
 
-#: Bytes read or written per step while streaming.
-_CHUNK = 1 << 20
-#: Compressed bytes fed to a decompressor per step.
-_FEED = 64 << 10
-_GZIP_MAGIC = b"\x1f\x8b"
-#: Compressed container formats a tar may come in: format -> (magic, label in messages).
-_COMPRESSED: dict[str, tuple[bytes, str]] = {
-    "gzip": (_GZIP_MAGIC, "gzip"),
-    "bzip2": (b"BZh", "bzip2"),
-    "xz": (b"\xfd7zXZ\x00", "xz"),
-}
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 #: Central-directory bytes allowed per member before zipfile is even asked to read it
 #: (46 fixed bytes plus name, extra field and comment); zipfile reads it all into memory.
 _ZIP_DIRECTORY_BYTES_PER_MEMBER = 1024
 _ZIP_DIRECTORY_SLACK = 64 << 10
-#: Largest pax or GNU long-name header accepted; tarfile reads these into memory whole.
-_TAR_META_BYTES = 64 << 10
-_TAR_META_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
-                   tarfile.GNUTYPE_LONGLINK)
-#: Tar stream bytes (headers, padding) allowed beyond member data: fixed plus per member.
-#: The fixed part also covers read-ahead: a member chunk is inflated before it is counted.
-_TAR_OVERHEAD_BYTES = 4 << 20
-_TAR_OVERHEAD_PER_MEMBER = 2048
-# typeshed does not declare these tarfile exceptions, but tarfile raises them.
-_TAR_HEADER_SHORT: tuple[type[Exception], ...] = (
-    getattr(tarfile, "EmptyHeaderError"),
-    getattr(tarfile, "TruncatedHeaderError"),
-)
-_TAR_HEADER_INVALID: type[Exception] = getattr(tarfile, "InvalidHeaderError")
 #: Exclusive creation, never through a link: nothing already there is overwritten or followed.
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _DRIVE = re.compile(r"^[A-Za-z]:")
@@ -131,10 +108,10 @@ def archive_kind(path: Path) -> str | None:
         head = f.read(512)
     if head.startswith(_ZIP_MAGICS):
         return "zip"
-    compression = _compression_of(head)
+    compression = compression_of(head)
     if compression is not None:
         try:
-            reader = _Decompressed(path, compression, source=str(path), limit=_CHUNK)
+            reader = Decompressed(path, compression, source=str(path), limit=CHUNK)
             try:
                 block = reader.read_exactly(tarfile.BLOCKSIZE)
             finally:
@@ -143,7 +120,7 @@ def archive_kind(path: Path) -> str | None:
             return None
     else:
         block = head
-    return "tar" if _is_tar_header(block) else None
+    return "tar" if is_tar_header(block) else None
 
 
 def unpack(path: Path, dest: Path, *, name: str, limits: UnpackLimits) -> list[Path]:
@@ -175,12 +152,12 @@ def unpack(path: Path, dest: Path, *, name: str, limits: UnpackLimits) -> list[P
         raise TraceFormatError(name, "is not a zip or tar archive (tracelake unpacks .zip, .tar, .tar.gz, "
                                      ".tar.bz2 and .tar.xz, recognised by content)")
     started = time.perf_counter()
-    out = _Extractor(name=name, root=dest.resolve(), limits=limits,
+    out = Extractor(name=name, root=dest.resolve(), limits=limits,
                      budget=limits.expansion_limit(path.stat().st_size))
     if kind == "zip":
         _unpack_zip(path, out)
     else:
-        _unpack_tar(path, out)
+        unpack_tar(path, out)
     log.debug("unpacked %s: %d members, %d files, %d bytes in %.3f s", name, out.members, len(out.files),
               out.used, time.perf_counter() - started)
     return sorted(out.files)
@@ -206,14 +183,15 @@ def check_gzip(path: Path, *, name: str, limits: UnpackLimits, budget: int | Non
     """
     size = path.stat().st_size
     with path.open("rb") as f:
-        if f.read(2) != _GZIP_MAGIC:
+        if f.read(2) != GZIP_MAGIC:
             return size
     limit = limits.expansion_limit(size)
     if budget is not None:
         limit = min(limit, budget)
-    reader = _Decompressed(path, "gzip", source=name, limit=limit, limits=limits)
+    reader = Decompressed(path, "gzip", source=name, limit=limit,
+                          too_large=lambda: _too_large(name, limit, limits))
     try:
-        while reader.read(_CHUNK):
+        while reader.read(CHUNK):
             pass
     finally:
         reader.close()
@@ -224,8 +202,11 @@ def check_gzip(path: Path, *, name: str, limits: UnpackLimits, budget: int | Non
 
 
 @dataclass
-class _Extractor:
-    """Writes members below ``root``, checking names and counting members and bytes."""
+class Extractor:
+    """Writes members below ``root``, checking names and counting members and bytes.
+
+    Internal to archive extraction (zip here, tar in :mod:`tracelake.api.archives_tar`).
+    """
 
     name: str
     root: Path
@@ -314,7 +295,7 @@ class _Extractor:
         with os.fdopen(fd, "wb") as out:
             while True:
                 # One byte more than the budget allows, so overflow shows before it is written.
-                want = min(_CHUNK, self.budget - self.used + 1)
+                want = min(CHUNK, self.budget - self.used + 1)
                 try:
                     chunk = src.read(want)
                 except read_errors as e:
@@ -329,7 +310,7 @@ class _Extractor:
                 written += len(chunk)
                 if len(head) < 2:
                     head += chunk[:2]
-        if head[:2] == _GZIP_MAGIC:
+        if head[:2] == GZIP_MAGIC:
             # A gzip member may be a bomb of its own; it spends the archive's budget too.
             left = self.budget - (self.used - written)
             expanded = check_gzip(target, name=f"{self.name}: member {member!r}", limits=self.limits,
@@ -364,7 +345,7 @@ _ZIP_READ_ERRORS: tuple[type[BaseException], ...] = (
 _ZIP_OPEN_ERRORS: tuple[type[BaseException], ...] = (*_ZIP_READ_ERRORS, struct.error)
 
 
-def _unpack_zip(path: Path, out: _Extractor) -> None:
+def _unpack_zip(path: Path, out: Extractor) -> None:
     declared = _zip_directory(path)
     if declared is not None:
         entries, directory_bytes = declared
@@ -384,7 +365,7 @@ def _unpack_zip(path: Path, out: _Extractor) -> None:
             _unpack_zip_member(zf, info, out)
 
 
-def _unpack_zip_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, out: _Extractor) -> None:
+def _unpack_zip_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, out: Extractor) -> None:
     member = info.orig_filename  # .filename silently stops at a NUL
     parts = out.parts(member)
     kind = stat.S_IFMT(info.external_attr >> 16)
@@ -435,286 +416,3 @@ def _zip_directory(path: Path) -> tuple[int, int] | None:
             if zip64[56:60] == b"PK\x06\x07" and zip64[:4] == b"PK\x06\x06":
                 entries, directory_bytes = struct.unpack("<QQ", zip64[32:48])
     return int(entries), int(directory_bytes)
-
-
-# --- tar ----------------------------------------------------------------------------------------
-
-
-class _TarProblem(Exception):
-    """A hostile or damaged tar header, raised from inside tarfile's reading loop."""
-
-    def __init__(self, reason: str, offset: int | None = None) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.offset = offset
-
-
-class _GuardedTarInfo(tarfile.TarInfo):
-    """A TarInfo that refuses oversized metadata headers and sparse files, and reports truncation.
-
-    tarfile reads pax and GNU long-name headers into memory whole and silently treats a
-    damaged or missing header after the first as the end of the archive.
-    """
-
-    @classmethod
-    def frombuf(cls, buf: bytes | bytearray, encoding: str, errors: str) -> Self:
-        """Parse one header block, refusing what could exhaust memory."""
-        obj = super().frombuf(buf, encoding, errors)
-        if obj.type in _TAR_META_TYPES and obj.size > _TAR_META_BYTES:
-            raise _TarProblem(f"has a {obj.size:,}-byte extended header (at most {_TAR_META_BYTES:,} allowed)")
-        if obj.type == tarfile.GNUTYPE_SPARSE:
-            raise _TarProblem(f"member {obj.name!r} is a sparse file, which tracelake does not unpack")
-        return obj
-
-    @classmethod
-    def fromtarfile(cls, archive: tarfile.TarFile) -> Self:
-        """Read the next header, turning a damaged or truncated one into :class:`_TarProblem`."""
-        fileobj = archive.fileobj
-        start = fileobj.tell() if fileobj is not None else 0
-        try:
-            return super().fromtarfile(archive)
-        except _TAR_HEADER_SHORT:
-            if start == 0:
-                raise
-            raise _TarProblem("tar archive ends early (truncated upload?)", start) from None
-        except _TAR_HEADER_INVALID as e:
-            if start == 0:
-                raise
-            raise _TarProblem(f"has a damaged tar header ({e})", start) from None
-        except _TarProblem as e:
-            if e.offset is None:
-                e.offset = start
-            raise
-
-
-_TAR_READ_ERRORS: tuple[type[BaseException], ...] = (tarfile.TarError, EOFError, zlib.error, _TarProblem)
-# A chain of pax or long-name headers makes tarfile recurse once per header.
-_TAR_LOOP_ERRORS: tuple[type[BaseException], ...] = (*_TAR_READ_ERRORS, RecursionError)
-
-
-def _unpack_tar(path: Path, out: _Extractor) -> None:
-    with path.open("rb") as raw:
-        compression = _compression_of(raw.read(8))
-    overhead = _TAR_OVERHEAD_BYTES + _TAR_OVERHEAD_PER_MEMBER * out.limits.max_members
-    reader: _Decompressed | None = None
-    fileobj: IO[bytes] | _Decompressed
-    if compression is None:
-        fileobj = path.open("rb")
-    else:
-        # tarfile's own decompression has no output bound per call (a bzip2 bomb would
-        # land in memory whole), so the stream is decompressed here.
-        reader = _Decompressed(path, compression, source=out.name, limit=overhead)
-        # Member data is the archive budget's business; here only the rest of the stream is capped.
-        reader.allowance = lambda: out.written
-        fileobj = reader
-    try:
-        try:
-            tf = tarfile.open(fileobj=fileobj, mode="r|", tarinfo=_GuardedTarInfo)  # type: ignore[call-overload]
-        except _TAR_READ_ERRORS as e:
-            raise _tar_error(out.name, e, "is not a readable tar archive") from None
-        with tf:
-            try:
-                for info in tf:
-                    out.count_member()
-                    _unpack_tar_member(tf, info, out)
-            except _TAR_LOOP_ERRORS as e:
-                raise _tar_error(out.name, e, "is a damaged tar archive") from None
-        if reader is not None:
-            # Read to the end so a truncated or corrupt compressed stream is noticed.
-            while reader.read(_CHUNK):
-                pass
-    finally:
-        fileobj.close()
-
-
-def _tar_error(name: str, error: BaseException, what: str) -> TraceFormatError:
-    if isinstance(error, _TarProblem):
-        return TraceFormatError(name, error.reason, where=f"byte {error.offset}" if error.offset else None)
-    if isinstance(error, RecursionError):
-        return TraceFormatError(name, "has too deeply chained tar headers; re-create the archive")
-    if "unexpected end of data" in str(error):
-        return TraceFormatError(name, "tar archive ends early (truncated upload?)")
-    return TraceFormatError(name, f"{what} ({error}); re-create it and upload it again")
-
-
-def _unpack_tar_member(tf: tarfile.TarFile, info: tarfile.TarInfo, out: _Extractor) -> None:
-    member = info.name
-    parts = out.parts(member)
-    if info.issym():
-        raise out.refuse(member, "is a symbolic link; tracelake unpacks regular files and folders only")
-    if info.islnk():
-        raise out.refuse(member, "is a hard link; tracelake unpacks regular files and folders only")
-    if info.ischr() or info.isblk():
-        raise out.refuse(member, "is a device file; tracelake unpacks regular files and folders only")
-    if info.isfifo():
-        raise out.refuse(member, "is a fifo; tracelake unpacks regular files and folders only")
-    if info.isdir():
-        out.make_dir(member, parts)
-        return
-    if not info.isreg() or info.issparse():
-        raise out.refuse(member, f"has tar member type {info.type!r}; tracelake unpacks regular files and "
-                                 f"folders only")
-    src = tf.extractfile(info)
-    if src is None:
-        raise out.refuse(member, "has no data to read")
-    with src:
-        out.write_file(member, parts, src, _TAR_READ_ERRORS, f"byte {info.offset}")
-
-
-def _is_tar_header(block: bytes) -> bool:
-    try:
-        tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-    except tarfile.HeaderError:
-        return False
-    return True
-
-
-# --- bounded decompression ----------------------------------------------------------------------
-
-
-def _compression_of(head: bytes) -> str | None:
-    for fmt, (magic, _) in _COMPRESSED.items():
-        if head.startswith(magic):
-            return fmt
-    return None
-
-
-def _nothing() -> int:
-    return 0
-
-
-class _Decompressor(Protocol):
-    @property
-    def eof(self) -> bool: ...
-
-    @property
-    def unused_data(self) -> bytes: ...
-
-    def decompress(self, data: bytes, max_length: int = ..., /) -> bytes: ...
-
-
-def _decompressor(fmt: str) -> _Decompressor:
-    if fmt == "gzip":
-        return isal_zlib.decompressobj(wbits=31)
-    if fmt == "bzip2":
-        return bz2.BZ2Decompressor()
-    return lzma.LZMADecompressor(format=lzma.FORMAT_XZ)
-
-
-# isal's stub declares its error class as an instance.
-_ISAL_ERROR = cast(type[Exception], isal_zlib.error)
-_DECOMPRESS_ERRORS: tuple[type[BaseException], ...] = (
-    _ISAL_ERROR, zlib.error, lzma.LZMAError, OSError, EOFError, ValueError)
-
-
-class _Decompressed:
-    """A reader of a gzip, bzip2 or xz file's decompressed bytes, every member of it, bounded.
-
-    Each call inflates at most the bytes asked for. Past ``limit + allowance()`` bytes out it
-    raises :class:`TooLarge`; a truncated, corrupt or garbage-trailed stream raises
-    :class:`TraceFormatError` with the byte offset.
-    """
-
-    def __init__(self, path: Path, fmt: str, *, source: str, limit: int, limits: UnpackLimits | None = None) -> None:
-        self._file = path.open("rb")
-        self._fmt = fmt
-        self._magic, self._label = _COMPRESSED[fmt]
-        self._source = source
-        self._limit = limit
-        self._limits = limits
-        self._d: _Decompressor | None = None
-        self._pending = b""
-        self._read_pos = 0
-        self._file_done = False
-        self._streams = 0
-        self._finished = False
-        #: Bytes handed out so far.
-        self.produced = 0
-        #: Bytes allowed on top of ``limit``: what the caller accounts for elsewhere.
-        self.allowance: Callable[[], int] = _nothing
-
-    def close(self) -> None:
-        """Close the underlying file."""
-        self._file.close()
-
-    def read(self, size: int = -1) -> bytes:
-        """Up to ``size`` decompressed bytes (a chunk for ``-1``); ``b""`` at the end of the last member."""
-        want = _CHUNK if size is None or size < 0 else max(size, 1)
-        while not self._finished:
-            if self._d is None:
-                if not self._next_stream():
-                    self._finished = True
-                    break
-            d = self._d
-            if d is None:
-                continue
-            if d.eof:
-                self._pending = d.unused_data + self._pending
-                self._d = None
-                continue
-            at = self._read_pos - len(self._pending)
-            try:
-                out = d.decompress(self._pending, want)
-            except _DECOMPRESS_ERRORS as e:
-                raise TraceFormatError(self._source, f"corrupt {self._label} data ({e})", where=f"byte {at}") from None
-            self._pending = getattr(d, "unconsumed_tail", b"")
-            if out:
-                self.produced += len(out)
-                if self.produced > self._limit + self.allowance():
-                    raise self._too_large()
-                return out
-            if not d.eof and not self._feed():
-                raise TraceFormatError(self._source, f"{self._label} stream ends early at byte {self._read_pos} "
-                                                     f"(truncated upload?)")
-        return b""
-
-    def read_exactly(self, size: int) -> bytes:
-        """Up to ``size`` bytes, fewer only at the end of the stream."""
-        parts: list[bytes] = []
-        got = 0
-        while got < size:
-            chunk = self.read(size - got)
-            if not chunk:
-                break
-            parts.append(chunk)
-            got += len(chunk)
-        return b"".join(parts)
-
-    def _feed(self) -> bool:
-        if self._file_done:
-            return False
-        data = self._file.read(_FEED)
-        if not data:
-            self._file_done = True
-            return False
-        self._read_pos += len(data)
-        self._pending += data
-        return True
-
-    def _next_stream(self) -> bool:
-        """Start the next concatenated stream; False at a clean end of file."""
-        while True:
-            if self._streams:
-                # Zero padding between and after streams is tolerated, as gzip(1) does.
-                self._pending = self._pending.lstrip(b"\0")
-            if len(self._pending) >= len(self._magic) or not self._feed():
-                break
-        if not self._pending:
-            return False
-        if not self._pending.startswith(self._magic):
-            at = self._read_pos - len(self._pending)
-            if len(self._pending) < len(self._magic) and self._magic.startswith(self._pending):
-                raise TraceFormatError(self._source, f"{self._label} stream ends early at byte {self._read_pos} "
-                                                     f"(truncated upload?)")
-            raise TraceFormatError(self._source, f"has data that is not {self._label} after the end of the "
-                                                 f"compressed stream", where=f"byte {at}")
-        self._d = _decompressor(self._fmt)
-        self._streams += 1
-        return True
-
-    def _too_large(self) -> TooLarge:
-        if self._limits is not None:
-            return _too_large(self._source, self._limit, self._limits)
-        return TooLarge(f"{self._source}: tar headers and padding take more than {self._limit:,} bytes beyond "
-                        f"the members' data; this is not an archive tracelake unpacks")
-

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -13,6 +13,7 @@ from tracelake.warehouse import Settings, Warehouse
 
 from .auth import Tokens, require
 from .ingest_queue import IngestQueue
+from .job_cache import JobAnalyses
 from .metrics import Metrics
 
 #: Documents the bearer scheme in the OpenAPI schema; the check itself is :class:`Tokens`.
@@ -21,14 +22,14 @@ bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization:
 
 @dataclass
 class ServerState:
-    """One server's warehouse, tokens, ingest queue, metrics and answer cache."""
+    """One server's warehouse, tokens, ingest queue, metrics and prepared job analyses."""
 
     settings: Settings
     warehouse: Warehouse
     tokens: Tokens
     queue: IngestQueue
     metrics: Metrics
-    cache: dict[Any, bytes] = field(default_factory=dict)
+    analyses: JobAnalyses
 
 
 def server(request: Request) -> ServerState:

@@ -21,6 +21,7 @@ import threading
 import time
 import uuid
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,9 +86,12 @@ class Task:
 class IngestQueue:
     """Ingests uploaded files in the background, one task per trace id."""
 
-    def __init__(self, settings: Settings, metrics: Metrics) -> None:
+    def __init__(
+        self, settings: Settings, metrics: Metrics, on_job_ingested: Callable[[str], None] | None = None
+    ) -> None:
         self.settings = settings
         self.metrics = metrics
+        self.on_job_ingested = on_job_ingested
         self.store = Store(settings.home_path)
         self.root = settings.home_path / "uploads"
         self._tasks: OrderedDict[str, Task] = OrderedDict()
@@ -198,8 +202,11 @@ class IngestQueue:
             task.future = None
             self._release(folder)
             self._changed.notify_all()
+            job_done = not any(t.job == task.job and t.status == "queued" for t in self._tasks.values())
         if error:
             log.info("ingest of %s failed: %s", task.name, error)
+        elif job_done and outcome == "ingested" and self.on_job_ingested is not None:
+            self.on_job_ingested(task.job)
 
     def _remember(self, task: Task) -> None:
         self._tasks[task.trace_id] = task

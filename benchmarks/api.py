@@ -10,13 +10,14 @@ What it measures, in one run:
 1. The project's generator writes ``--traces`` small Kineto traces (4 ranks per job,
    2 steps, 8 layers; each job has its own seed, so every file is distinct).
 2. Throughput. The anchor: the library ingests the first ``--upload-files`` files
-   with ``Warehouse.ingest(files, workers=2)`` (what ``tracelake ingest --workers 2``
+   in one ``Warehouse.ingest(files, workers=2)`` call (what ``tracelake ingest --workers 2``
    does). Then a real ``tracelake serve --ingest-workers 2`` on 127.0.0.1 receives the
    same files from ``--clients`` concurrent httpx clients, one file per
    ``POST /api/v1/traces?wait=600`` (the answer comes when the ingest is done), into
-   a fresh warehouse. Figures: files/s and MB/s of both, and their ratio.
+   a fresh warehouse. Figures: files/s and MB/s (of gzip files as uploaded) of both,
+   and their ratio. ``--file-mb N`` uploads separate traces of about N MB of JSON each.
 3. Latency. The rest of the traces are ingested into the server's warehouse (the
-   library, 2 processes), so it holds ``--traces`` traces. Then
+   library, job by job), so it holds ``--traces`` traces. Then
    ``GET /api/v1/jobs/{job}`` for ``--requests`` different jobs, one at a time
    (cold: the first answer for each job is computed), then the same jobs again (warm:
    answered from the server's cache), and ``GET /api/v1/jobs`` and
@@ -55,15 +56,16 @@ from tracelake.warehouse import Warehouse  # noqa: E402
 RANKS = 4
 
 
-def generate(folder: Path, traces: int) -> list[tuple[str, Path]]:
-    """``traces`` distinct small traces, as (job, path), 4 ranks per job."""
+def generate(folder: Path, traces: int, file_mb: float = 0, seed: int = 1000) -> list[tuple[str, Path]]:
+    """``traces`` distinct traces, as (job, path), 4 ranks per job: small ones, or about ``file_mb`` MB of JSON each."""
     base = SCENARIOS["ddp_straggler"]
     out = []
     for index in range(traces):
         job_no, rank = divmod(index, RANKS)
-        scenario = dataclasses.replace(base, steps=2, layers=8, seed=1000 + job_no)
+        scenario = dataclasses.replace(base, steps=2, layers=8, seed=seed + job_no)
         path = folder / f"job-{job_no:04d}" / f"rank-{rank}.json.gz"
-        write_trace(path, scenario, rank, compresslevel=6)
+        target = int(file_mb * 1e6) if file_mb else None
+        write_trace(path, scenario, rank, target_bytes=target, compresslevel=6)
         out.append((f"job-{job_no:04d}", path))
     return out
 
@@ -120,6 +122,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--traces", type=int, default=1000, help="traces in the warehouse (default 1000)")
     parser.add_argument("--upload-files", type=int, default=64, help="files uploaded through the API (default 64)")
+    parser.add_argument("--file-mb", type=float, default=0,
+                        help="size of each uploaded trace in MB of JSON (default: the small traces)")
     parser.add_argument("--clients", type=int, default=8, help="concurrent upload clients (default 8)")
     parser.add_argument("--requests", type=int, default=200, help="jobs whose analysis is requested (default 200)")
     parser.add_argument("--workdir", type=Path, help="where traces and warehouses go (default: a temporary folder)")
@@ -131,16 +135,17 @@ def main() -> int:
     try:
         print(f"generating {args.traces} traces in {work} ...", flush=True)
         traces = generate(work / "traces", args.traces)
-        upload = traces[: args.upload_files]
+        upload = generate(work / "uploads", args.upload_files, args.file_mb, seed=9000) if args.file_mb else \
+            traces[: args.upload_files]
         upload_bytes = sum(p.stat().st_size for _, p in upload)
 
         # -- throughput: library anchor, then the API -----------------------------------
         anchor = Warehouse(work / "anchor")
         started = time.perf_counter()
-        for job in sorted({j for j, _ in upload}):
-            report = anchor.ingest([p for j, p in upload if j == job], job=job, workers=2)
-            assert report.ok, [r.error for r in report.failed]
+        report = anchor.ingest([p for _, p in upload], job="anchor", workers=2)
         library_s = time.perf_counter() - started
+        if not report.ok:
+            raise SystemExit(f"library ingest failed: {[r.error for r in report.failed]}")
 
         process, url = start_server(work / "server", workers=2)
         try:
@@ -170,11 +175,12 @@ def main() -> int:
 
             # -- latency on a warehouse of --traces traces -------------------------------
             server_wh = Warehouse(work / "server")
-            rest = traces[args.upload_files:]
+            rest = traces if args.file_mb else traces[args.upload_files:]
             print(f"ingesting {len(rest)} more traces ...", flush=True)
             for job in sorted({j for j, _ in rest}):
-                report = server_wh.ingest([p for j, p in rest if j == job], job=job, workers=2)
-                assert report.ok, [r.error for r in report.failed]
+                report = server_wh.ingest([p for j, p in rest if j == job], job=job)
+                if not report.ok:
+                    raise SystemExit(f"ingest failed: {[r.error for r in report.failed]}")
             jobs = sorted({j for j, _ in traces})
             chosen = random.Random(1).sample(jobs, min(args.requests, len(jobs)))
             paths = [f"/api/v1/jobs/{j}" for j in chosen]

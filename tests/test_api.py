@@ -6,6 +6,7 @@ import gzip
 import io
 import json
 import tarfile
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from fastapi.testclient import TestClient
 
 from tracelake import ingest
 from tracelake.api.app import create_app
+from tracelake.api.network import is_loopback
 from tracelake.api.responses import encode
 from tracelake.warehouse import Settings, Warehouse
 
@@ -205,13 +207,18 @@ def test_corrupt_trace_fails_in_the_background_with_the_reason(client: TestClien
     bad = tmp_path / "rank-0.json"
     text = gzip.decompress((DDP / "rank-0.json.gz").read_bytes()).decode()
     bad.write_text(text[: len(text) // 2])  # recognisably Kineto, cut in the middle
-    answer = _upload(client, bad, wait=60)
+    answer = _upload(client, bad, wait=0)
     assert answer.status_code == 202
     trace = answer.json()["traces"][0]
-    assert trace["status"] == "failed" and "rank-0.json" in trace["error"]
+    assert client.app.state.tracelake.queue.wait([trace["trace_id"]], 60)  # type: ignore[attr-defined]
     detail = client.get(trace["url"]).json()
-    assert detail["status"] == "failed" and detail["error"] == trace["error"]
+    assert detail["status"] == "failed" and "rank-0.json" in detail["error"]
     assert client.get("/api/v1/traces").json()["total"] == 0
+    waited = _upload(client, bad, wait=60)  # the failed trace may be uploaded again; waiting tells at once
+    assert waited.status_code == 422
+    body = waited.json()
+    assert body["kind"] == "IngestFailed" and body["error"] == detail["error"]
+    assert body["traces"][0]["status"] == "failed"
 
 
 def test_malformed_multipart(client: TestClient) -> None:
@@ -446,3 +453,22 @@ def test_upload_of_in_memory_zip(client: TestClient) -> None:
         z.writestr("notes/readme.md", b"no traces here")
     answer = client.post("/api/v1/traces", files=[("file", ("empty.zip", buffer.getvalue(), "application/zip"))])
     assert answer.status_code == 400 and "no trace file" in answer.json()["error"]
+
+
+def test_job_analysis_is_prepared_after_ingest(client: TestClient) -> None:
+    state = client.app.state.tracelake  # type: ignore[attr-defined]
+    assert _upload(client, *sorted(DDP.glob("*.json.gz"))).status_code == 202
+    deadline = time.monotonic() + 30
+    while not state.analyses._answers and time.monotonic() < deadline:
+        time.sleep(0.05)
+    prepared = list(state.analyses._answers.values())
+    assert len(prepared) == 1
+    assert client.get("/api/v1/jobs/ddp").content == prepared[0]
+
+
+@pytest.mark.parametrize(("host", "loopback"), [
+    ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("[::1]", True), ("localhost", True),
+    ("0.0.0.0", False), ("::", False), ("10.1.2.3", False), ("no-such-host.invalid", False),
+])
+def test_loopback_addresses(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback

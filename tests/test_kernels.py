@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import random
+
 import duckdb
 import polars as pl
+import pytest
 
-from tracelake.analysis.kernels import COLUMNS, top_kernels
+from tracelake.analysis.kernels import COLUMNS, top_from_ops, top_kernels
+from tracelake.warehouse import Warehouse
 
 
 def _con(rows: list[tuple[int, str, str, int]]) -> duckdb.DuckDBPyConnection:
@@ -49,3 +53,33 @@ def test_samples_top_kernel_is_the_nccl_wait_on_early_ranks(sample_warehouse) ->
         shares = sum(r["total_ns"] for r in result.to_dicts() if r["rank"] == rank)
         assert shares == total
     assert firsts
+
+
+def test_top_from_ops_matches_the_sql(sample_warehouse: Warehouse) -> None:
+    """The in-memory ranking across ranks gives the SQL's figures exactly."""
+    for job in ("ddp_straggler", "launch_bound"):
+        traces = [(job, t) for t in sample_warehouse.store.job_traces(job)]
+        ops = sample_warehouse.store.read_frame("device_ops", traces, columns=["name", "category", "dur_ns"])
+        with sample_warehouse._session(sample_warehouse._selection(None, job), tables=("device_ops",)) as con:
+            for top in (1, 3, 8, 1000):
+                expected = top_kernels(con, where="job = ?", params=[job], top=top)
+                _same(top_from_ops(ops, top=top), expected)
+
+
+def test_top_from_ops_random() -> None:
+    rng = random.Random(5)
+    rows = [(rng.randrange(4), f"k{rng.randrange(12)}", rng.choice(["compute", "communication", "sync"]),
+             rng.randrange(1, 10_000)) for _ in range(3000)]
+    names = {name: cat for _, name, cat, _ in rows}  # one category per kernel name, as in real traces
+    rows = [(r, n, names[n], d) for r, n, _, d in rows]
+    ops = pl.DataFrame(rows, schema=["rank", "name", "category", "dur_ns"], orient="row")
+    con = _con(rows)
+    for top in (2, 5, 20):
+        _same(top_from_ops(ops, top=top), top_kernels(con, top=top))
+
+
+def _same(got: pl.DataFrame, expected: pl.DataFrame) -> None:
+    """Equal rankings: every figure exactly, the shares to the last bits of a float."""
+    assert got.height == expected.height > 0
+    assert got.drop("share_pct").rows() == expected.drop("share_pct").rows()
+    assert got["share_pct"].to_list() == pytest.approx(expected["share_pct"].to_list(), rel=1e-12)

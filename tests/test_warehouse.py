@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import duckdb
+import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
@@ -177,3 +178,18 @@ def test_parallel_ingest_matches_serial(tmp_path: Path) -> None:
     assert serial.query(query).rows == parallel.query(query).rows
     table = "SELECT * EXCLUDE (job) FROM breakdown ORDER BY ALL"
     assert serial.query(table).rows == parallel.query(table).rows
+
+
+def test_stored_tables_written_before_a_column_existed_read_with_nulls(warehouse: Warehouse) -> None:
+    """A trace stored under an older schema (a column missing) still reads, and analyses, with nulls there."""
+    assert warehouse.ingest([SAMPLES / "ddp_straggler" / "rank-0.json.gz"], job="old").ok
+    trace_id = warehouse.store.job_traces("old")[0]
+    path = warehouse.store.path("breakdown", "old", trace_id)
+    table = pq.read_table(path)
+    dropped = table.column_names[-1]
+    pq.write_table(table.drop_columns([dropped]), path)
+    frame = warehouse.store.read_frame("breakdown", [("old", trace_id)])
+    assert frame.columns == schema.table("breakdown").column_names
+    assert frame[dropped].null_count() == frame.height > 0
+    assert frame.drop(dropped).equals(pl.from_arrow(table).drop(dropped))  # type: ignore[union-attr]
+    assert warehouse.analyze(job="old").breakdown.height == 1

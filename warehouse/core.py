@@ -35,11 +35,16 @@ from .derived import INPUTS, write_derived
 from .errors import InvalidArgument, NotFound, QueryError, TraceFormatError, TracelakeError, WarehouseError
 from .inputs import expand_inputs, file_size
 from .readonly import readonly_query
+from .registry import Registry, job_summaries, select_traces
 from .results import IngestProgress, IngestReport, IngestResult, QueryResult
 from .settings import Settings
 from .store import Store, check_job
 
 log = logging.getLogger(__name__)
+
+#: Up to this many device ops, an analysis ranks kernels across ranks in memory (three columns: ~50 MB).
+IN_MEMORY_TOP_OPS = 2_000_000
+
 
 def tracelake_version() -> str:
     """The installed tracelake version."""
@@ -63,6 +68,7 @@ class Warehouse:
         self.settings = base if home is None else Settings(**{**base.__dict__, "home": Path(home)})
         self.home = self.settings.home_path
         self.store = Store(self.home)
+        self.registry = Registry(self.store)
         try:
             self.store.initialise()
             if not catalog.catalog_is_current(self.store):
@@ -331,12 +337,16 @@ class Warehouse:
             NotFound: nothing matches ``trace_id`` / ``job``.
         """
         selection = self._selection(trace_id, job)
-        whole = self._breakdown(selection, steps=False)
-        stored = {name: self._stored(name, selection) for name in analysis_report.STORED}
-        stats = self._stored("kernel_stats", selection)
+        names = ("breakdown", "kernel_stats", *analysis_report.STORED)
+        stored = {name: self._stored(name, selection) for name in names}
+        whole = self._whole(stored.pop("breakdown"))
+        stats = stored.pop("kernel_stats")
         if stats.select(pl.struct("trace_id", "rank").n_unique()).item() <= 1:
             top_kernels = kernels.top_from_stats(stats, top=top)
-        else:  # percentiles across ranks need every duration
+        elif stats["count"].sum() <= IN_MEMORY_TOP_OPS:  # percentiles across ranks need every duration
+            ops = self.store.read_frame("device_ops", selection.traces, columns=["name", "category", "dur_ns"])
+            top_kernels = kernels.top_from_ops(ops, top=top)
+        else:  # many ops: DuckDB, which spills to disk past its memory limit
             with self._session(selection, tables=("device_ops",)) as con:
                 top_kernels = kernels.top_kernels(con, where=selection.where, params=selection.params, top=top)
         try:
@@ -347,15 +357,16 @@ class Warehouse:
 
     def _breakdown(self, selection: _Selection, *, steps: bool) -> pl.DataFrame:
         frame = self._stored("breakdown", selection)
-        if not steps:
-            frame = frame.filter(pl.col("step").is_null())
-        return frame.sort("rank", "step", "trace_id", nulls_last=False)
+        return frame.sort("rank", "step", "trace_id", nulls_last=False) if steps else self._whole(frame)
+
+    @staticmethod
+    def _whole(breakdown: pl.DataFrame) -> pl.DataFrame:
+        """The whole-trace rows of stored ``breakdown`` rows (``step`` null), in rank order."""
+        return breakdown.filter(pl.col("step").is_null()).sort("rank", "step", "trace_id", nulls_last=False)
 
     def _stored(self, table: str, selection: _Selection) -> pl.DataFrame:
         """A stored table's rows for the selection, read straight from its Parquet files."""
-        frame = pl.from_arrow(self.store.read(table, selection.traces))
-        assert isinstance(frame, pl.DataFrame)
-        return frame
+        return self.store.read_frame(table, selection.traces)
 
     def diff(self, a: str, b: str) -> tuple[pl.DataFrame, pl.DataFrame]:
         """Compare two traces or jobs (each a trace id or a job name): (kernels, categories).
@@ -419,13 +430,16 @@ class Warehouse:
         limit: int | None = None,
         offset: int = 0,
     ) -> list[dict[str, Any]]:
-        """Registered traces, newest first, optionally of one job, with all ``labels``, ingested in ``[since, until)``."""
-        where, params = _trace_filter(job, labels, since, until)
-        sql = f"SELECT * FROM traces{where} ORDER BY ingested_at DESC, job, rank, trace_id"
+        """Registered traces, newest first, optionally of one job, with all ``labels``, ingested in ``[since, until)``.
+
+        Naive datetimes are taken as UTC.
+        """
+        frame = self._traces_frame(job, labels, since, until)
         if limit is not None:
-            sql += " LIMIT ? OFFSET ?"
-            params += [limit, offset]
-        return self.query(sql, params).as_dicts()
+            frame = frame.slice(offset, limit)
+        elif offset:
+            frame = frame.slice(offset)
+        return frame.to_dicts()
 
     def count_traces(
         self,
@@ -436,20 +450,16 @@ class Warehouse:
         until: dt.datetime | None = None,
     ) -> int:
         """How many registered traces :meth:`traces` would list without a limit."""
-        where, params = _trace_filter(job, labels, since, until)
-        return int(self.query(f"SELECT count(*) FROM traces{where}", params).rows[0][0])
+        return self._traces_frame(job, labels, since, until).height
 
     def jobs(self) -> list[dict[str, Any]]:
         """One summary row per job (traces, ranks, formats, bytes, time span), most recently ingested first."""
-        sql = """
-            SELECT job, count(*) AS traces, count(DISTINCT rank) AS ranks,
-                   list(DISTINCT format ORDER BY format) AS formats,
-                   sum(source_bytes) AS source_bytes, sum(device_op_count) AS device_ops,
-                   min(start_ns) AS start_ns, max(end_ns) AS end_ns,
-                   min(ingested_at) AS first_ingested_at, max(ingested_at) AS last_ingested_at
-            FROM traces GROUP BY job ORDER BY last_ingested_at DESC, job
-        """
-        return self.query(sql).as_dicts()
+        return job_summaries(self.registry.frame()).to_dicts()
+
+    def _traces_frame(
+        self, job: str | None, labels: dict[str, str] | None, since: dt.datetime | None, until: dt.datetime | None
+    ) -> pl.DataFrame:
+        return select_traces(self.registry.frame(), job=job, labels=labels, since=since, until=until)
 
     def delete(self, trace_id: str) -> str:
         """Remove a trace and all its rows from the warehouse; returns the job it was in.
@@ -503,27 +513,6 @@ def ingest_in_process(
 ) -> IngestResult:
     """Ingest one file with a warehouse opened from ``settings`` (a picklable entry point for worker processes)."""
     return Warehouse(settings=settings).ingest_file(path, job=job, labels=labels, source_name=source_name)
-
-
-def _trace_filter(
-    job: str | None, labels: dict[str, str] | None, since: dt.datetime | None, until: dt.datetime | None
-) -> tuple[str, list[Any]]:
-    """The ``WHERE`` clause (with its parameters) selecting traces by job, labels and ingest time."""
-    terms: list[str] = []
-    params: list[Any] = []
-    if job is not None:
-        terms.append("job = ?")
-        params.append(job)
-    for key, value in (labels or {}).items():
-        terms.append("labels[?] = ?")
-        params += [key, value]
-    if since is not None:
-        terms.append("ingested_at >= ?")
-        params.append(since)
-    if until is not None:
-        terms.append("ingested_at < ?")
-        params.append(until)
-    return (" WHERE " + " AND ".join(terms) if terms else ""), params
 
 
 @dataclass(frozen=True)

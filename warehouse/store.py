@@ -13,6 +13,7 @@ on ``traces``, so files published earlier by an ingest that died are never seen.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -20,6 +21,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
@@ -103,6 +105,21 @@ class Store:
             return tbl.arrow_schema.empty_table()
         return ds.dataset(files, schema=tbl.arrow_schema, format="parquet").to_table()
 
+    def read_frame(
+        self, table: str, traces: Iterable[tuple[str, str]], columns: list[str] | None = None
+    ) -> pl.DataFrame:
+        """:meth:`read` as a polars frame (of ``columns`` only, if given), read by polars straight from the files.
+
+        Several times faster than going through Arrow datasets on the small files of stored analyses.
+        """
+        files = [str(p) for job, trace_id in traces if (p := self.path(table, job, trace_id)).exists()]
+        declared = _polars_schema(table)
+        if not files:
+            frame = pl.DataFrame(schema=declared)
+            return frame.select(columns) if columns else frame
+        scan = pl.scan_parquet(files, schema=declared, missing_columns="insert", extra_columns="ignore")
+        return (scan.select(columns) if columns else scan).collect()
+
     def registered_job(self, trace_id: str) -> str | None:
         """The job a trace is registered under, or None if it is not registered."""
         if not _TRACE_ID.match(trace_id):
@@ -142,3 +159,11 @@ class Store:
     def discard(self, staging: Path) -> None:
         """Remove a staging directory and everything in it."""
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@functools.cache
+def _polars_schema(table: str) -> pl.Schema:
+    """The polars types of a declared table (what ``pl.from_arrow`` makes of its Arrow schema)."""
+    frame = pl.from_arrow(schema.table(table).arrow_schema.empty_table())
+    assert isinstance(frame, pl.DataFrame)
+    return frame.schema

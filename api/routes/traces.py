@@ -10,6 +10,7 @@ from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Path as PathParam, Query, Request
+from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from tracelake.warehouse import InvalidArgument, NotFound
@@ -30,7 +31,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         401: "No valid API token.",
         403: "The token lacks the `write` scope.",
         413: "A file, the request or an archive's expansion is over the limit.",
-        422: "A file is damaged or in no format tracelake reads.",
+        422: "A file is damaged or in no format tracelake reads (with `wait`: also when its ingest failed; "
+             "the answer then also lists the traces).",
     }.items()
 }
 #: How long ``wait`` may hold an upload request open.
@@ -127,6 +129,11 @@ async def _accept(
         await run_in_threadpool(state.queue.wait, [t.trace_id for t in tasks], wait)
     answer = UploadAnswer(job=job, labels=labels, files=len(received.files), bytes=received.bytes,
                           traces=[_state(t) for t in tasks])
+    failed = [t for t in answer.traces if t.status == "failed"]
+    if failed:  # only known when the client waited: the upload was bad after all
+        content = {"error": "; ".join(t.error or t.name for t in failed), "kind": "IngestFailed",
+                   **answer.model_dump(mode="json")}
+        return JSONResponse(content, status_code=422)  # type: ignore[return-value]
     return answer
 
 
