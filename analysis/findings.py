@@ -212,6 +212,25 @@ def from_lagging_ranks(lagging: pl.DataFrame) -> list[Finding]:
     )]
 
 
+def from_unreached(unreached: pl.DataFrame) -> list[Finding]:
+    """Ranks whose NCCL records stop before the others' (Inspector, debug logs): hung, crashed or cut short."""
+    if unreached.is_empty():
+        return []
+    worst = unreached.row(0, named=True)
+    behind = unreached.filter(pl.col("process_group") == worst["process_group"])
+    ranks = ", ".join(str(r) for r in behind["rank"].to_list())
+    return [Finding(
+        "hang",
+        f"rank{'s' if behind.height > 1 else ''} {ranks} never reached collective {worst['group_last_seq']} "
+        f"of communicator {worst['process_group']}",
+        f"NCCL's records: other ranks of the communicator reached collective {worst['group_last_seq']}, but "
+        f"rank {worst['rank']}'s last one is {worst['last_seq']} ({worst['behind']} behind): it hung, crashed or "
+        "its records were cut short; if the job hung, look at what that rank was doing (its stack, its data "
+        "loader, its GPU)",
+        0,
+    )]
+
+
 def from_topology(topology: pl.DataFrame) -> list[Finding]:
     """Transport surprises in NCCL's topology (socket where IB exists, SHM inside a node, no GDRDMA)."""
     return [

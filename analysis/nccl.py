@@ -78,6 +78,47 @@ def lagging_ranks(status: pl.DataFrame) -> pl.DataFrame:
     )
 
 
+#: Formats whose collectives cover a whole run (NCCL's own records), unlike a profiler's window.
+NCCL_RECORD_FORMATS = ("nccl_log", "nccl_inspector", "nccl_profiler")
+_POINT_TO_POINT = ("send", "recv")
+
+
+def unreached(collectives: pl.DataFrame, traces: pl.DataFrame) -> pl.DataFrame:
+    """From NCCL's own records (Inspector ``coll_sn``, debug log ``opCount``, profiler plugin ``SeqNum``):
+    per communicator, the ranks whose records stop before the furthest collective another rank reached.
+
+    A rank that never reached the last collective is hung, crashed, or its records were cut
+    short. Point-to-point operations are left out (each pair numbers its own).
+    Columns: ``process_group``, ``rank``, ``last_seq``, ``group_last_seq``, ``behind``,
+    ``group_size``, ``ranks_seen``.
+    """
+    columns = {"process_group": pl.String, "rank": pl.Int32, "last_seq": pl.Int64, "group_last_seq": pl.Int64,
+               "behind": pl.Int64, "group_size": pl.Int32, "ranks_seen": pl.UInt32}
+    if collectives.is_empty() or traces.is_empty():
+        return pl.DataFrame(schema=columns)
+    sources = traces.filter(pl.col("format").is_in(NCCL_RECORD_FORMATS)).select("trace_id")
+    records = collectives.join(sources, on="trace_id").filter(
+        pl.col("seq").is_not_null() & pl.col("process_group").is_not_null() & pl.col("rank").is_not_null()
+        & ~pl.col("collective").is_in(_POINT_TO_POINT)
+    )
+    if records.is_empty():
+        return pl.DataFrame(schema=columns)
+    per_rank = records.group_by("process_group", "rank").agg(
+        pl.col("seq").max().alias("last_seq"), pl.col("group_size").max()
+    )
+    return (
+        per_rank.with_columns(
+            pl.col("last_seq").max().over("process_group").alias("group_last_seq"),
+            pl.col("rank").n_unique().over("process_group").alias("ranks_seen"),
+            pl.col("group_size").max().over("process_group"),
+        )
+        .with_columns((pl.col("group_last_seq") - pl.col("last_seq")).alias("behind"))
+        .filter((pl.col("behind") > 0) & (pl.col("ranks_seen") > 1))
+        .select(*(pl.col(name).cast(dtype) for name, dtype in columns.items()))
+        .sort("behind", "process_group", "rank", descending=[True, False, False])
+    )
+
+
 def _transport_kind(transport: str) -> str:
     """``P2P``, ``SHM``, ``NET/IB``, ``NET/Socket`` (GDRDMA and channel suffixes dropped)."""
     parts = transport.split("/")

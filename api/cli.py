@@ -269,6 +269,11 @@ def analyze(
         console.print(f"NCCL topology: {row['ranks']} ranks on {row['nodes']} node(s), {row['gpus_per_node']} GPUs per "
                       f"node, {row['channels']} channels, transports {row['transports']}", highlight=False,
                       markup=False, soft_wrap=True)
+    if result.nccl_tuning.height:
+        choices = result.nccl_tuning.group_by("algorithm", "protocol").len().sort("len", descending=True)
+        mix = ", ".join(f"{r['algorithm'] or '?'}/{r['protocol'] or '?'} x{r['len']}" for r in choices.to_dicts())
+        console.print(f"NCCL records joined to {result.nccl_tuning.height} profiled collectives: {mix}",
+                      highlight=False, markup=False, soft_wrap=True)
     if result.nccl_benchmarks.height:
         console.print()
         console.print(to_table(_frame_result(_nccl_view(result.nccl_benchmarks)), title="nccl-tests bus bandwidth"))

@@ -93,8 +93,56 @@ def _scan(text: str, state: _State) -> None:
     for kind, (marker, pattern) in _KINDS.items():
         picked = lines.filter(lines.str.contains(marker, literal=True))
         if picked.len():
+            if kind == "coll":  # most of a log: split into fields instead of one regex with 14 captures
+                state.found[kind].append(coll_fields(picked))
+                continue
             groups = picked.str.extract_groups(pattern).struct.unnest()
             state.found[kind].append(groups.filter(pl.col("host").is_not_null()))
+
+
+_TS = r"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?)\]"
+_ORIGIN = r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]$"
+#: COLL message words (split at spaces): the keywords at their positions, then the values read after them.
+_COLL_KEYWORDS = {1: "opCount", 3: "sendbuff", 5: "recvbuff", 7: "count", 9: "datatype", 11: "op", 13: "root",
+                  15: "comm"}
+_COLL_VALUES = {"opcount": 2, "count": 8, "dtype": 10, "redop": 12, "root": 14, "comm": 16}
+
+
+def coll_fields(lines: pl.Series) -> pl.DataFrame:
+    """The fields of COLL lines (``_COLL``'s named groups, as strings); lines that are not well-formed are left out.
+
+    The same fields as extracting ``_COLL[1]``'s groups from every line (a test keeps them
+    equal on well-formed logs), several times faster: regex captures are slow, so the
+    message is split at spaces and each value read at its position after its keyword is
+    checked, and only the short ``host:pid:tid [dev]`` end of the prefix is matched. Unlike
+    the pattern, any launcher prefix before ``host:pid:tid`` is accepted.
+    """
+    halves = lines.str.split_exact(" NCCL INFO ", 1).struct.rename_fields(["prefix", "message"]).struct.unnest()
+    words = halves["message"].str.split_exact(" ", 19).struct.unnest()
+    w = [pl.col(f"field_{i}") for i in range(20)]
+    nranks = w[17].str.starts_with("[nranks=")
+    stream = pl.when(nranks).then(w[19]).otherwise(w[18])
+    stream_key = pl.when(nranks).then(w[18]).otherwise(w[17])
+    number = [w[i].str.to_integer(base=10, strict=False).is_not_null() & ~w[i].str.starts_with("+")
+              for i in (8, 10, 12, 14)]
+    ok = pl.all_horizontal(
+        w[0].str.ends_with(":"), *(w[i] == keyword for i, keyword in _COLL_KEYWORDS.items()),
+        w[2].str.to_integer(base=16, strict=False).is_not_null() & ~w[2].str.starts_with("+"), *number,
+        w[16].str.contains(r"^0x[0-9a-f]+$"), stream_key == "stream", stream.str.contains(r"^0x[0-9a-f]+$"),
+        ~nranks | w[17].str.contains(r"^\[nranks=\d+\]$"),
+    ).fill_null(False)
+    values = words.select(
+        ok.alias("ok"), w[0].str.strip_suffix(":").alias("op"), *(w[i].alias(name) for name, i in _COLL_VALUES.items()),
+        pl.when(nranks).then(w[17].str.slice(8).str.strip_suffix("]")).alias("nranks"), stream.alias("stream"),
+    )
+    keep = values["ok"]
+    prefix = halves["prefix"].filter(keep)
+    origin = prefix.str.extract_groups(_ORIGIN).struct.unnest()
+    ts = prefix.str.extract(_TS, 1) if prefix.str.contains(r"\[\d{4}-").any() else pl.repeat(
+        None, prefix.len(), dtype=pl.String, eager=True)
+    found = pl.concat([origin, values.filter(keep).drop("ok")], how="horizontal").insert_column(0, ts.alias("ts"))
+    return found.filter(pl.col("host").is_not_null()).select(
+        "ts", "host", "pid", "tid", "dev", "op", *_COLL_VALUES, "nranks", "stream")
 
 
 def _frame(state: _State, kind: str) -> pl.DataFrame:

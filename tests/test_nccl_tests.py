@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
+import polars as pl
 import pytest
 
 from conftest import ROOT
+from tracelake.analysis import nccl, nccl_join
 from tracelake.ingest import detect
 from tracelake.sample_traces import generate_nccl
 from tracelake.warehouse import Warehouse
 from tracelake.warehouse.inputs import expand_inputs
 from tracelake.warehouse.settings import Settings
 
-NCCL_TESTS = ROOT / "sample_traces" / "nccl" / "nccl_tests"
+NCCL = ROOT / "sample_traces" / "nccl"
+NCCL_TESTS = NCCL / "nccl_tests"
 FACTOR = {"all_reduce": 2 * 7 / 8, "all_gather": 7 / 8, "reduce_scatter": 7 / 8}
 
 
@@ -253,3 +258,134 @@ def test_debug_log_variants(tmp_path: Path, warehouse: Warehouse) -> None:
                            "FROM collectives ORDER BY rank").rows
     assert rows == [(0, "broadcast", 0, 2, 10, 1, "0x1a"), (1, "broadcast", 0, 2, 10, 1, "0x2b")]
     assert warehouse.traces()[0]["nccl_version"] == "2.10.3+cuda11.4"
+
+
+def test_a_rank_whose_records_stop_early_never_reached_the_last_collective(tmp_path: Path, warehouse: Warehouse) -> None:
+    """Inspector records of rank 1 cut before the last collectives: a hang finding names it and the seq."""
+    folder = tmp_path / "inspector"
+    shutil.copytree(NCCL / "inspector", folder)
+    cut = folder / "node-a-pid4101.log"
+    lines = cut.read_text().splitlines(keepends=True)
+    colls = [i for i, line in enumerate(lines) if '"coll_perf"' in line]
+    cut.write_text("".join(line for i, line in enumerate(lines) if i not in colls[-2:]))
+    assert warehouse.ingest([folder], job="cut").ok
+    analysis = warehouse.analyze(job="cut")
+    row = analysis.unreached.row(0, named=True)
+    expected_last = max(json.loads(lines[i])["coll_perf"]["coll_sn"] for i in colls)
+    assert (row["rank"], row["group_last_seq"], row["behind"]) == (1, expected_last, 2)
+    assert analysis.unreached.height == 1
+    hang = analysis.findings[0]
+    assert hang.kind == "hang" and f"never reached collective {expected_last}" in hang.title and "rank 1" in hang.title
+
+
+def test_complete_nccl_records_have_no_unreached_collectives(warehouse: Warehouse) -> None:
+    assert warehouse.ingest([NCCL / "inspector", NCCL / "debug_log"], job="whole").ok
+    analysis = warehouse.analyze(job="whole")
+    assert analysis.unreached.is_empty()
+    assert not [f for f in analysis.findings if "never reached" in f.title]
+
+
+def test_unreached_ignores_profiler_windows_and_point_to_point() -> None:
+    traces = pl.DataFrame({"trace_id": ["k0", "k1", "n0", "n1"],
+                           "format": ["pytorch_profiler", "pytorch_profiler", "nccl_log", "nccl_log"]})
+    rows = [("k0", 0, "allreduce", "pg", 5), ("k1", 1, "allreduce", "pg", 3),  # profiler windows differ: fine
+            ("n0", 0, "allreduce", "c", 9), ("n1", 1, "allreduce", "c", 9),
+            ("n0", 0, "send", "c", 12), ("n1", 1, "recv", "c", 4)]
+    collectives = pl.DataFrame(rows, schema=["trace_id", "rank", "collective", "process_group", "seq"], orient="row")
+    collectives = collectives.with_columns(pl.lit(2).alias("group_size"))
+    assert nccl.unreached(collectives, traces).is_empty()
+    behind = collectives.vstack(pl.DataFrame([("n0", 0, "allreduce", "c", 10, 2)], schema=collectives.schema,
+                                             orient="row"))
+    result = nccl.unreached(behind, traces)
+    assert result.select("process_group", "rank", "last_seq", "group_last_seq", "behind").rows() == [("c", 1, 9, 10, 1)]
+
+
+def _plugin_dumps_for(warehouse: Warehouse, job: str, folder: Path) -> dict[tuple[int, int], tuple[str, str, int]]:
+    """NCCL profiler-plugin dumps of the same operations as a profiled job's collectives (NCCL counts from 0)."""
+    rows = warehouse.query(
+        "SELECT rank, seq, collective, in_nelems FROM collectives WHERE job = ? ORDER BY rank, seq", [job]).rows
+    folder.mkdir()
+    tuning: dict[tuple[int, int], tuple[str, str, int]] = {}
+    events: dict[int, list[dict[str, object]]] = {}
+    for rank, seq, collective, count in rows:
+        algo, proto, channels = ("TREE", "LL", 4) if seq % 3 == 0 else ("RING", "LL128", 16)
+        tuning[(rank, seq)] = (algo, proto, channels)
+        name = "AllGather" if "allgather" in collective else "AllReduce"
+        args = {"SeqNum": seq - 1, "CommHash": 777, "Rank": rank, "Count": count, "Datatype": "ncclBfloat16",
+                "Algorithm": algo, "Protocol": proto, "nChannels": channels}
+        ts = 1000.0 + 100.0 * seq
+        events.setdefault(rank, []).extend([
+            {"name": name, "cat": "COLL", "ph": "b", "id": seq, "pid": rank, "tid": 1, "ts": ts, "args": args},
+            {"name": name, "cat": "COLL", "ph": "e", "id": seq, "pid": rank, "tid": 1, "ts": ts + 5.0},
+        ])
+    for rank, dump in events.items():
+        (folder / f"nccl_profile_777_{rank}.json").write_text(
+            "[\n" + ",\n".join(json.dumps(e) for e in dump) + ",\n{}]\n")
+    return tuning
+
+
+def test_nccl_records_join_the_profiled_kernels(tmp_path: Path, warehouse: Warehouse) -> None:
+    """Profiler-plugin records of the same job give each profiled NCCL kernel its algorithm, protocol, channels."""
+    assert warehouse.ingest([ROOT / "sample_traces" / "kineto" / "ddp_straggler"], job="ddp").ok
+    tuning = _plugin_dumps_for(warehouse, "ddp", tmp_path / "plugin")
+    assert warehouse.ingest([tmp_path / "plugin"], job="ddp").ok
+    joined = warehouse.analyze(job="ddp").nccl_tuning
+    assert joined.height == len(tuning) > 0
+    got = {(r["rank"], r["seq"]): (r["algorithm"], r["protocol"], r["channels"]) for r in joined.to_dicts()}
+    assert got == tuning
+    assert joined["kernel_name"].str.starts_with("ncclDevKernel_").all()
+    assert (joined["nccl_seq"] == joined["seq"] - 1).all() and set(joined["communicator"]) == {"777"}
+
+
+def test_nccl_records_of_other_operations_do_not_join(tmp_path: Path, warehouse: Warehouse) -> None:
+    assert warehouse.ingest([ROOT / "sample_traces" / "kineto" / "ddp_straggler"], job="ddp").ok
+    assert warehouse.ingest([NCCL / "profiler_plugin"], job="ddp").ok  # 8 AllReduces of another run
+    assert warehouse.analyze(job="ddp").nccl_tuning.is_empty()
+
+
+def test_join_needs_the_same_sizes_and_finds_the_offset() -> None:
+    traces = pl.DataFrame({"trace_id": ["k", "n"], "format": ["pytorch_profiler", "nccl_profiler"]})
+
+    def rows(trace: str, group: str, first_seq: int, sizes: list[int], algorithm: str | None) -> pl.DataFrame:
+        return pl.DataFrame({
+            "trace_id": trace, "rank": 0, "process_group": group, "process_group_desc": None,
+            "seq": [first_seq + i for i in range(len(sizes))], "collective": "allreduce", "in_nelems": sizes,
+            "kernel_event_id": list(range(len(sizes))), "kernel_name": "ncclDevKernel_AllReduce", "message_bytes": 4,
+            "dur_ns": 10, "algorithm": algorithm, "protocol": "LL", "channels": 2,
+        }).with_columns(pl.col("algorithm", "process_group_desc").cast(pl.String))
+
+    sizes = [10, 20, 30, 10, 20, 30, 40]
+    profiled = rows("k", "0", 1, sizes, None)
+    later = rows("n", "c1", 105, sizes, "RING")  # a communicator whose numbering starts elsewhere
+    joined = nccl_join.tuned_collectives(pl.concat([profiled, later]), traces)
+    assert joined["seq"].to_list() == list(range(1, 8)) and set(joined["nccl_seq"]) == set(range(105, 112))
+    other_sizes = rows("n", "c2", 0, [11, 21, 31, 11, 21, 31, 41], "TREE")
+    assert nccl_join.tuned_collectives(pl.concat([profiled, other_sizes]), traces).is_empty()
+
+
+def test_coll_lines_split_like_the_pattern_extracts_them() -> None:
+    """The fast COLL reader gives exactly the pattern's fields, and drops the lines the pattern does not match."""
+    from tracelake.ingest import nccl_log
+
+    base = "node-a:5100:5107 [0] NCCL INFO AllReduce: opCount 1f sendbuff 0x7f00 recvbuff 0x7f08 count 1024 " \
+           "datatype 7 op 0 root 0 comm 0x55d0c0a0"
+    lines = (NCCL / "debug_log" / "train-4ranks.log").read_text().splitlines() + [
+        base + " [nranks=4] stream 0x55d0d000",
+        base + " stream 0x55d0d000",  # older NCCL: no [nranks=N]
+        "[1,3]<stderr>:" + base + " [nranks=8] stream 0x1 trailing words",
+        "gpu-node-7: [2026-01-01T00:00:00] " + base + " stream 0xab",
+        "[2026-01-01 00:00:00.5]" + base + " stream 0xab",
+        base.replace("count 1024", "count 1x24") + " stream 0x1",  # not a number
+        base.replace("opCount 1f", "opCount zz") + " stream 0x1",
+        base.replace("root 0", "root") + " stream 0x1",  # a field missing
+        base + " [nranks=x] stream 0x1",
+        base + " stream 55d0",  # not a pointer
+        base.replace(" [0] ", " [a] ") + " stream 0x1",
+        "node-a:5100:5107 [0] NCCL INFO AllReduce: opCount",
+    ]
+    series = pl.Series("line", lines, dtype=pl.String)
+    picked = series.filter(series.str.contains(nccl_log._COLL[0], literal=True))
+    expected = picked.str.extract_groups(nccl_log._COLL[1]).struct.unnest().filter(pl.col("host").is_not_null())
+    got = nccl_log.coll_fields(picked)
+    assert got.equals(expected)
+    assert got.height == 48 + 5

@@ -11,7 +11,7 @@ from typing import Any
 
 import polars as pl
 
-from tracelake.analysis import collectives, findings, nccl, steps
+from tracelake.analysis import collectives, findings, nccl, nccl_join, steps
 
 
 @dataclass
@@ -29,6 +29,8 @@ class Analysis:
     last_arrivals: pl.DataFrame
     nccl_benchmarks: pl.DataFrame
     lagging_ranks: pl.DataFrame
+    unreached: pl.DataFrame
+    nccl_tuning: pl.DataFrame
     topology: pl.DataFrame
     bandwidth_by_size: pl.DataFrame
     slowest_collectives: pl.DataFrame
@@ -39,14 +41,15 @@ class Analysis:
         frames = {
             name: getattr(self, name).to_dicts()
             for name in ("breakdown", "top_kernels", "idle_by_stream", "launches", "queues", "step_stats",
-                         "step_outliers", "collectives", "last_arrivals", "nccl_benchmarks", "lagging_ranks", "topology",
+                         "step_outliers", "collectives", "last_arrivals", "nccl_benchmarks", "lagging_ranks", "unreached",
+                         "nccl_tuning", "topology",
                          "bandwidth_by_size", "slowest_collectives")
         }
         return {"findings": [f.as_dict() for f in self.findings], **frames}
 
 
 #: Tables :func:`compute` takes rows of (stored at ingest or parsed; small per trace).
-STORED = ("stream_idle", "launch_stats", "stream_queues", "steps", "collectives", "nccl_benchmarks",
+STORED = ("traces", "stream_idle", "launch_stats", "stream_queues", "steps", "collectives", "nccl_benchmarks",
           "flight_recorder_status", "communicators", "comm_channels")
 
 
@@ -79,6 +82,8 @@ def compute(
         last_arrivals=arrivals,
         nccl_benchmarks=nccl.benchmark_summary(stored["nccl_benchmarks"], link_peaks),
         lagging_ranks=nccl.lagging_ranks(stored["flight_recorder_status"]),
+        unreached=nccl.unreached(stored["collectives"], stored["traces"]),
+        nccl_tuning=nccl_join.tuned_collectives(stored["collectives"], stored["traces"]),
         topology=nccl.topology(stored["communicators"], stored["comm_channels"]),
         bandwidth_by_size=collectives.bandwidth_by_size(instances),
         slowest_collectives=collectives.slowest(instances),
@@ -91,6 +96,7 @@ def compute(
         + findings.from_step_outliers(result.step_outliers)
         + findings.from_nccl_benchmarks(result.nccl_benchmarks)
         + findings.from_lagging_ranks(result.lagging_ranks)
+        + findings.from_unreached(result.unreached)
         + findings.from_topology(result.topology)
     )
     return result
