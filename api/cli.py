@@ -409,6 +409,8 @@ def demo(
                   markup=False)
     console.print(f'        or:  tracelake sql --home {home} "SELECT * FROM breakdown"', highlight=False, markup=False)
     console.print(f"        or:  duckdb -readonly {warehouse.store.catalog_path}", highlight=False, markup=False)
+    console.print(f"        or:  tracelake serve --home {home}   (REST API, docs at http://127.0.0.1:8000/docs)",
+                  highlight=False, markup=False)
     if any(not r.ok for r in results):
         raise typer.Exit(1)
 
