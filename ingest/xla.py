@@ -40,7 +40,8 @@ from .tables import TableWriter, write_table
 from .xla_rows import (
     DEVICE_COLUMNS, HOST_COLUMNS, Columns, RowBuilder, as_float, as_int, as_str, as_uint,
 )
-from .xspace import Plane, Space, stat_value
+from .xla_writer import BackgroundWriter
+from .xspace import EventBatch, Plane, Space, stat_value
 
 FORMAT = "xla"
 
@@ -147,7 +148,7 @@ class _Parser(RowBuilder):
                     self.steps.add(index, step, ts, event.duration_ps // 1000)
 
     # ---- host planes
-    def read_hosts(self, device_ops: TableWriter) -> None:
+    def read_hosts(self, device_ops: BackgroundWriter) -> None:
         rows = Columns(HOST_COLUMNS)
         cpu_ops = Columns(DEVICE_COLUMNS)
         host_steps = not self.steps.windows
@@ -228,26 +229,28 @@ class _Parser(RowBuilder):
                          as_float(stats.get("flops")), as_int(stats.get("bytes_accessed")))
 
     # ---- device planes
-    def read_devices(self, device_ops: TableWriter) -> None:
+    def read_devices(self, device_ops: BackgroundWriter) -> None:
+        """Device planes line by line: TPU op lines as arrays, GPU streams through protobuf, the rest only counted."""
         rows = Columns(DEVICE_COLUMNS)
         for plane, kind, index in self.device_planes:
             self.devices[index] = _device_row(plane, kind, index, self.local_index.get(index, index))
-            for line in self.space.lines(plane):
-                if kind == "tpu" and line.name == "XLA Ops":
-                    self._tpu_ops(plane, index, line, device_ops)
-                elif kind == "tpu" and line.name == "Async XLA Ops":
-                    self._tpu_async(plane, index, line)
-                elif kind == "gpu" and _STREAM_LINE.match(str(line.name)):
-                    self._gpu_ops(plane, index, line, rows)
+            for batch in self.space.batches(plane):
+                name = str(batch.header.name)
+                if kind == "tpu" and name == "XLA Ops":
+                    self._tpu_ops(plane, index, batch, device_ops)
+                elif kind == "tpu" and name == "Async XLA Ops":
+                    self._tpu_async(plane, index, batch)
+                elif kind == "gpu" and _STREAM_LINE.match(name):
+                    self._gpu_ops(plane, index, batch.xline(), rows)
                 else:
-                    self.events += len(line.events)
+                    self.events += len(batch)
                 if len(rows) >= FLUSH_ROWS:
                     self._collectives_of(rows)
                     device_ops.write(rows.take())
         self._collectives_of(rows)
         device_ops.write(rows.take())
 
-    def _tpu_ops(self, plane: Plane, index: int, line: Any, device_ops: TableWriter) -> None:
+    def _tpu_ops(self, plane: Plane, index: int, line: EventBatch, device_ops: BackgroundWriter) -> None:
         """The ``XLA Ops`` line, vectorised (see :meth:`_tpu_events`)."""
         decoded = self._tpu_events(plane, line)
         if decoded is None:
@@ -268,7 +271,7 @@ class _Parser(RowBuilder):
             "event_id": pa.array(np.arange(first_id, first_id + n, dtype=np.int64)),
             "rank": pa.array(np.full(n, index, dtype=np.int32)),
             "device": pa.array(np.full(n, self.local_index.get(index, index), dtype=np.int32)),
-            "stream": pa.array(np.full(n, int(line.id), dtype=np.int64)),
+            "stream": pa.array(np.full(n, int(line.header.id), dtype=np.int64)),
             "kind": pa.repeat("xla_op", n),
             "category": per_op([o.category for o in ops], pa.string()),
             "name": per_op([o.name for o in ops], pa.string()),
@@ -283,25 +286,25 @@ class _Parser(RowBuilder):
             "bytes_accessed": per_op([o.bytes_accessed for o in ops], pa.int64()),
         }
         device_ops.write(table)
-        self._tpu_collectives(index, int(line.id), ops, which, ts, dur, steps, first_id)
+        self._tpu_collectives(index, int(line.header.id), ops, which, ts, dur, steps, first_id)
 
-    def _tpu_events(self, plane: Plane, line: Any) -> tuple[list[_Op], np.ndarray, np.ndarray, np.ndarray] | None:
-        """A TPU line's events as arrays: the op kinds, each event's kind, start and duration (ns); None if empty.
+    def _tpu_events(
+        self, plane: Plane, line: EventBatch
+    ) -> tuple[list[_Op], np.ndarray, np.ndarray, np.ndarray] | None:
+        """A run of a TPU line's events as arrays: the op kinds, each event's kind, start and duration (ns).
 
-        Per event only three integers are read; everything else is per op kind.
+        None if the run is empty. Per event only three integers are read (decoded in
+        bulk, see :mod:`.xspace_events`); everything else is per op kind.
         """
-        events = line.events
-        n = len(events)
+        n = len(line)
         self.events += n
         if not n:
             return None
-        mids = np.fromiter((e.metadata_id for e in events), dtype=np.int64, count=n)
-        offsets = np.fromiter((e.offset_ps for e in events), dtype=np.int64, count=n)
-        durations = np.fromiter((e.duration_ps for e in events), dtype=np.int64, count=n)
-        kinds, which = np.unique(mids, return_inverse=True)
+        fields = line.fields()
+        kinds, which = np.unique(fields.metadata_id, return_inverse=True)
         ops = [self._tpu_op(plane, int(mid)) for mid in kinds]
-        ts = self._origin_ns(line) + offsets // 1000  # whole ns: floor((origin * 1000 + ps) / 1000)
-        return ops, which, ts, np.maximum(durations // 1000, 0)
+        ts = self._origin_ns(line.header) + fields.offset_ps // 1000  # whole ns: floor((origin * 1000 + ps) / 1000)
+        return ops, which, ts, np.maximum(fields.duration_ps // 1000, 0)
 
     def _tpu_op(self, plane: Plane, metadata_id: int) -> _Op:
         """What one event metadata entry says about its op (computed once per entry)."""
@@ -330,13 +333,13 @@ class _Parser(RowBuilder):
         self._op_cache[(plane.position, metadata_id)] = op
         return op
 
-    def _tpu_async(self, plane: Plane, index: int, line: Any) -> None:
+    def _tpu_async(self, plane: Plane, index: int, line: EventBatch) -> None:
         """``Async XLA Ops`` windows of collectives become async spans in ``collectives`` (copies are left out)."""
         decoded = self._tpu_events(plane, line)
         if decoded is None:
             return
         ops, which, ts, dur = decoded
-        self._tpu_collectives(index, int(line.id), ops, which, ts, dur, self.steps.steps_of(index, ts), 0,
+        self._tpu_collectives(index, int(line.header.id), ops, which, ts, dur, self.steps.steps_of(index, ts), 0,
                               is_async=True)
 
     def _tpu_collectives(
@@ -470,7 +473,7 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
         parser.host_position = _host_position(source)
         parser.survey()
         parser.read_device_steps()
-        with TableWriter(staging, "device_ops", trace_id=options.trace_id) as device_ops:
+        with BackgroundWriter(TableWriter(staging, "device_ops", trace_id=options.trace_id)) as device_ops:
             parser.read_hosts(device_ops)
             parser.read_devices(device_ops)
         if not device_ops.rows and not parser.device_planes:

@@ -1,29 +1,35 @@
 """Reading an XSpace (``.xplane.pb``) piece by piece.
 
 The file is memory-mapped and split with :mod:`.protowire`: planes, then each
-plane's header (everything but its lines) and the byte ranges of its lines. Lines
-are decoded one at a time by protobuf's C decoder, and a line larger than
-:data:`LINE_CHUNK_BYTES` in slices of events, so memory follows the largest
-slice, not the file.
+plane's header (everything but its lines) and the byte ranges of its lines.
+Lines are read in windows of at most :data:`LINE_CHUNK_BYTES` (see
+:meth:`Space.batches`): the events of a window are located and decoded as arrays
+by :mod:`.xspace_events`, or, for the lines that need every stat of every event,
+by protobuf's C decoder (:meth:`Space.lines`). Memory follows the window, not
+the file: windows are read with ``pread``, so the file's pages do not pile up in
+the process's memory either.
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from tracelake.warehouse.errors import TraceFormatError
 
-from . import protowire
+from . import protowire, xspace_events
 from .xplane_proto import HloProto, XLine, XPlaneHeader, XSpace
+from .xspace_events import EventFields
 
-#: Lines bigger than this are decoded in slices of about this many bytes of events.
+#: Lines are read in windows of at most this many bytes (more only for a single bigger event).
 LINE_CHUNK_BYTES = 4 << 20
 
 _SPACE_PLANES, _SPACE_HOSTNAMES = 1, 4
@@ -74,6 +80,60 @@ class Plane:
             }
             self._metadata_stats[metadata_id] = found
         return found
+
+
+_NO_BYTES = np.zeros(8, dtype=np.uint8)
+_NO_EVENTS = np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class EventBatch:
+    """A run of one line's events: located in a window of the file, decoded on demand.
+
+    ``header`` is the line's ``XLine`` without its events (see :meth:`Space.batches`
+    for which header fields it holds); ``data`` the window's bytes, from file offset
+    ``base``, and 8 bytes of padding; the events' bodies are ``data[starts[i]:ends[i]]``
+    and the events take ``data[:stop]``.
+    """
+
+    source: str
+    base: int
+    data: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    stop: int
+    header: Any = None
+    header_bytes: bytes = b""
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def fields(self) -> EventFields:
+        """The events' integers and stat ranges as arrays (see :func:`.xspace_events.event_fields`).
+
+        Raises:
+            TraceFormatError: a damaged event, with its byte offset in the file.
+        """
+        try:
+            return xspace_events.event_fields(self.data, self.starts, self.ends)
+        except protowire.WireError as exc:
+            raise TraceFormatError(self.source, f"line {self._name()!r}: damaged event ({exc})",
+                                   where=f"byte {self.base + exc.offset}") from None
+
+    def xline(self) -> Any:
+        """The run as a protobuf ``XLine`` (header and these events), for code that wants event objects.
+
+        Raises:
+            TraceFormatError: the events are not valid XEvent data.
+        """
+        try:
+            return XLine.FromString(self.header_bytes + self.data[: self.stop].tobytes())
+        except DecodeError as exc:
+            raise TraceFormatError(self.source, f"line {self._name()!r} is not valid XLine data ({exc})",
+                                   where=f"byte {self.base}") from None
+
+    def _name(self) -> str:
+        return str(self.header.name) if self.header is not None else "?"
 
 
 class Space:
@@ -147,7 +207,8 @@ class Space:
             if end - start <= LINE_CHUNK_BYTES:
                 yield self._decode_line(plane, bytes(self._map[start:end]), start)
             else:
-                yield from self._sliced_line(plane, start, end)
+                for batch in self._line_batches(plane, start, end):
+                    yield batch.xline()
 
     def _line_name(self, start: int, end: int) -> str | None:
         """A line's name, read without decoding its events (they come after it)."""
@@ -161,45 +222,82 @@ class Space:
             raise self._error(f"damaged line ({exc})", exc.offset) from None
         return None
 
-    def _sliced_line(self, plane: Plane, start: int, end: int) -> Iterator[Any]:
-        """A big line as ``XLine`` slices of about :data:`LINE_CHUNK_BYTES` of events, each with the line's header.
+    def batches(self, plane: Plane) -> Iterator[EventBatch]:
+        """The plane's lines in order as runs of located events (at least one run per line, maybe empty).
 
-        The walk only hops from event to event (tag, length) and keeps no per-event
-        state. Header fields written after the events (``duration_ps``,
-        ``display_name``...) reach the last slice only; the ones tracelake reads
-        (id, name, timestamp) come before the events in every writer we know.
+        A line within :data:`LINE_CHUNK_BYTES` comes whole, with every header field;
+        a larger one in runs of about that many bytes, each with the header fields
+        written before the next run, so header fields written after the events
+        (``duration_ps``, ``display_name``...) reach the last run only; the ones
+        tracelake reads (id, name, timestamp) come before the events in every writer
+        we know.
+
+        Raises:
+            TraceFormatError: a damaged line (with the byte offset).
         """
-        buf = self._map
+        for start, end in plane.line_ranges:
+            yield from self._line_batches(plane, start, end)
+
+    def _line_batches(self, plane: Plane, start: int, end: int) -> Iterator[EventBatch]:
+        """One line's runs (see :meth:`batches`): header fields walked one by one, events a window at a time."""
+        whole = end - start <= LINE_CHUNK_BYTES
         header = bytearray()
+        held: list[EventBatch] = []  # runs whose header is not complete yet
         pos = start
-        first_event = events_end = -1
-        try:
-            while pos < end:
-                tag_at = pos
-                if buf[pos] == _EVENT_TAG:
-                    size = buf[pos + 1] if pos + 1 < end else 0x80
-                    if size < 0x80:  # the usual one-byte length
-                        pos += 2 + size
-                    else:
-                        length, pos = protowire.varint(buf, pos + 1, end)
-                        pos += length
-                    if pos > end:
-                        raise protowire.WireError("an event runs past the end of its line (file cut short?)", tag_at)
-                    events_end = pos
-                    if first_event < 0:
-                        first_event = tag_at
-                    elif pos - first_event > LINE_CHUNK_BYTES:
-                        yield self._decode_line(plane, bytes(header) + bytes(buf[first_event:tag_at]), first_event)
-                        first_event = tag_at
+        while pos < end:
+            try:
+                if self._map[pos] == xspace_events.EVENT_TAG:
+                    batch = self._events_at(plane, pos, end)
+                    pos = batch.base + batch.stop
+                    if not whole and held:  # a big line: the run before goes out with the header so far
+                        yield from self._with_header(plane, held, bytes(header), start)
+                        held = []
+                    held.append(batch)
                     continue
-                for _, _, field_at, _, field_end in protowire.fields(buf, pos, end):
-                    header += buf[field_at:field_end]
+                for _, _, field_at, _, field_end in protowire.fields(self._map, pos, end):
+                    header += self._map[field_at:field_end]
                     pos = field_end
                     break
-        except protowire.WireError as exc:
-            raise self._error(f"plane {plane.name!r}: damaged line ({exc})", exc.offset) from None
-        if first_event >= 0:
-            yield self._decode_line(plane, bytes(header) + bytes(buf[first_event:events_end]), first_event)
+            except protowire.WireError as exc:
+                raise self._error(f"plane {plane.name!r}: damaged line ({exc})", exc.offset) from None
+        empty = EventBatch(self.source, start, _NO_BYTES, _NO_EVENTS, _NO_EVENTS, 0)
+        yield from self._with_header(plane, held or [empty], bytes(header), start)
+
+    def _with_header(self, plane: Plane, runs: list[EventBatch], header: bytes, start: int) -> Iterator[EventBatch]:
+        decoded = self._decode_line(plane, header, start)
+        for run in runs:
+            run.header_bytes, run.header = header, decoded
+            yield run
+
+    def _events_at(self, plane: Plane, pos: int, end: int) -> EventBatch:
+        """The run of events starting at ``pos`` that fits in a window of :data:`LINE_CHUNK_BYTES` (at least one).
+
+        Raises:
+            protowire.WireError: the first event's length is damaged or runs past ``end``.
+        """
+        window_end = min(pos + LINE_CHUNK_BYTES, end)
+        while True:
+            data = self._read_bytes(pos, window_end)
+            found = xspace_events.find_events(data, window_end - pos)
+            if len(found.starts):
+                return EventBatch(self.source, pos, data, found.starts, found.ends, found.stop)
+            # The first event does not end inside the window: read it alone, or say why it cannot be.
+            length, body = protowire.varint(self._map, pos + 1, end)
+            if window_end >= end or body + length > end:
+                raise protowire.WireError("an event runs past the end of its line (file cut short?)", pos)
+            window_end = body + length
+
+    def _read_bytes(self, start: int, end: int) -> np.ndarray:
+        """``[start, end)`` of the file and 8 zero bytes as a uint8 array, read with ``pread``.
+
+        Read rather than taken from the memory map, so that no mapped pages of the
+        file stay behind in the process's memory; the padding is for :mod:`.xspace_events`.
+        """
+        data = np.zeros(end - start + 8, dtype=np.uint8)
+        got = os.preadv(self._file.fileno(), [data.data[: end - start]], start)
+        if got != end - start:
+            raise self._error("the file changed while it was read (shorter than it was)", start + got)
+        return data
 
     def _decode_line(self, plane: Plane, data: bytes, offset: int) -> Any:
         try:
