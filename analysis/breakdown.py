@@ -168,41 +168,84 @@ _STATE_BUCKETS = {
 }
 
 
-def _order(key: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """The permutation sorting by (key, t): one argsort of a packed int64 when it fits, else lexsort."""
-    t_low, t_span = int(t.min()), int(t.max()) - int(t.min()) + 1
-    k_low, k_span = int(key.min()), int(key.max()) - int(key.min()) + 1
-    if t_span * k_span < 2**62:
-        return np.argsort((key - k_low) * t_span + (t - t_low))
-    return np.lexsort((t, key))
+#: ``_BUCKET_MASKS[b, s]``: whether state ``s`` counts towards bucket ``b`` (in ``_STATE_BUCKETS`` order).
+_BUCKET_MASKS = np.array([[bool(test(s)) for s in range(16)] for test in _STATE_BUCKETS.values()])
 
 
-def _state_sums(key: np.ndarray, start: np.ndarray, end: np.ndarray, code: np.ndarray) -> dict[int, dict[str, int]]:
-    """Per key: time spent in each state of the sweep, summed into the buckets."""
-    if not len(key):
-        return {}
-    t = np.concatenate([start, end])
-    order = _order(np.concatenate([key, key]), t)
-    t = t[order]
-    k = np.concatenate([key, key])[order]
-    c = np.concatenate([code, code]).astype(np.int8)[order]
-    delta = np.where(order < len(key), 1, -1).astype(np.int32)
-    del order
-    state = np.zeros(len(t), dtype=np.int8)
+def _stable_order(values: np.ndarray) -> np.ndarray:
+    """A stable argsort: timsort, linear on the nearly sorted columns traces hold (and on merging sorted runs)."""
+    return np.argsort(values, kind="stable")
+
+
+def _states(code: np.ndarray, is_start: np.ndarray) -> np.ndarray:
+    """The 4-bit state after each point of a sweep (points in order; a key's points sum to zero per category)."""
+    delta = np.where(is_start, np.int32(1), np.int32(-1))
+    state = np.zeros(len(code), dtype=np.int8)
     for bit, which in ((1, 0), (2, 1), (4, 2), (8, _ASYNC)):
-        state |= np.where(np.cumsum(np.where(c == which, delta, 0)) > 0, bit, 0).astype(np.int8)
+        mine = code == which
+        if mine.any():
+            active = np.cumsum(np.where(mine, delta, np.int32(0)), dtype=np.int32) > 0
+            state |= active.astype(np.int8) * np.int8(bit)
+    return state
+
+
+def _bucket_sums(per_state: np.ndarray) -> np.ndarray:
+    """(keys, 16) time per state -> (keys, buckets) integer sums (exact: integral values far below 2**53)."""
+    return np.rint(per_state @ _BUCKET_MASKS.T.astype(np.float64)).astype(np.int64)
+
+
+def _sweeps(start: np.ndarray, end: np.ndarray, code: np.ndarray,
+            step: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bucket sums of the whole window and of each step (``step`` < 0: in no step), from one time order.
+
+    The start and end points are each sorted with a stable (near-linear on traces) sort and merged;
+    the per-step sweep reuses that order, stably re-sorted by step only when steps interleave in time.
+    Returns (whole sums, step values, per-step sums).
+    """
+    n = len(start)
+    o_start, o_end = _stable_order(start), _stable_order(end)
+    t = np.concatenate([start[o_start], end[o_end]])
+    merged = _stable_order(t)
+    t = t[merged]
+    point = np.concatenate([o_start, o_end + n])[merged]
+    del merged, o_start, o_end
+    is_start = point < n
+    op = np.where(is_start, point, point - n)
+    del point
+    c = code[op]
+    state = _states(c, is_start)
     length = np.diff(t)
-    length[k[1:] != k[:-1]] = 0  # no segment runs from one window into the next
-    keys, index = np.unique(k[:-1], return_inverse=True)
-    per_state = np.bincount(index * 16 + state[:-1].astype(np.int64), weights=length,
-                            minlength=len(keys) * 16).reshape(-1, 16)
-    states = np.arange(16)
-    out: dict[int, dict[str, int]] = {}
-    for row, key_value in enumerate(keys.tolist()):
-        out[key_value] = {
-            bucket: int(round(per_state[row][test(states)].sum())) for bucket, test in _STATE_BUCKETS.items()
-        }
-    return out
+    whole = _bucket_sums(np.bincount(state[:-1].astype(np.intp), weights=length, minlength=16)[None, :16])[0]
+    k = step[op]
+    del op, length
+    in_step = k >= 0
+    if not in_step.any():
+        return whole, np.zeros(0, dtype=np.int64), np.zeros((0, len(_STATE_BUCKETS)), dtype=np.int64)
+    every = bool(in_step.all())
+    if not every:
+        t, k, c, is_start = t[in_step], k[in_step], c[in_step], is_start[in_step]
+    del in_step
+    low, high = int(k.min()), int(k.max())
+    if high - low < 2**15:  # dense step index: a radix sort when needed, bincount for the values
+        dense = (k - low).astype(np.int16)
+        values = np.flatnonzero(np.bincount(dense, minlength=high - low + 1)) + low
+        dense = np.searchsorted(values - low, dense).astype(np.int64) if len(values) <= high - low else \
+            dense.astype(np.int64)
+    else:
+        values, dense = np.unique(k, return_inverse=True)
+    if len(dense) > 1 and bool((dense[1:] < dense[:-1]).any()):  # steps interleave in time
+        order = _stable_order(dense.astype(np.int16) if len(values) < 2**15 else dense)  # int16: radix sort
+        t, dense, c, is_start = t[order], dense[order], c[order], is_start[order]
+        del order
+        state = _states(c, is_start)
+    elif not every:
+        state = _states(c, is_start)
+    # else: the same points in the same order as the whole sweep, hence the same states
+    length = np.diff(t)
+    length[dense[1:] != dense[:-1]] = 0  # no segment runs from one step into the next
+    per_state = np.bincount(dense[:-1] * 16 + state[:-1], weights=length,
+                            minlength=len(values) * 16).reshape(-1, 16)
+    return whole, values.astype(np.int64), _bucket_sums(per_state)
 
 
 def breakdown_frame(
@@ -216,8 +259,8 @@ def breakdown_frame(
         ops = ops.with_columns(pl.lit(None, dtype=pl.Float64).alias("flops"))
     windows = async_windows.filter(pl.col("dur_ns") >= 0) if async_windows is not None else None
     rows: list[dict[str, object]] = []
-    keys = ops.select("trace_id", "rank").unique(maintain_order=True)
-    groups = [((keys["trace_id"][0], keys["rank"][0]), ops)] if keys.height == 1 else \
+    one = ops.height and ops["trace_id"].n_unique() == 1 and ops["rank"].n_unique() == 1
+    groups = [((ops["trace_id"][0], ops["rank"][0]), ops)] if one else \
         ops.group_by(["trace_id", "rank"], maintain_order=True)
     for (trace_id, rank), group in groups:
         mine = windows.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank)) \
@@ -236,7 +279,11 @@ def _rank_rows(
 ) -> list[dict[str, object]]:
     start = ops["ts_ns"].to_numpy().astype(np.int64)
     end = start + ops["dur_ns"].to_numpy().astype(np.int64)
-    code = ops["category"].cast(pl.String).replace_strict(_CODES, default=_OTHER, return_dtype=pl.Int8).to_numpy()
+    category = pl.col("category")
+    code = ops.select(pl.when(category == "compute").then(_CODES["compute"])
+                      .when(category == "communication").then(_CODES["communication"])
+                      .when(category == "memory").then(_CODES["memory"]).otherwise(_OTHER)
+                      .cast(pl.Int8))[:, 0].to_numpy()
     steps = ops["step"].fill_null(-1).to_numpy().astype(np.int64)
     if windows is not None and windows.height:
         w_start = windows["ts_ns"].to_numpy().astype(np.int64)
@@ -244,9 +291,10 @@ def _rank_rows(
         end = np.concatenate([end, w_start + windows["dur_ns"].to_numpy().astype(np.int64)])
         code = np.concatenate([code, np.full(windows.height, _ASYNC)])
         steps = np.concatenate([steps, windows["step"].fill_null(-1).to_numpy().astype(np.int64)])
-    whole = _state_sums(np.zeros(len(start), dtype=np.int64), start, end, code)
-    in_step = steps >= 0
-    per_step = _state_sums(steps[in_step], start[in_step], end[in_step], code[in_step])
+    whole_sums, step_values, step_sums = _sweeps(start, end, code, steps)
+    names = list(_STATE_BUCKETS)
+    whole = {0: dict(zip(names, whole_sums.tolist()))} if len(start) else {}
+    per_step = {value: dict(zip(names, row)) for value, row in zip(step_values.tolist(), step_sums.tolist())}
     spans = ops.group_by(pl.col("step")).agg(
         pl.col("ts_ns").min().alias("first"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("last"),
         pl.col("flops").sum().alias("flops"), pl.col("flops").is_not_null().any().alias("has_flops"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import duckdb
+import numpy as np
 import polars as pl
 
 #: Gaps up to this long, with the launch already issued, are launch-to-launch gaps.
@@ -83,10 +84,77 @@ def idle_frame(ops: pl.DataFrame, launches: pl.DataFrame | None = None,
     keys = ["trace_id", "rank", "stream"]
     work = ops.filter(pl.col("category") != "sync").select(
         *keys, "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"), "correlation")
-    if launches is not None and launches.height:
-        work = work.join(launches, on=["trace_id", "correlation"], how="left")
+    if launches is not None and launches.height and work["correlation"].null_count() < work.height:
+        work = work.join(launches, on=["trace_id", "correlation"], how="left", maintain_order="left")
     else:
         work = work.with_columns(pl.lit(None, dtype=pl.Int64).alias("launch_ns"))
+    if (work.height and work["trace_id"].n_unique() == 1 and work["rank"].n_unique() == 1
+            and not sum(work[c].null_count() for c in ("stream", "ts_ns", "end_ns"))):
+        return _one_rank(work, kernel_wait_ns)
+    return _idle_polars(work, kernel_wait_ns)
+
+
+def _one_rank(work: pl.DataFrame, kernel_wait_ns: int) -> pl.DataFrame:
+    """:func:`idle_frame` for one (trace, rank) with no missing times or streams, in numpy.
+
+    Sorts by (stream, ts, end) with stable sorts (near-linear on a trace's nearly sorted columns),
+    takes each stream's running maximum of the ends in one pass, and sums per stream by segment.
+    """
+    stream = work["stream"].to_numpy().astype(np.int64)
+    ts = work["ts_ns"].to_numpy().astype(np.int64)
+    end = work["end_ns"].to_numpy().astype(np.int64)
+    order = np.argsort(end, kind="stable")
+    order = order[np.argsort(ts[order], kind="stable")]
+    streams = np.sort(pl.Series(stream).unique().to_numpy().astype(np.int64))
+    if len(streams) > 1:
+        dense = np.searchsorted(streams, stream)
+        order = order[np.argsort(dense[order], kind="stable")]
+        dense = dense[order]
+    else:
+        dense = np.zeros(len(order), dtype=np.int64)
+    stream, ts, end = stream[order], ts[order], end[order]
+    launch_col = work["launch_ns"]
+    has_launch = launch_col.is_not_null().to_numpy()[order]
+    launch = launch_col.fill_null(0).to_numpy().astype(np.int64)[order]
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = dense[1:] != dense[:-1]
+    starts = np.flatnonzero(first)
+    low, span = int(end.min()), int(end.max()) - int(end.min()) + 1
+    if len(streams) * span < 2**62:  # offset each stream above the previous ones: one running maximum
+        offset = dense * span - low
+        running = np.maximum.accumulate(end + offset) - offset
+    else:
+        running = np.empty_like(end)
+        bounds = [*starts.tolist(), len(end)]
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            running[a:b] = np.maximum.accumulate(end[a:b])
+    prev_end = np.empty_like(end)
+    prev_end[1:] = running[:-1]
+    prev_end[first] = 0
+    gap = ts - prev_end
+    is_gap = ~first & (ts > prev_end)
+    host = has_launch & (launch > prev_end)
+    kernel = ~host & (gap <= kernel_wait_ns)
+
+    def per_stream(values: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(values.astype(np.int64), starts)
+
+    gap = np.where(is_gap, gap, 0)
+    out = work.select("trace_id", "rank", "stream")[order[starts].tolist()]
+    return out.with_columns(
+        pl.Series("ops", np.diff(np.append(starts, len(order))), dtype=pl.Int64),
+        pl.Series("op_ns", per_stream(end - ts), dtype=pl.Int64),
+        pl.Series("gaps", per_stream(is_gap), dtype=pl.Int64),
+        pl.Series("idle_ns", per_stream(gap), dtype=pl.Int64),
+        pl.Series("host_wait_ns", per_stream(np.where(host, gap, 0)), dtype=pl.Int64),
+        pl.Series("kernel_wait_ns", per_stream(np.where(kernel, gap, 0)), dtype=pl.Int64),
+        pl.Series("other_ns", per_stream(np.where(~host & ~kernel, gap, 0)), dtype=pl.Int64),
+    ).select(COLUMNS)
+
+
+def _idle_polars(work: pl.DataFrame, kernel_wait_ns: int) -> pl.DataFrame:
+    """:func:`idle_frame` in polars, for any keys and missing values."""
+    keys = ["trace_id", "rank", "stream"]
     work = work.sort([*keys, "ts_ns", "end_ns"]).with_columns(
         pl.col("end_ns").cum_max().shift(1).over(keys).alias("prev_end"))
     gap = pl.col("ts_ns") - pl.col("prev_end")

@@ -215,3 +215,39 @@ def test_vectorised_breakdown_equals_the_sql(sample_warehouse) -> None:  # type:
         expected = duck.sql(breakdown_sql("o", "w")).pl()
         got = breakdown_frame(frame, windows)
         assert got.drop("flops_utilisation_pct").equals(expected.drop("flops_utilisation_pct")), trial
+
+
+def test_vectorised_breakdown_equals_the_sql_for_any_steps() -> None:
+    """The vectorised sweep's shortcuts (steps in time order, all ops in steps, sparse or huge step numbers,
+    steps interleaved in time, several traces and ranks) give the SQL's rows."""
+    import random
+
+    from tracelake.analysis.breakdown import breakdown_frame, breakdown_sql
+
+    rng = random.Random(11)
+    for trial in range(40):
+        n = rng.randint(1, 60)
+        step_choices = rng.choice([[1, 2, 3], [5, 40_000, 10**9], [0, 7], [None, 3, 10**12]])
+        ordered = trial % 2 == 0  # steps follow time (the common case) or are drawn at random
+        starts = sorted(rng.randint(0, 300) for _ in range(n)) if ordered else [rng.randint(0, 300) for _ in range(n)]
+        steps = [step_choices[min(len(step_choices) - 1, s * len(step_choices) // 301)] for s in starts] \
+            if ordered else [rng.choice(step_choices) for _ in range(n)]
+        frame = pl.DataFrame({
+            "trace_id": [rng.choice(["t", "u"]) if trial % 3 == 0 else "t" for _ in range(n)],
+            "rank": [rng.randint(0, 1) if trial % 4 == 0 else 0 for _ in range(n)],
+            "step": steps,
+            "category": [rng.choice(["compute", "communication", "memory", "sync", "other"]) for _ in range(n)],
+            "ts_ns": starts, "dur_ns": [rng.choice([0, rng.randint(1, 60), -1]) for _ in range(n)],
+            "flops": [rng.choice([None, 4.0]) for _ in range(n)],
+        }, schema={"trace_id": pl.String, "rank": pl.Int32, "step": pl.Int64, "category": pl.String,
+                   "ts_ns": pl.Int64, "dur_ns": pl.Int64, "flops": pl.Float64})
+        windows = pl.DataFrame({"trace_id": ["t", "t"], "rank": [0, 0], "step": [step_choices[0], step_choices[-1]],
+                                "ts_ns": [rng.randint(0, 300) for _ in range(2)], "dur_ns": [25, 70]},
+                               schema={"trace_id": pl.String, "rank": pl.Int32, "step": pl.Int64,
+                                       "ts_ns": pl.Int64, "dur_ns": pl.Int64})
+        duck = duckdb.connect()
+        duck.register("o", frame.to_arrow())
+        duck.register("w", windows.to_arrow())
+        expected = duck.sql(breakdown_sql("o", "w")).pl()
+        got = breakdown_frame(frame, windows)
+        assert got.drop("flops_utilisation_pct").equals(expected.drop("flops_utilisation_pct")), trial

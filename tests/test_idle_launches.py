@@ -129,3 +129,35 @@ def test_stored_idle_equals_the_sql_on_random_streams() -> None:
         launches = host.group_by("trace_id", "correlation").agg(pl.col("ts_ns").min().alias("launch_ns"))
         got = idle_frame(device, launches)
         assert got.rows() == expected.rows(), trial
+
+
+def test_stored_idle_equals_the_sql_on_many_streams_ranks_and_ties() -> None:
+    """idle_frame's numpy path (one trace and rank) and its polars path (several) agree with the SQL."""
+    import random
+
+    from tracelake.analysis.idle import idle_frame, idle_sql
+
+    rng = random.Random(5)
+    for trial in range(30):
+        n = rng.randint(1, 50)
+        many = trial % 3 == 0
+        device = pl.DataFrame({
+            "trace_id": [rng.choice(["t", "u"]) if many else "t" for _ in range(n)],
+            "rank": [rng.randint(0, 2) if many else 1 for _ in range(n)],
+            "stream": [rng.choice([3, 7, 2**40, -1]) for _ in range(n)],
+            "category": [rng.choice(["compute", "memory", "sync"]) for _ in range(n)],
+            "ts_ns": [rng.randint(0, 40) * 1000 for _ in range(n)],
+            "dur_ns": [rng.choice([0, 1000, rng.randint(1, 90) * 1000]) for _ in range(n)],
+            "correlation": [rng.choice([None, *range(6)]) for _ in range(n)],
+        }, schema={"trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "category": pl.String,
+                   "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64})
+        host = pl.DataFrame({"trace_id": ["t"] * 6, "correlation": list(range(6)),
+                             "ts_ns": [rng.randint(0, 40) * 1000 for _ in range(6)]},
+                            schema={"trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64})
+        con = duckdb.connect()
+        con.register("d", device.to_arrow())
+        con.register("h", host.to_arrow())
+        expected = con.sql(idle_sql("d", "h")).pl()
+        launches = host.group_by("trace_id", "correlation").agg(pl.col("ts_ns").min().alias("launch_ns"))
+        got = idle_frame(device, launches)
+        assert got.rows() == expected.rows(), trial

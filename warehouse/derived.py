@@ -7,6 +7,7 @@ shell, the API and fleet reports read them without recomputing.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
@@ -79,18 +80,33 @@ def _kernel_stats(ops: pl.DataFrame) -> pl.DataFrame:
     def rounded(value: pl.Expr) -> pl.Expr:  # half away from zero, as DuckDB's round() (durations are >= 0)
         return (value + 0.5).floor()
 
-    return ops.filter(pl.col("category") != "sync").group_by("trace_id", "rank", "name").agg(
+    return ops.lazy().filter(pl.col("category") != "sync").group_by("trace_id", "rank", "name").agg(
         pl.col("category").first(), pl.len().alias("count"), dur.sum().alias("total_ns"),
         rounded(dur.sum() / pl.len()).alias("mean_ns"),
         rounded(dur.quantile(0.5, interpolation="linear")).alias("p50_ns"),
         rounded(dur.quantile(0.95, interpolation="linear")).alias("p95_ns"),
         dur.max().alias("max_ns"),
-    )
+    ).collect()
+
+
+#: The device_ops columns the per-rank analyses read.
+_RANK_COLUMNS = ("trace_id", "rank", "stream", "step", "category", "name", "ts_ns", "dur_ns", "correlation", "flops")
+
+
+def _rank_frames(path: Path) -> Iterator[tuple[int, pl.DataFrame]]:
+    """Each rank's device ops (only the columns the analyses need), read once, in ascending rank order.
+
+    The rank filter goes into the scan, so only row groups whose statistics allow that rank are decoded
+    (the parsers write ranks in runs); repeated strings are read as categoricals.
+    """
+    ops = pl.scan_parquet(path)
+    for rank in sorted(ops.select(pl.col("rank").unique()).collect()["rank"].drop_nulls().to_list()):
+        yield rank, ops.filter(pl.col("rank") == rank).select(_RANK_COLUMNS).with_columns(
+            pl.col("trace_id", "category", "name").cast(pl.Categorical)).collect()
 
 
 def _write_per_rank(parsed: Path, out_dir: Path) -> None:
     """``breakdown``, ``kernel_stats`` and ``stream_idle``, one rank at a time (memory follows the largest rank)."""
-    ops = pl.scan_parquet(parsed / "device_ops.parquet")
     windows = pl.read_parquet(parsed / "collectives.parquet", columns=["trace_id", "rank", "step", "ts_ns",
                                                                       "dur_ns", "is_async"])
     windows = windows.filter(pl.col("is_async").fill_null(False)).drop("is_async")
@@ -99,23 +115,22 @@ def _write_per_rank(parsed: Path, out_dir: Path) -> None:
     launches = pl.scan_parquet(parsed / "host_ops.parquet").filter(pl.col("correlation").is_not_null()).group_by(
         "trace_id", "correlation").agg(pl.col("ts_ns").min().alias("launch_ns")).collect()
     parts: dict[str, list[pl.DataFrame]] = {"breakdown": [], "kernel_stats": [], "stream_idle": []}
-    # Repeated strings are read as categoricals: a rank of an XLA trace can hold millions of ops.
-    lean = ops.with_columns(pl.col("trace_id", "category", "name").cast(pl.Categorical))
     launches = launches.with_columns(pl.col("trace_id").cast(pl.Categorical))
-    for rank in sorted(ops.select(pl.col("rank").unique()).collect()["rank"].drop_nulls().to_list()):
-        mine = lean.filter(pl.col("rank") == rank).select("trace_id", "rank", "category", "name", "dur_ns").collect()
-        parts["kernel_stats"].append(_kernel_stats(mine))
-        mine = lean.filter(pl.col("rank") == rank).select(
-            "trace_id", "rank", "stream", "category", "ts_ns", "dur_ns", "correlation").collect()
-        parts["stream_idle"].append(idle_frame(mine, launches))
-        mine = lean.filter(pl.col("rank") == rank).select(
-            "trace_id", "rank", "step", "category", "ts_ns", "dur_ns", "flops").collect()
-        parts["breakdown"].append(breakdown_frame(mine, windows.filter(pl.col("rank") == rank), peaks))
+    for rank, mine in _rank_frames(parsed / "device_ops.parquet"):
+        parts["kernel_stats"].append(_kernel_stats(mine.select("trace_id", "rank", "category", "name", "dur_ns")))
+        parts["stream_idle"].append(idle_frame(
+            mine.select("trace_id", "rank", "stream", "category", "ts_ns", "dur_ns", "correlation"), launches))
+        parts["breakdown"].append(breakdown_frame(
+            mine.select("trace_id", "rank", "step", "category", "ts_ns", "dur_ns", "flops"),
+            windows.filter(pl.col("rank") == rank), peaks))
         del mine
     for name, frames in parts.items():
         tbl = schema.table(name)
-        arrow = pl.concat(frames).select(tbl.column_names).with_columns(pl.selectors.categorical().cast(pl.String)) \
-            .to_arrow().cast(tbl.arrow_schema) if frames else tbl.arrow_schema.empty_table()
+        frame = pl.concat(frames).select(tbl.column_names).with_columns(pl.selectors.categorical().cast(pl.String)) \
+            if frames else None
+        if frame is not None and name == "kernel_stats":
+            frame = frame.sort("trace_id", "rank", "name")  # group_by's order is arbitrary
+        arrow = frame.to_arrow().cast(tbl.arrow_schema) if frame is not None else tbl.arrow_schema.empty_table()
         pq.write_table(arrow, out_dir / f"{name}.parquet", compression="zstd")
 
 
