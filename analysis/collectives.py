@@ -12,6 +12,8 @@ The functions take rows of the ``collectives`` table (at least ``process_group``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import polars as pl
 
 #: Bus bandwidth factor by collective name (lower case): ``a * (n - 1) / n + b`` as ``(a, b)``.
@@ -44,12 +46,16 @@ def _timed(collectives: pl.DataFrame) -> pl.DataFrame:
     return collectives.filter(pl.col("seq").is_not_null() & pl.col("ts_ns").is_not_null())
 
 
-def instances(collectives: pl.DataFrame) -> pl.DataFrame:
-    """One row per collective instance seen on more than one rank, in time order."""
+def instances(collectives: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
+    """One row per collective instance seen on more than one rank, in time order.
+
+    ``by`` names columns that separate instances further (``("job",)`` over a fleet's
+    rows: each job has its own process groups); they lead the output columns.
+    """
     ts = pl.col("ts_ns")
     inst = (
         _timed(collectives)
-        .group_by(_INSTANCE)
+        .group_by(*by, *_INSTANCE)
         .agg(
             pl.col("collective").first(),
             pl.col("rank").n_unique().cast(pl.Int64).alias("ranks"),
@@ -68,37 +74,66 @@ def instances(collectives: pl.DataFrame) -> pl.DataFrame:
         .with_columns(
             (pl.col("algbw_gbs") * busbw_factor(pl.col("collective"), pl.col("ranks"))).alias("busbw_gbs")
         )
-        .sort("first_ns", "process_group", "seq")
-        .select(COLUMNS)
+        .sort("first_ns", *by, "process_group", "seq")
+        .select(*by, *COLUMNS)
     )
 
 
-def last_arrivals(collectives: pl.DataFrame) -> pl.DataFrame:
+def last_arrivals(collectives: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
     """How often each rank is the last to start a collective (by process group and seq).
 
     The last rank to arrive makes every other rank wait inside the collective.
     Columns: ``rank``, ``times_last``, ``collectives`` (instances seen on more than
     one rank), ``mean_skew_us`` (mean of last - first arrival over the instances
-    the rank was last at).
+    the rank was last at). With ``by`` (e.g. ``("job",)``), instances and counts are
+    per value of those columns, which lead the output columns.
     """
     ts = pl.col("ts_ns")
-    c = _timed(collectives).select("rank", *_INSTANCE, "ts_ns").with_columns(
-        ts.max().over(_INSTANCE).alias("last_ns"),
-        ts.min().over(_INSTANCE).alias("first_ns"),
-        pl.len().over(_INSTANCE).alias("rows"),
+    key = (*by, *_INSTANCE)
+    c = _timed(collectives).select(*by, "rank", *_INSTANCE, "ts_ns").with_columns(
+        ts.max().over(key).alias("last_ns"),
+        ts.min().over(key).alias("first_ns"),
+        pl.len().over(key).alias("rows"),
     ).filter(pl.col("rows") > 1)
-    total = c.select(pl.struct(_INSTANCE).n_unique()).item() if c.height else 0
-    return (
+    if by:
+        totals = c.group_by(*by).agg(pl.struct(_INSTANCE).n_unique().cast(pl.Int64).alias("collectives"))
+    else:
+        total = c.select(pl.struct(_INSTANCE).n_unique()).item() if c.height else 0
+    late = (
         # An instance where every rank arrived at once has no last rank.
         c.filter((ts == pl.col("last_ns")) & (pl.col("last_ns") > pl.col("first_ns")))
-        .group_by("rank")
+        .group_by(*by, "rank")
         .agg(
             pl.len().cast(pl.Int64).alias("times_last"),
             ((pl.col("last_ns") - pl.col("first_ns")).mean() / 1e3).round(1).alias("mean_skew_us"),
         )
-        .with_columns(pl.lit(total, dtype=pl.Int64).alias("collectives"))
-        .sort(["times_last", "rank"], descending=[True, False])
-        .select("rank", "times_last", "collectives", "mean_skew_us")
+    )
+    late = late.join(totals, on=list(by), how="left") if by else late.with_columns(
+        pl.lit(total, dtype=pl.Int64).alias("collectives"))
+    return (
+        late.sort([*by, "times_last", "rank"], descending=[False] * len(by) + [True, False])
+        .select(*by, "rank", "times_last", "collectives", "mean_skew_us")
+    )
+
+
+def lateness(collectives: pl.DataFrame) -> pl.DataFrame:
+    """How late each rank starts each collective instance seen on more than one rank.
+
+    Columns: ``process_group``, ``seq``, ``collective``, ``first_ns`` (first arrival),
+    ``rank``, ``lateness_ns`` (its start - the first arrival; 0 for the first rank);
+    instances in time order, ranks in order. The input of a rank x collective heat map.
+    """
+    ts = pl.col("ts_ns")
+    rows = _timed(collectives).select(*_INSTANCE, "collective", "rank", "ts_ns").with_columns(
+        ts.min().over(_INSTANCE).alias("first_ns"),
+        pl.col("rank").n_unique().over(_INSTANCE).alias("ranks"),
+    ).filter(pl.col("ranks") > 1)
+    return (
+        rows.group_by(*_INSTANCE, "rank")
+        .agg(pl.col("collective").first(), pl.col("first_ns").first(), (ts.min() - pl.col("first_ns").first())
+             .alias("lateness_ns"))
+        .sort("first_ns", "process_group", "seq", "rank")
+        .select(*_INSTANCE, "collective", "first_ns", "rank", "lateness_ns")
     )
 
 

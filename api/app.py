@@ -26,14 +26,14 @@ from .ingest_queue import IngestQueue
 from .job_cache import JobAnalyses
 from .metrics import Metrics
 from .responses import FastJSONResponse
-from .routes import health, jobs, sql, traces
+from .routes import health, jobs, reports, sql, traces
 
 log = logging.getLogger(__name__)
 
 DESCRIPTION = """\
 Upload ML profiler traces (PyTorch profiler / Kineto JSON, XLA `.xplane.pb`, NCCL
 logs, nccl-tests output, Flight Recorder dumps), follow their ingestion, read each
-job's analyses and query the warehouse with SQL.
+job's analyses and reports (HTML), the fleet report, and query the warehouse with SQL.
 
 Send `Authorization: Bearer <token>` when the server has tokens configured
 (scopes: `read`, `write`, `admin`).
@@ -77,7 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.tracelake = state
     app.add_exception_handler(TracelakeError, _tracelake_error)  # type: ignore[arg-type]
     app.add_middleware(_RequestMetrics, metrics=metrics)
-    for module in (traces, jobs, sql, health):
+    for module in (traces, jobs, reports, sql, health):
         app.include_router(module.router)
     return app
 

@@ -6,6 +6,7 @@ in one place (:func:`_errors`); no traceback reaches the user for bad input.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import shutil
@@ -16,6 +17,7 @@ from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
+from urllib.parse import quote
 
 import polars as pl
 import typer
@@ -468,6 +470,82 @@ def serve(
     err_console.print(f"tracelake {escape(str(settings.home_path))} on http://{escape(host)}:{port} "
                       f"(API docs: http://{escape(host)}:{port}/docs)", highlight=False)
     uvicorn.run(application, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
+
+
+report_app = typer.Typer(
+    name="report",
+    help="Write reports as self-contained HTML pages (plotly.js inline: they open offline, nothing is fetched).",
+    no_args_is_help=True,
+)
+app.add_typer(report_app)
+
+
+@report_app.command("job")
+@_errors
+def report_job(
+    job: Annotated[str, typer.Argument(help="The job (see `tracelake traces`).", show_default=False)],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="HTML file to write (default: <job>.html).",
+                                             show_default=False)] = None,
+    top: Annotated[int, typer.Option("--top", "-n", min=1, max=100, help="Kernels to list.")] = 15,
+    home: HomeOption = None,
+) -> None:
+    """Write a job's report: findings, per-rank breakdown, steps, idle time, stragglers, kernels, bandwidth."""
+    from .reports import job_report
+
+    target = out or Path(f"{job}.html")
+    _write_report(target, job_report(_warehouse(home).job_report(job, top=top)))
+    err_console.print(f"wrote {escape(str(target))} ({target.stat().st_size / 1e6:.1f} MB)", highlight=False)
+
+
+@report_app.command("fleet")
+@_errors
+def report_fleet(
+    since: Annotated[str | None, typer.Option(
+        "--since", help="Traces ingested since: 30m, 12h, 7d, 2w back from now, or an ISO date (default: all).",
+        show_default=False)] = None,
+    until: Annotated[str | None, typer.Option(
+        "--until", help="Traces ingested before: the same forms (default: now).", show_default=False)] = None,
+    label: Annotated[list[str] | None, typer.Option("--label", "-l", help="Only traces with this key=value label; "
+                                                    "repeatable.", show_default=False)] = None,
+    top: Annotated[int, typer.Option("--top", "-n", min=1, max=100, help="Offenders, stragglers and collectives "
+                                     "to list.")] = 10,
+    out: Annotated[Path, typer.Option("--out", "-o", help="HTML file to write.")] = Path("fleet.html"),
+    job_reports: Annotated[bool, typer.Option(
+        "--job-reports/--no-job-reports",
+        help="Also write the top offenders' job reports into <out>_jobs/ and link them.")] = True,
+    home: HomeOption = None,
+) -> None:
+    """Write the fleet report: device-hours and utilisation over time, waste by job and label, top offenders."""
+    from tracelake.warehouse.fleet_report import parse_when
+
+    from .reports import fleet_report, job_report
+
+    now = dt.datetime.now(dt.timezone.utc)
+    warehouse = _warehouse(home)
+    fleet = warehouse.fleet(since=parse_when(since, now) if since else None,
+                            until=parse_when(until, now) if until else None,
+                            labels=parse_labels(label), top=top, now=now)
+    folder = out.with_name(f"{out.stem}_jobs")
+    written: set[str] = set()
+    if job_reports:
+        for job in fleet.offenders["job"].to_list():
+            _write_report(folder / f"{job}.html", job_report(warehouse.job_report(job)))
+            written.add(job)
+    _write_report(out, fleet_report(fleet, lambda job: f"{folder.name}/{quote(job)}.html" if job in written else None))
+    extra = f" and {len(written)} job report{'s' if len(written) != 1 else ''} in {folder}/" if written else ""
+    err_console.print(f"wrote {escape(str(out))} ({out.stat().st_size / 1e6:.1f} MB){escape(extra)}",
+                      highlight=False, soft_wrap=True)
+
+
+def _write_report(target: Path, html: str) -> None:
+    """Write a page atomically (a reader never sees half a report)."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f".{target.name}.partial")
+        partial.write_text(html, encoding="utf-8")
+        partial.replace(target)
+    except OSError as exc:
+        raise InvalidArgument(f"cannot write {target}: {exc.strerror or exc}") from None
 
 
 @app.command()

@@ -242,7 +242,7 @@ _SETUP = (
     "CREATE MACRO dur_ns(x) AS greatest(CAST(x * 1000 AS BIGINT), 0)",
     "CREATE MACRO num_id(s) AS coalesce(TRY_CAST(s AS BIGINT), TRY_CAST(regexp_extract(s, '\\d+') AS BIGINT))",
     "CREATE TABLE step_marks (step BIGINT, ts_ns BIGINT, dur_ns BIGINT)",
-    f"CREATE TABLE coll_args (event_id BIGINT, coll_name VARCHAR, dtype VARCHAR, process_group VARCHAR, "
+    "CREATE TABLE coll_args (event_id BIGINT, coll_name VARCHAR, dtype VARCHAR, process_group VARCHAR, "
     "pg_desc VARCHAR, pg_ranks VARCHAR, in_nelems BIGINT, out_nelems BIGINT, group_size BIGINT, coll_seq BIGINT, "
     "src_rank BIGINT, dst_rank BIGINT)",
     "CREATE TABLE counter_rows (name VARCHAR, device INTEGER, ts_ns BIGINT, value DOUBLE)",

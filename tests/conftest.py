@@ -76,3 +76,29 @@ def copy_sample(tmp_path: Path):  # type: ignore[no-untyped-def]
         return target
 
     return _copy
+
+
+#: The jobs of the fleet warehouse: (job, sample folder, labels). Inspector records carry no device time.
+FLEET_JOBS = (
+    ("ddp", ROOT / "sample_traces" / "kineto" / "ddp_straggler", {"team": "infra", "cluster": "a"}),
+    ("launch", ROOT / "sample_traces" / "kineto" / "launch_bound", {"team": "ml", "cluster": "b"}),
+    ("tpu", ROOT / "sample_traces" / "xla" / "tpu_allreduce", {"team": "ml", "hardware": "tpu"}),
+    ("inspector", ROOT / "sample_traces" / "nccl" / "inspector", {"team": "infra"}),
+)
+
+
+@pytest.fixture(scope="session")
+def fleet_warehouse_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A warehouse holding Kineto, XLA and NCCL jobs with team/cluster/hardware labels; read-only for tests."""
+    home = tmp_path_factory.mktemp("fleet") / "warehouse"
+    wh = Warehouse(home)
+    for job, folder, labels in FLEET_JOBS:
+        report = wh.ingest([folder], job=job, labels=labels)
+        assert report.ok, [r.error for r in report.failed]
+    return home
+
+
+@pytest.fixture
+def fleet_warehouse(fleet_warehouse_home: Path) -> Warehouse:
+    """The pre-filled fleet warehouse."""
+    return Warehouse(fleet_warehouse_home)

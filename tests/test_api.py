@@ -431,7 +431,8 @@ def test_openapi_documents_every_route(client: TestClient) -> None:
     schema = client.get("/openapi.json").json()
     paths = schema["paths"]
     for path in ("/api/v1/traces", "/api/v1/traces/{name}", "/api/v1/traces/{trace_id}", "/api/v1/jobs",
-                 "/api/v1/jobs/{job}", "/api/v1/sql", "/healthz", "/metrics"):
+                 "/api/v1/jobs/{job}", "/api/v1/jobs/{job}/report", "/api/v1/reports/fleet", "/api/v1/sql",
+                 "/healthz", "/metrics"):
         assert path in paths, path
     assert "multipart/form-data" in paths["/api/v1/traces"]["post"]["requestBody"]["content"]
     assert "HTTPBearer" in schema["components"]["securitySchemes"]

@@ -34,7 +34,8 @@ def api_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 OPERATIONS = [
     ("POST", "/api/v1/traces"), ("PUT", "/api/v1/traces/{name}"), ("GET", "/api/v1/traces"),
     ("GET", "/api/v1/traces/{trace_id}"), ("DELETE", "/api/v1/traces/{trace_id}"), ("GET", "/api/v1/jobs"),
-    ("GET", "/api/v1/jobs/{job}"), ("POST", "/api/v1/sql"), ("GET", "/healthz"), ("GET", "/metrics"),
+    ("GET", "/api/v1/jobs/{job}"), ("GET", "/api/v1/jobs/{job}/report"), ("GET", "/api/v1/reports/fleet"),
+    ("POST", "/api/v1/sql"), ("GET", "/healthz"), ("GET", "/metrics"),
 ]
 
 

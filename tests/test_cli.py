@@ -100,7 +100,7 @@ def test_demo_refuses_to_wipe_other_folders(tmp_path: Path) -> None:
 def test_every_command_has_help() -> None:
     code, out = _run("--help")
     assert code == 0
-    for command in ("ingest", "traces", "sql", "analyze", "diff", "demo", "version"):
+    for command in ("ingest", "traces", "sql", "analyze", "diff", "report", "demo", "version"):
         assert command in out
         code, sub = _run(command, "--help")
         assert code == 0 and len(sub.strip().splitlines()) > 3, command

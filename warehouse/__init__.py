@@ -13,14 +13,18 @@ from .errors import (
     UnknownFormatError,
     WarehouseError,
 )
+from .fleet_report import Fleet
+from .job_report import JobReport
 from .results import IngestReport, IngestResult, QueryResult
 from .settings import Settings
 
 __all__ = [
+    "Fleet",
     "Forbidden",
     "IngestReport",
     "IngestResult",
     "InvalidArgument",
+    "JobReport",
     "NotFound",
     "QueryError",
     "QueryResult",

@@ -29,11 +29,13 @@ from tracelake.analysis import kernels
 from tracelake.analysis import nccl as nccl_analysis
 from tracelake.ingest.model import ByteCallback, TraceInfo
 
-from . import analysis_report, catalog, schema
+from . import analysis_report, catalog, fleet_report, job_report, schema
 from .analysis_report import Analysis
 from .derived import INPUTS, write_derived
 from .errors import InvalidArgument, NotFound, QueryError, TraceFormatError, TracelakeError, WarehouseError
+from .fleet_report import Fleet
 from .inputs import expand_inputs, file_size
+from .job_report import JobReport
 from .readonly import readonly_query
 from .registry import Registry, job_summaries, select_traces
 from .results import IngestProgress, IngestReport, IngestResult, QueryResult
@@ -69,6 +71,7 @@ class Warehouse:
         self.home = self.settings.home_path
         self.store = Store(self.home)
         self.registry = Registry(self.store)
+        self._fleet_rows = fleet_report.FleetRows(self.store)
         try:
             self.store.initialise()
             if not catalog.catalog_is_current(self.store):
@@ -349,11 +352,44 @@ class Warehouse:
         else:  # many ops: DuckDB, which spills to disk past its memory limit
             with self._session(selection, tables=("device_ops",)) as con:
                 top_kernels = kernels.top_kernels(con, where=selection.where, params=selection.params, top=top)
+        return analysis_report.compute(whole, stored, top_kernels, self._link_peaks())
+
+    def _link_peaks(self) -> dict[str, float]:
         try:
-            peaks = nccl_analysis.link_peaks(self.settings.link_peaks)
+            return nccl_analysis.link_peaks(self.settings.link_peaks)
         except ValueError as exc:
             raise InvalidArgument(f"TRACELAKE_LINK_PEAKS: {exc}") from None
-        return analysis_report.compute(whole, stored, top_kernels, peaks)
+
+    def job_report(self, job: str, *, top: int = 15) -> JobReport:
+        """What a job report shows: :meth:`analyze` of ``job`` plus its steps and collective lateness per rank.
+
+        Raises:
+            NotFound: the job has no traces.
+        """
+        selection = self._selection(None, job)
+        return job_report.compute(job, self._traces_frame(job, None, None, None), self.analyze(job=job, top=top),
+                                  self._stored("breakdown", selection), self._stored("collectives", selection),
+                                  self._link_peaks())
+
+    def fleet(
+        self,
+        *,
+        since: dt.datetime | None = None,
+        until: dt.datetime | None = None,
+        labels: dict[str, str] | None = None,
+        top: int = 10,
+        now: dt.datetime | None = None,
+    ) -> Fleet:
+        """Device-hours, utilisation and waste of every job with all ``labels``, ingested in ``[since, until)``.
+
+        Per job, day, week, label and accelerator; the ``top`` jobs by wasted device-hours;
+        week over week (the 7 days up to ``until``, else ``now``, against the 7 before);
+        the worst stragglers and slowest collectives. Works on the per-trace analyses stored at
+        ingest, kept per job folder between calls (docs/analyses.md, "Fleet"). Naive datetimes
+        are taken as UTC.
+        """
+        return fleet_report.read(self.store, self.registry.frame(), since=since, until=until, labels=labels,
+                                 now=now, top=top, rows=self._fleet_rows)
 
     def _breakdown(self, selection: _Selection, *, steps: bool) -> pl.DataFrame:
         frame = self._stored("breakdown", selection)

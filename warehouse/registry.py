@@ -5,77 +5,44 @@ Parquet file of every table; a server answering such requests on a warehouse of
 thousands of traces must not. A trace's ``traces`` file is written once and only
 ever removed, and a job folder's modification time changes whenever a file is
 added to it or removed from it, so a refresh stats the job folders and reads
-again only the folders that changed (each in one polars scan).
+again only the folders that changed, in one polars scan (:mod:`.folder_cache`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import os
 import threading
-from pathlib import Path
 
 import polars as pl
 
 from . import schema
-from .store import SCHEMA_JOB, Store
+from .folder_cache import FolderCache
+from .store import Store
 
 
 class Registry:
-    """Every registered trace's ``traces`` row, with its ``job``; thread-safe."""
+    """Every registered trace's ``traces`` row, with its ``job``; thread-safe.
+
+    The rows are kept per job folder and snapshotted under ``cache/`` (:class:`FolderCache`),
+    so a fresh process lists thousands of traces without reading thousands of files.
+    """
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._cache = FolderCache(store, "traces", name="traces")
         self._lock = threading.Lock()
-        self._folders: dict[str, int] = {}  # job -> folder mtime_ns when last read
-        self._jobs: dict[str, pl.DataFrame] = {}  # job -> its traces rows
+        self._source: pl.DataFrame | None = None
         self._frame: pl.DataFrame | None = None
 
     def frame(self) -> pl.DataFrame:
         """Every ``traces`` row (in the declared schema, ``job`` second), as of now."""
+        rows = self._cache.frame()
         with self._lock:
-            if self._refresh() or self._frame is None:
-                self._frame = self._build()
+            if self._frame is None or rows is not self._source:
+                declared = [c for c in schema.TRACES.column_names if c != "trace_id"]
+                self._frame = rows.select("trace_id", "job", *declared)
+                self._source = rows
             return self._frame
-
-    def _refresh(self) -> bool:
-        seen: dict[str, int] = {}
-        changed = False
-        with os.scandir(self.store.tables / "traces") as entries:
-            for entry in entries:
-                if not entry.is_dir() or not entry.name.startswith("job=") or entry.name == f"job={SCHEMA_JOB}":
-                    continue
-                job = entry.name[4:]
-                try:
-                    mtime = entry.stat().st_mtime_ns
-                except FileNotFoundError:  # removed meanwhile
-                    continue
-                seen[job] = mtime
-                if self._folders.get(job) != mtime:
-                    self._jobs[job] = self._read_job(job, Path(entry.path))
-                    changed = True
-        for job in set(self._folders) - set(seen):
-            self._jobs.pop(job, None)
-            changed = True
-        self._folders = seen
-        return changed
-
-    def _read_job(self, job: str, folder: Path) -> pl.DataFrame:
-        for _ in range(10):
-            ids = [p.stem for p in folder.glob("*.parquet")]
-            try:
-                frame = self.store.read_frame("traces", [(job, i) for i in ids])
-            except FileNotFoundError:  # a trace deleted between the listing and the read: list again
-                continue
-            return frame.with_columns(pl.lit(job, pl.String).alias("job"))
-        raise OSError(f"the traces of job {job} keep changing while being read")
-
-    def _build(self) -> pl.DataFrame:
-        declared = [c for c in schema.TRACES.column_names if c != "trace_id"]
-        frames = list(self._jobs.values()) or [
-            self.store.read_frame("traces", []).with_columns(pl.lit(None, pl.String).alias("job"))
-        ]
-        return pl.concat(frames, how="vertical").select("trace_id", "job", *declared)
 
 
 def select_traces(

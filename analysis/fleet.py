@@ -1,0 +1,277 @@
+"""Fleet figures: where the device-hours of many jobs go (ANALYSES.md, "Fleet").
+
+Pure functions over polars frames: rows of the ``traces`` registry (``trace_id``,
+``job``, ``labels``, ``ingested_at``, ``device_name``), the whole-trace rows of the
+stored ``breakdown`` table and, for the slowest collectives and the stragglers,
+``collectives`` rows with their ``job``. No file is read here.
+
+Decisions (docs/analyses.md, "Fleet"):
+
+- One whole-trace ``breakdown`` row is one device over its trace's span: a Kineto
+  trace holds one rank (one GPU), an XLA profile one row per chip. Device-hours
+  traced are the sum of those rows' ``span_ns`` (span x devices); busy, compute,
+  communication, exposed-communication and idle device-hours the sums of the same
+  rows' figures. Traces without device ops (NCCL logs, nccl-tests) add nothing.
+- utilisation = compute / span; wasted = idle + exposed communication.
+- A trace counts on the UTC day (and Monday-started week) it was ingested: the
+  traces' own clocks are not epochs in every format, and ``--since`` selects on
+  the same column, so a trace is counted in the window the listings show it in.
+- Achieved FLOP/s is per device: FLOPs / device-seconds of the rows whose FLOPs are
+  known; MFU = FLOPs / (peak FLOP/s x span) over the rows where both are known.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+import polars as pl
+
+from . import collectives as collectives_analysis
+from .findings import MIN_SKEW_NS
+
+NS_PER_HOUR = 3.6e12
+#: The per-device time figures summed by :func:`summarise` (``<name>_ns`` in, ``<name>_hours`` out).
+METRICS = ("span", "busy", "compute", "communication", "exposed_communication", "idle", "wasted")
+DEVICE_COLUMNS = (
+    "trace_id", "job", "rank", "labels", "ingested_at", "day", "device_name",
+    *(f"{m}_ns" for m in METRICS), "flops", "peak_flops",
+)
+SUMMARY_COLUMNS = (
+    "traces", "devices", "device_hours", "busy_hours", "compute_hours", "communication_hours",
+    "exposed_communication_hours", "idle_hours", "wasted_hours", "utilisation_pct", "busy_pct", "wasted_pct",
+    "achieved_tflops", "mfu_pct", "flops_coverage_pct",
+)
+_WEEK = dt.timedelta(days=7)
+
+
+def _entries(labels: pl.Expr, dtype: pl.DataType) -> pl.Expr:
+    """Labels as a list of ``{key, value}`` structs, whether stored as a map or already as entries."""
+    if isinstance(dtype, pl.List):
+        return labels
+    return labels.map.entries()
+
+
+def label_value(key: str) -> pl.Expr:
+    """The value of label ``key`` of each row of a :func:`device_rows` frame (null where it has none)."""
+    return (
+        pl.col("labels")
+        .list.eval(pl.element().filter(pl.element().struct.field("key") == key).struct.field("value"))
+        .list.first()
+    )
+
+
+def label_keys(rows: pl.DataFrame) -> list[str]:
+    """Every label key used by the rows of a :func:`device_rows` frame, sorted."""
+    if rows.is_empty():
+        return []
+    keys = rows.select(pl.col("labels").list.eval(pl.element().struct.field("key")).explode().drop_nulls().unique())
+    return sorted(keys.to_series().to_list())
+
+
+def device_rows(traces: pl.DataFrame, breakdown: pl.DataFrame, devices: pl.DataFrame | None = None) -> pl.DataFrame:
+    """One row per device timeline (trace and rank) with its job, labels, ingest day and time figures.
+
+    Args:
+        traces: ``traces`` registry rows with ``job`` (labels as a map or as key/value entries).
+        breakdown: stored ``breakdown`` rows; only the whole-trace ones (``step`` null) are used.
+        devices: ``devices`` rows (``trace_id``, ``rank``, ``peak_tflops``) giving each rank's peak;
+            where absent, the peak is derived from ``flops_utilisation_pct`` when that is positive.
+
+    Returns:
+        The columns of :data:`DEVICE_COLUMNS`; ``labels`` as a list of ``{key, value}`` structs,
+        ``peak_flops`` in FLOP/s (null where unknown).
+    """
+    whole = breakdown.filter(pl.col("step").is_null()) if "step" in breakdown.columns else breakdown
+    meta = traces.select(
+        "trace_id", "job", _entries(pl.col("labels"), traces.schema["labels"]).alias("labels"),
+        "ingested_at", "device_name",
+    )
+    rows = whole.join(meta, on="trace_id", how="inner")
+    span_s = pl.col("span_ns") / 1e9
+    derived = pl.when((pl.col("flops_utilisation_pct") > 0) & (pl.col("span_ns") > 0)).then(
+        pl.col("flops") / (pl.col("flops_utilisation_pct") / 100 * span_s))
+    if devices is not None and not devices.is_empty():
+        peaks = devices.group_by("trace_id", "rank").agg((pl.col("peak_tflops").max() * 1e12).alias("device_peak"))
+        rows = rows.join(peaks, on=["trace_id", "rank"], how="left")
+        peak = pl.coalesce(pl.col("device_peak"), derived)
+    else:
+        peak = derived
+    return rows.with_columns(
+        pl.col("ingested_at").dt.date().alias("day"),
+        (pl.col("idle_ns") + pl.col("exposed_communication_ns")).alias("wasted_ns"),
+        peak.cast(pl.Float64).alias("peak_flops"),
+    ).select(DEVICE_COLUMNS)
+
+
+def _aggregations() -> list[pl.Expr]:
+    flops_known = pl.col("flops").is_not_null()
+    both_known = flops_known & pl.col("peak_flops").is_not_null()
+    return [
+        pl.col("trace_id").n_unique().cast(pl.Int64).alias("traces"),
+        pl.len().cast(pl.Int64).alias("devices"),
+        *(pl.col(f"{m}_ns").sum().cast(pl.Int64) for m in METRICS),
+        pl.col("flops").filter(flops_known).sum().alias("_flops"),
+        pl.col("span_ns").filter(flops_known).sum().alias("_flops_span_ns"),
+        pl.col("flops").filter(both_known).sum().alias("_peak_flops_done"),
+        (pl.col("peak_flops") * pl.col("span_ns") / 1e9).filter(both_known).sum().alias("_peak_flops_possible"),
+    ]
+
+
+def _derive(sums: pl.DataFrame) -> pl.DataFrame:
+    span = pl.col("span_ns")
+
+    def pct(numerator: str, denominator: pl.Expr = span) -> pl.Expr:
+        return pl.when(denominator > 0).then(100 * pl.col(numerator) / denominator).cast(pl.Float64)
+
+    return sums.with_columns(
+        *((pl.col(f"{m}_ns") / NS_PER_HOUR).alias("device_hours" if m == "span" else f"{m}_hours") for m in METRICS),
+        pct("compute_ns").alias("utilisation_pct"),
+        pct("busy_ns").alias("busy_pct"),
+        pct("wasted_ns").alias("wasted_pct"),
+        pl.when(pl.col("_flops_span_ns") > 0).then(pl.col("_flops") / (pl.col("_flops_span_ns") / 1e9) / 1e12)
+        .cast(pl.Float64).alias("achieved_tflops"),
+        pct("_peak_flops_done", pl.col("_peak_flops_possible")).alias("mfu_pct"),
+        pct("_flops_span_ns").alias("flops_coverage_pct"),
+    )
+
+
+def summarise(rows: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
+    """Device-hours, utilisation and FLOP figures of :func:`device_rows` rows, per value of ``by``.
+
+    Without ``by``, one row for everything (zeros for no rows). Columns: ``by``, then
+    :data:`SUMMARY_COLUMNS`: hours are device-hours, ``*_pct`` shares of the device-hours
+    traced, ``achieved_tflops`` per device, ``mfu_pct`` against the devices' peak,
+    ``flops_coverage_pct`` the share of device-hours whose FLOPs are known.
+    """
+    sums = rows.group_by(*by).agg(_aggregations()) if by else rows.select(_aggregations())
+    return _derive(sums).select(*by, *SUMMARY_COLUMNS)
+
+
+def by_job(rows: pl.DataFrame) -> pl.DataFrame:
+    """:func:`summarise` per job, by job name, with its ranks, accelerator, labels (those of its latest
+    trace) and when it was first and last ingested."""
+    extra = rows.group_by("job").agg(
+        pl.col("rank").n_unique().cast(pl.Int64).alias("ranks"),
+        pl.col("labels").sort_by("ingested_at").last().alias("labels"),
+        pl.col("device_name").drop_nulls().mode().first().alias("device_name"),
+        pl.col("ingested_at").min().alias("first_ingested_at"),
+        pl.col("ingested_at").max().alias("last_ingested_at"),
+    )
+    return summarise(rows, ["job"]).join(extra, on="job", how="left").sort("job")
+
+
+def by_day(rows: pl.DataFrame) -> pl.DataFrame:
+    """:func:`summarise` per UTC day of ingest, oldest first: the utilisation trend."""
+    return summarise(rows, ["day"]).sort("day")
+
+
+def by_week(rows: pl.DataFrame) -> pl.DataFrame:
+    """:func:`summarise` per week of ingest (``week`` = its Monday), oldest first."""
+    weekly = rows.with_columns(pl.col("day").dt.truncate("1w").alias("week"))
+    return summarise(weekly, ["week"]).sort("week")
+
+
+def by_label(rows: pl.DataFrame, keys: Sequence[str] | None = None) -> pl.DataFrame:
+    """:func:`summarise` per label value, for each label key (default: every key in ``rows``).
+
+    Columns ``label_key``, ``label_value`` (null: the rows without that label), then
+    :data:`SUMMARY_COLUMNS`; by key, then most wasted device-hours first.
+    """
+    frames = [
+        summarise(rows.with_columns(pl.lit(key, pl.String).alias("label_key"), label_value(key).alias("label_value")),
+                  ["label_key", "label_value"])
+        for key in (label_keys(rows) if keys is None else keys)
+    ]
+    if not frames:
+        return summarise(rows.head(0).with_columns(pl.lit(None, pl.String).alias("label_key"),
+                                                   pl.lit(None, pl.String).alias("label_value")),
+                         ["label_key", "label_value"])
+    return pl.concat(frames).sort(["label_key", "wasted_hours", "label_value"], descending=[False, True, False],
+                                  nulls_last=True)
+
+
+def by_device(rows: pl.DataFrame) -> pl.DataFrame:
+    """:func:`summarise` per accelerator model (the traces' ``device_name``), most device-hours first."""
+    return summarise(rows, ["device_name"]).sort(["device_hours", "device_name"], descending=[True, False])
+
+
+def wasted_ranking(jobs: pl.DataFrame, top: int | None = None) -> pl.DataFrame:
+    """Jobs (rows of :func:`by_job`) ranked by wasted device-hours (idle + exposed communication), ``top`` first."""
+    ranked = jobs.filter(pl.col("devices") > 0).sort(["wasted_hours", "job"], descending=[True, False])
+    return ranked if top is None else ranked.head(top)
+
+
+def week_over_week(rows: pl.DataFrame, now: dt.datetime, by: Sequence[str] = ()) -> pl.DataFrame:
+    """This week (the 7 days up to ``now``) against the 7 days before, per value of ``by``.
+
+    Columns: ``by``, then for ``device_hours``, ``utilisation_pct``, ``wasted_hours`` and
+    ``wasted_pct`` this week's figure, ``previous_<figure>`` and the change: ``*_change_pct``
+    for hours (null when the previous week had none), ``*_change_points`` for shares.
+    Without ``by``, one row. A naive ``now`` is taken as UTC.
+    """
+    now = now if now.tzinfo is not None else now.replace(tzinfo=dt.timezone.utc)
+    at = pl.col("ingested_at")
+    figures = ["device_hours", "utilisation_pct", "wasted_hours", "wasted_pct"]
+    this = summarise(rows.filter((at >= now - _WEEK) & (at < now)), by).select(*by, *figures)
+    before = summarise(rows.filter((at >= now - 2 * _WEEK) & (at < now - _WEEK)), by).select(
+        *by, *(pl.col(f).alias(f"previous_{f}") for f in figures))
+    joined = this.join(before, on=list(by), how="full", coalesce=True) if by else pl.concat([this, before],
+                                                                                             how="horizontal")
+    if by:
+        hours = [f for f in figures if f.endswith("_hours")]
+        joined = joined.with_columns(pl.col(h).fill_null(0.0) for h in (*hours, *(f"previous_{h}" for h in hours)))
+
+    def change_pct(name: str) -> pl.Expr:
+        previous = pl.col(f"previous_{name}")
+        return pl.when(previous > 0).then(100 * (pl.col(name) - previous) / previous).alias(f"{name}_change_pct")
+
+    def change_points(name: str) -> pl.Expr:
+        return (pl.col(name) - pl.col(f"previous_{name}")).alias(f"{name.removesuffix('_pct')}_change_points")
+
+    result = joined.with_columns(
+        change_pct("device_hours"), change_points("utilisation_pct"), change_pct("wasted_hours"),
+        change_points("wasted_pct"),
+    )
+    ordered = [*by]
+    for f in figures:
+        ordered += [f, f"previous_{f}", f"{f}_change_pct" if f.endswith("_hours")
+                    else f"{f.removesuffix('_pct')}_change_points"]
+    result = result.select(ordered)
+    return result.sort(by) if by else result
+
+
+def stragglers(collectives: pl.DataFrame, top: int = 10) -> pl.DataFrame:
+    """The ranks across the fleet that made the others wait longest at collectives.
+
+    From ``collectives`` rows with ``job``: per job, the ranks that start collective
+    instances (process group, seq) last more often than chance (1/n of them) and at
+    least :data:`~tracelake.analysis.findings.MIN_SKEW_NS` late on average, ranked by
+    the time the other ranks waited for them (``waited_ns``: the arrival skew summed
+    over the instances the rank was last at). Columns: ``job``, ``rank``, ``ranks``,
+    ``times_last``, ``collectives``, ``share_last_pct``, ``mean_skew_us``, ``waited_ns``.
+    """
+    timed = collectives.filter(pl.col("seq").is_not_null() & pl.col("ts_ns").is_not_null())
+    arrivals = collectives_analysis.last_arrivals(timed, by=("job",))
+    ranks = timed.group_by("job").agg(pl.col("rank").n_unique().cast(pl.Int64).alias("ranks"))
+    return (
+        arrivals.join(ranks, on="job", how="left")
+        .with_columns(
+            (100 * pl.col("times_last") / pl.col("collectives")).alias("share_last_pct"),
+            (pl.col("times_last") * pl.col("mean_skew_us") * 1e3).round(0).cast(pl.Int64).alias("waited_ns"),
+        )
+        .filter((pl.col("ranks") > 1) & (pl.col("share_last_pct") > 100 / pl.col("ranks"))
+                & (pl.col("mean_skew_us") * 1e3 >= MIN_SKEW_NS))
+        .sort(["waited_ns", "job", "rank"], descending=[True, False, False])
+        .head(top)
+        .select("job", "rank", "ranks", "times_last", "collectives", "share_last_pct", "mean_skew_us", "waited_ns")
+    )
+
+
+def slowest_collectives(collectives: pl.DataFrame, top: int = 10) -> pl.DataFrame:
+    """The collective instances across the fleet with the longest transfer time, with their job.
+
+    Columns: ``job`` and :data:`~tracelake.analysis.collectives.COLUMNS` (transfer time =
+    the shortest duration over ranks; bus bandwidth from it).
+    """
+    return collectives_analysis.slowest(collectives_analysis.instances(collectives, by=("job",)), top=top)
