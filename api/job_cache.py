@@ -47,7 +47,7 @@ class JobAnalyses:
             if body is not None:
                 self._answers.move_to_end(key)
                 return body
-        body = self._compute(job, top)
+        body = self._compute(job, top, traces=len(key[2]))
         with self._lock:
             self._answers[key] = body
             while len(self._answers) > self.entries:
@@ -68,7 +68,7 @@ class JobAnalyses:
         except TracelakeError as exc:
             log.debug("cannot prepare the analysis of job %s: %s", job, exc)
 
-    def _key(self, job: str, top: int) -> tuple[object, ...]:
+    def _key(self, job: str, top: int) -> tuple[str, int, tuple[str, ...], tuple[int, ...]]:
         store = self.warehouse.store
         ids = store.job_traces(job)
         if not ids:
@@ -81,8 +81,7 @@ class JobAnalyses:
                 stamps.append(0)
         return (job, top, tuple(ids), tuple(stamps))
 
-    def _compute(self, job: str, top: int) -> bytes:
-        traces = len(self.warehouse.store.job_traces(job))
+    def _compute(self, job: str, top: int, *, traces: int) -> bytes:
         analysis = self.warehouse.analyze(job=job, top=top).as_dict()
         main = {name: analysis.pop(name) for name in ("findings", "breakdown", "last_arrivals", "top_kernels")}
         return encode({"job": job, "traces": traces, **main, "analysis": analysis})

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,45 +16,19 @@ from tracelake.api.cli import app as cli
 from tracelake.warehouse import Warehouse
 
 from conftest import SAMPLES
+from server import running_server
 
 TOKEN = "e2e-writer-token"
 SCENARIOS = ("ddp_straggler", "launch_bound")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A real server (two ingest worker processes) on a free loopback port; yields its URL and warehouse."""
     home = tmp_path / "warehouse"
-    port = _free_port()
     env = {**os.environ, "TRACELAKE_TOKENS": f"{TOKEN}:read,write,admin", "TRACELAKE_HOME": str(home)}
-    log = (tmp_path / "server.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tracelake.api.cli", "serve", "--port", str(port), "--ingest-workers", "2"],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the server did not start: {(tmp_path / 'server.log').read_text()}")
-            time.sleep(0.2)
+    with running_server(["--ingest-workers", "2"], env, tmp_path / "server.log") as url:
         yield url, home
-    finally:
-        process.terminate()
-        process.wait(30)
-        log.close()
 
 
 def _upload(url: str, path: Path, job: str) -> dict:  # type: ignore[type-arg]

@@ -9,18 +9,15 @@ when Chromium is not installed (Debian: ``apt-get install chromium``).
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from chromium import Chromium, Tab, find_chromium
 from conftest import ROOT
+from server import running_server
 
 pytestmark = [
     pytest.mark.slow,
@@ -42,40 +39,13 @@ Array.from(document.querySelectorAll('.plotly-graph-div')).map(d => ({
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server(fleet_warehouse_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``tracelake serve`` (uvicorn) over the fleet warehouse on a free loopback port; yields its URL."""
-    port = _free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRACELAKE_")}
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tracelake.api.cli", "serve", "--home", str(fleet_warehouse_home),
-             "--port", str(port), "--ingest-workers", "0"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"the server did not start: {log_path.read_text()}")
-                time.sleep(0.2)
-            yield url
-        finally:
-            process.terminate()
-            process.wait(30)
+    with running_server(["--home", str(fleet_warehouse_home), "--ingest-workers", "0"], env, log_path) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

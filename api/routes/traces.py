@@ -167,10 +167,12 @@ TraceId = Annotated[str, PathParam(pattern=TRACE_ID, description="A trace id, as
             responses={404: {"model": ErrorAnswer}}, summary="One trace and its ingest status")
 def get_trace(state: State, trace_id: TraceId) -> TraceDetail:
     """A trace's status (queued, ingesting, done, failed with the error) and, once done, its `traces` row."""
-    task = state.queue.task(trace_id)
-    if state.warehouse.store.registered_job(trace_id) is not None:
+    try:
         row = state.warehouse.trace(trace_id)
         return TraceDetail(trace_id=trace_id, job=row["job"], status="done", error=None, trace=row)
+    except NotFound:  # not in the warehouse: queued, failed, deleted or unknown
+        pass
+    task = state.queue.task(trace_id)
     if task is None:
         raise NotFound(f"no trace with id {trace_id!r}")
     if task.status == "done":  # ingested, then deleted

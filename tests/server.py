@@ -1,0 +1,49 @@
+"""A real ``tracelake serve`` (uvicorn) on a free loopback port, for end-to-end tests."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_server(args: list[str], env: dict[str, str], log_path: Path) -> Iterator[str]:
+    """Run ``tracelake serve ARGS`` until ``/healthz`` answers; yield its URL, stop it afterwards.
+
+    Fails the test with the server's log if it does not come up within a minute.
+    """
+    port = free_port()
+    with log_path.open("wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "tracelake.api.cli", "serve", "--port", str(port), *args],
+                                   env=env, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"the server did not start: {log_path.read_text()}")
+                time.sleep(0.2)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(30)
