@@ -134,6 +134,13 @@ class ChromeTraceReader(Generic[T]):
 
         The batch JSON is the array text the events were decoded from.
         """
+        try:
+            yield from self._batches()
+        except RecursionError:  # msgspec's limit on nesting (an event of ``[[[[...`` or ``{"a":{"a":...``)
+            raise self._error("JSON nested too deeply (a thousand levels or more: not trace events)",
+                              self._base) from None
+
+    def _batches(self) -> Iterator[tuple[int, list[T], bytes]]:
         self._fill(self.batch_bytes)
         self._read_header()
         want = self.batch_bytes

@@ -17,6 +17,7 @@ import io
 import json
 import math
 import pickle
+import pickletools
 import re
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from tracelake.warehouse.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
 from .source import iter_chunks
-from .tables import write_table
+from .tables import fit_int, fit_text, write_table
 
 FORMAT = "flight_recorder"
 
@@ -59,22 +60,64 @@ def sniff(head: bytes, filename: str) -> bool:
 def _load(source: Path, options: ParseOptions) -> dict[str, Any]:
     if source.stat().st_size > MAX_BYTES:
         raise TraceFormatError(options.source_name, f"larger than {MAX_BYTES >> 20} MB: not a Flight Recorder dump")
-    data = b"".join(iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name))
+    parts, size = [], 0
+    for chunk in iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name):
+        size += len(chunk)
+        if size > MAX_BYTES:  # a gzip file expands up to 1000-fold: stop before it fills memory
+            raise TraceFormatError(options.source_name, f"expands to more than {MAX_BYTES >> 20} MB: "
+                                   "not a Flight Recorder dump (a gzip bomb?)", where=f"decompressed byte {size}")
+        parts.append(chunk)
+    data = b"".join(parts)
     if data[:1] == b"\x80":
+        _check_memo(data, options.source_name)
         try:
-            doc = PlainUnpickler(io.BytesIO(data)).load()
+            stream = io.BytesIO(data)
+            doc = PlainUnpickler(stream).load()
         except pickle.UnpicklingError as exc:
-            raise TraceFormatError(options.source_name, f"unsafe or damaged pickle: {exc}") from None
-        except (EOFError, ValueError, TypeError, IndexError, KeyError, AttributeError, MemoryError) as exc:
-            raise TraceFormatError(options.source_name, f"damaged pickle ({type(exc).__name__}: {exc})") from None
+            raise TraceFormatError(options.source_name, f"unsafe or damaged pickle: {exc}",
+                                   where=f"byte {stream.tell()}") from None
+        except Exception as exc:  # noqa: BLE001 - a damaged pickle can fail in any way (FRAME overflow, bad memo...)
+            raise TraceFormatError(options.source_name, f"damaged pickle ({type(exc).__name__}: {exc})",
+                                   where=f"byte {stream.tell()}") from None
     else:
         try:
             doc = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise TraceFormatError(options.source_name, f"invalid JSON ({exc})") from None
+        except RecursionError:
+            raise TraceFormatError(options.source_name, "JSON nested too deeply: not a Flight Recorder dump") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
         raise TraceFormatError(options.source_name, "no 'entries' list: not a Flight Recorder dump")
     return doc
+
+
+def _check_memo(data: bytes, source: str) -> None:
+    """Walk the pickle's opcodes without building anything; refuse memo indexes the pickle cannot need.
+
+    A ``LONG_BINPUT 4294967295`` makes C's unpickler grow its memo table to that index (tens of GB)
+    before anything fails; a real pickle's indexes count up from 0, one per stored object.
+    """
+    try:
+        for opcode, arg, pos in pickletools.genops(data):
+            if opcode.name in ("PUT", "BINPUT", "LONG_BINPUT") and isinstance(arg, int) and not 0 <= arg < len(data):
+                raise TraceFormatError(source, f"damaged pickle (memo index {arg} in a {len(data)}-byte pickle)",
+                                       where=f"byte {pos}")
+            if opcode.name == "STOP":
+                return
+    except TraceFormatError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - genops fails in many ways on damaged opcodes
+        raise TraceFormatError(source, f"damaged pickle ({type(exc).__name__}: {exc})") from None
+
+
+def _duration_ns(duration_ms: object) -> int | None:
+    if not isinstance(duration_ms, int | float) or isinstance(duration_ms, bool):
+        return None
+    try:
+        ns = float(duration_ms) * 1e6
+    except OverflowError:
+        return None
+    return fit_int(round(ns)) if math.isfinite(ns) else None
 
 
 def _bytes(sizes: object, dtypes: object) -> int | None:
@@ -84,14 +127,14 @@ def _bytes(sizes: object, dtypes: object) -> int | None:
     for shape, dtype in zip(sizes, dtypes, strict=False):
         if not isinstance(shape, list | tuple) or not all(isinstance(d, int) for d in shape):
             return None
-        total += math.prod(shape) * DTYPE_BYTES.get(str(dtype), 0)
+        total += math.prod(shape) * DTYPE_BYTES.get(dtype, 0) if isinstance(dtype, str) else 0
     return total
 
 
 def _group(value: object) -> str | None:
     if isinstance(value, list | tuple) and value:
-        return str(value[0])
-    return None if value is None else str(value)
+        return fit_text(value[0])
+    return fit_text(value)
 
 
 def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
@@ -101,11 +144,12 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
         TraceFormatError: not a dump, a damaged one, or a pickle that refers to anything but plain data.
     """
     doc = _load(source, options)
-    rank = doc.get("rank") if isinstance(doc.get("rank"), int) else None
+    rank = fit_int(doc.get("rank"), 32)
     rank_source = "dump"
     if rank is None:
         match = _RANK_IN_NAME.search(options.source_name)
-        rank, rank_source = (int(match.group(1)), "file name") if match else (0, "default")
+        named = fit_int(int(match.group(1)), 32) if match else None
+        rank, rank_source = (named, "file name") if named is not None else (0, "default")
     columns = ("event_id", "rank", "collective", "process_group", "process_group_desc", "group_ranks", "group_size",
                "seq", "message_bytes", "src_rank", "dst_rank", "ts_ns", "dur_ns", "is_async")
     rows: dict[str, list[object]] = {c: [] for c in columns}
@@ -113,26 +157,30 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     for index, entry in enumerate(doc["entries"]):
         if not isinstance(entry, dict):
             raise TraceFormatError(options.source_name, "an entry that is not a record", where=f"entries[{index}]")
-        name = str(entry.get("profiling_name") or "")
+        name = fit_text(entry.get("profiling_name")) or ""
         p2p = _P2P.match(name)
         collective = p2p.group(1) if p2p else name.split(":", 1)[-1].strip() or "unknown"
-        group = _group(entry.get("process_group")) or str(entry.get("pg_id", ""))
+        group = _group(entry.get("process_group")) or fit_text(entry.get("pg_id")) or ""
         config: dict[str, Any] = configs[group] if isinstance(configs.get(group), dict) else {}
         seq = entry.get("p2p_seq_id") if entry.get("is_p2p") or p2p else entry.get("collective_seq_id")
         duration = entry.get("duration_ms")
         ranks = config.get("ranks")
+        if not isinstance(ranks, list | tuple) or not all(isinstance(r, int) for r in ranks):
+            ranks = None  # only a list of ranks is written (and a pickle's shared containers never str()-ed)
         for column, value in (
             ("event_id", index), ("rank", rank), ("collective", collective),
             ("process_group", f"{group}:p2p" if p2p or entry.get("is_p2p") else group),
-            ("process_group_desc", config.get("desc")), ("group_ranks", str(ranks) if ranks is not None else None),
-            ("group_size", len(ranks) if isinstance(ranks, list | tuple) else None),
-            ("seq", seq if isinstance(seq, int) else None),
-            ("message_bytes", max(filter(None, (_bytes(entry.get("input_sizes"), entry.get("input_dtypes")),
-                                                _bytes(entry.get("output_sizes"), entry.get("output_dtypes")))),
-                                  default=None)),
-            ("src_rank", int(p2p.group(2)) if p2p else None), ("dst_rank", int(p2p.group(3)) if p2p else None),
-            ("ts_ns", entry.get("time_discovered_started_ns") or entry.get("time_created_ns")),
-            ("dur_ns", round(duration * 1e6) if isinstance(duration, int | float) else None), ("is_async", False),
+            ("process_group_desc", fit_text(config.get("desc"))),
+            ("group_ranks", str(list(ranks)) if ranks is not None else None),
+            ("group_size", fit_int(len(ranks), 32) if ranks is not None else None),
+            ("seq", fit_int(seq)),
+            ("message_bytes", fit_int(max(filter(None, (_bytes(entry.get("input_sizes"), entry.get("input_dtypes")),
+                                                     _bytes(entry.get("output_sizes"), entry.get("output_dtypes")))),
+                                       default=None))),
+            ("src_rank", fit_int(int(p2p.group(2)), 32) if p2p else None),
+            ("dst_rank", fit_int(int(p2p.group(3)), 32) if p2p else None),
+            ("ts_ns", fit_int(entry.get("time_discovered_started_ns") or entry.get("time_created_ns"))),
+            ("dur_ns", _duration_ns(duration)), ("is_async", False),
         ):
             rows[column].append(value)
     write_table(staging, "collectives", rows, trace_id=options.trace_id)
@@ -140,18 +188,18 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
         "rank", "process_group", "last_enqueued", "last_started", "last_completed")}
     pg_status: dict[str, Any] = doc["pg_status"] if isinstance(doc.get("pg_status"), dict) else {}
     for group, state in pg_status.items():
-        if not isinstance(state, dict):
+        if not isinstance(state, dict) or fit_text(group) is None:
             continue
-        for column, value in (("rank", rank), ("process_group", str(group)),
+        for column, value in (("rank", rank), ("process_group", fit_text(group)),
                               ("last_enqueued", state.get("last_enqueued_collective")),
                               ("last_started", state.get("last_started_collective")),
                               ("last_completed", state.get("last_completed_collective"))):
-            status[column].append(value if column in ("rank", "process_group") or isinstance(value, int) else None)
+            status[column].append(value if column in ("rank", "process_group") else fit_int(value))
     write_table(staging, "flight_recorder_status", status, trace_id=options.trace_id)
     info = TraceInfo(format=FORMAT, event_count=len(doc["entries"]), uncompressed_bytes=source.stat().st_size)
     info.rank, info.rank_source = rank, rank_source
     info.backend = "nccl"
-    info.nccl_version = str(doc["comm_lib_version"]) if doc.get("comm_lib_version") else None
+    info.nccl_version = fit_text(doc.get("comm_lib_version")) or None
     starts = [t for t in rows["ts_ns"] if isinstance(t, int)]
     info.start_ns, info.end_ns = (min(starts), max(starts)) if starts else (None, None)
     return info

@@ -16,6 +16,7 @@ estimate; the dump follows completion closely).
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from tracelake.warehouse.errors import TraceFormatError
 from .model import ParseOptions, TraceInfo
 from .nccl_ops import collective_name, nccl_tests_bytes
 from .source import iter_chunks
-from .tables import write_table
+from .tables import fit_int, write_table
 
 FORMAT = "nccl_inspector"
 
@@ -44,8 +45,16 @@ def sniff(head: bytes, filename: str) -> bool:
     return False
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+def _int(value: object, bits: int = 64) -> int | None:
+    return fit_int(value, bits)
+
+
+def _ns(us: float | None) -> int | None:
+    """Microseconds as integer nanoseconds; None where they do not fit 64 bits."""
+    if us is None:
+        return None
+    ns = us * 1000
+    return fit_int(round(ns)) if math.isfinite(ns) else None
 
 
 def _number(value: object) -> float | None:
@@ -99,7 +108,7 @@ def _line(raw: bytes, decoder: msgspec.json.Decoder[Any], rows: dict[str, list[o
     lines += 1
     try:
         record = decoder.decode(text)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deeply
         return lines, skipped + 1
     if not isinstance(record, dict) or not isinstance(record.get("header"), dict):
         return lines, skipped + 1
@@ -115,15 +124,15 @@ def _line(raw: bytes, decoder: msgspec.json.Decoder[Any], rows: dict[str, list[o
     exec_us = _number(perf.get("p2p_exec_time_us" if is_p2p else "coll_exec_time_us"))
     if not isinstance(name, str) or seq is None or exec_us is None:
         return lines, skipped + 1
-    rank, n_ranks = _int(header.get("rank")), _int(header.get("n_ranks"))
+    rank, n_ranks = _int(header.get("rank"), 32), _int(header.get("n_ranks"), 32)
     collective = collective_name(name)
-    size = nccl_tests_bytes(collective, _int(perf.get("p2p_msg_size_bytes" if is_p2p else "coll_msg_size_bytes")),
-                            n_ranks)
+    size = _int(nccl_tests_bytes(collective, _int(perf.get("p2p_msg_size_bytes" if is_p2p else "coll_msg_size_bytes")),
+                                 n_ranks))
     dump_int, dump_float = _int(meta.get("dump_timestamp_us")), _number(meta.get("dump_timestamp_us"))
-    dump_ns = dump_int * 1000 if dump_int is not None else round(dump_float * 1000) if dump_float is not None else None
-    dur_ns = round(exec_us * 1000)
-    ts_ns = dump_ns - dur_ns if dump_ns is not None else None
-    peer = _int(perf.get("p2p_peer")) if is_p2p else None
+    dump_ns = _int(dump_int * 1000) if dump_int is not None else _ns(dump_float)
+    dur_ns = _ns(exec_us)
+    ts_ns = _int(dump_ns - dur_ns) if dump_ns is not None and dur_ns is not None else None
+    peer = _int(perf.get("p2p_peer"), 32) if is_p2p else None
     comm = header.get("comm_name") or header.get("id")
     if is_p2p and comm is not None:
         comm = f"{comm}:p2p"  # p2p_sn counts separately from coll_sn

@@ -145,6 +145,16 @@ def coll_fields(lines: pl.Series) -> pl.DataFrame:
         "ts", "host", "pid", "tid", "dev", "op", *_COLL_VALUES, "nranks", "stream")
 
 
+def _i32(name: str) -> pl.Expr:
+    """A captured number as Int32, null where it does not fit (a damaged log's 20-digit rank must not stop it)."""
+    return pl.col(name).cast(pl.Int32, strict=False)
+
+
+def _i64(name: str) -> pl.Expr:
+    """A captured number as Int64, null where it does not fit."""
+    return pl.col(name).cast(pl.Int64, strict=False)
+
+
 def _frame(state: _State, kind: str) -> pl.DataFrame:
     frames = [f for f in state.found[kind] if f.height]
     return pl.concat(frames) if frames else pl.DataFrame()
@@ -207,15 +217,12 @@ def _communicators(init: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     parts = []
     if init.height:
         parts.append(init.select(
-            *_KEY, pl.col("rank").cast(pl.Int32), pl.col("nranks").cast(pl.Int32),
-            pl.col("cuda").cast(pl.Int32).alias("cuda_dev"), pl.col("nvml").cast(pl.Int32).alias("nvml_dev"),
+            *_KEY, _i32("rank"), _i32("nranks"), _i32("cuda").alias("cuda_dev"), _i32("nvml").alias("nvml_dev"),
             pl.col("bus").alias("bus_id"), pl.col("commid").alias("comm_id"),
         ).unique(_KEY, keep="last", maintain_order=True))
     if nodes.height:
         parts.append(nodes.select(
-            *_KEY, pl.col("rank").cast(pl.Int32), pl.col("nranks").cast(pl.Int32),
-            pl.col("nodes").cast(pl.Int32), pl.col("local_ranks").cast(pl.Int32),
-            pl.col("local_rank").cast(pl.Int32),
+            *_KEY, _i32("rank"), _i32("nranks"), _i32("nodes"), _i32("local_ranks"), _i32("local_rank"),
         ).unique(_KEY, keep="last", maintain_order=True))
     if not parts:
         return pl.DataFrame(schema={"host": pl.String, "pid": pl.String, "comm": pl.String, "rank": pl.Int32,
@@ -225,20 +232,19 @@ def _communicators(init: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
         comms = comms.join(parts[1], on=_KEY, how="full", coalesce=True, suffix="_n").with_columns(
             pl.coalesce("rank", "rank_n").alias("rank"), pl.coalesce("nranks", "nranks_n").alias("nranks"),
         ).drop("rank_n", "nranks_n")
-    return comms.with_columns(pl.col("pid").cast(pl.Int64)).sort("rank", "comm", nulls_last=True)
+    return comms.with_columns(_i64("pid")).sort("rank", "comm", nulls_last=True)
 
 
 def _channels(channel: pl.DataFrame, comms: pl.DataFrame) -> dict[str, pa.Array]:
     if not channel.height:
         return {}
     ranks = comms.select("host", "pid", "rank").unique(["host", "pid"], keep="first") if comms.height else None
-    frame = channel.with_columns(pl.col("pid").cast(pl.Int64))
+    frame = channel.with_columns(_i64("pid"))
     frame = frame.join(ranks, on=["host", "pid"], how="left") if ranks is not None else \
         frame.with_columns(pl.lit(None, dtype=pl.Int32).alias("rank"))
     out = frame.select(
-        pl.coalesce(pl.col("rank"), pl.col("src").cast(pl.Int32)).alias("rank"),
-        pl.col("channel").cast(pl.Int32), pl.col("src").cast(pl.Int32).alias("src_rank"),
-        pl.col("dst").cast(pl.Int32).alias("dst_rank"), "transport", "direction",
+        pl.coalesce(pl.col("rank"), _i32("src")).alias("rank"),
+        _i32("channel"), _i32("src").alias("src_rank"), _i32("dst").alias("dst_rank"), "transport", "direction",
     )
     return {c: out[c].to_arrow() for c in out.columns}
 
@@ -248,7 +254,7 @@ def _collectives(coll: pl.DataFrame, comms: pl.DataFrame, tuning: pl.DataFrame) 
     protocol and channel count (NCCL prints it on the ranks that tune, usually rank 0)."""
     if not coll.height:
         return {}
-    frame = coll.with_columns(pl.col("pid").cast(pl.Int64))
+    frame = coll.with_columns(_i64("pid"))
     if comms.height:
         frame = frame.join(comms.select(*_KEY, "rank", pl.col("nranks").alias("comm_nranks"),
                                         *(["comm_id"] if "comm_id" in comms.columns else [])),
@@ -258,21 +264,21 @@ def _collectives(coll: pl.DataFrame, comms: pl.DataFrame, tuning: pl.DataFrame) 
             frame = frame.with_columns(pl.lit(None, dtype=dtype).alias(name))
     if tuning.height:
         choices = tuning.select(
-            "host", pl.col("pid").cast(pl.Int64), pl.col("op").alias("tuned_op"),
-            pl.col("bytes").cast(pl.Int64).alias("tuned_bytes"), pl.col("algo").alias("algorithm"),
+            "host", _i64("pid"), pl.col("op").alias("tuned_op"),
+            _i64("bytes").alias("tuned_bytes"), pl.col("algo").alias("algorithm"),
             pl.col("proto").alias("protocol"),
-            (pl.col("hi").cast(pl.Int32) - pl.col("lo").cast(pl.Int32) + 1).alias("channels"),
+            (_i32("hi") - _i32("lo") + 1).alias("channels"),
         ).unique(["host", "pid", "tuned_op", "tuned_bytes"], keep="last")
     else:
         choices = None
     names = {name: collective_name(name) for name in frame["op"].unique().to_list()}
     op = pl.col("op").replace_strict(names, return_dtype=pl.String)
-    dtype_code = pl.col("dtype").cast(pl.Int64)
+    dtype_code = _i64("dtype")
     size = dtype_code.replace_strict({k: v[1] for k, v in DTYPE.items()}, default=None, return_dtype=pl.Int64)
-    nranks = pl.coalesce(pl.col("nranks").cast(pl.Int32), pl.col("comm_nranks"))
-    count = pl.col("count").cast(pl.Int64)
+    nranks = pl.coalesce(_i32("nranks"), pl.col("comm_nranks"))
+    count = _i64("count")
     message = count * size * pl.when(op.is_in(list(PER_RANK_SHARE))).then(nranks.cast(pl.Int64)).otherwise(1)
-    root = pl.col("root").cast(pl.Int32)
+    root = _i32("root")
     frame = frame.with_columns(op.alias("collective"), message.alias("message_bytes"))
     if choices is not None:
         # TUNING prints the bytes of one rank's buffer: count x element size
@@ -287,7 +293,7 @@ def _collectives(coll: pl.DataFrame, comms: pl.DataFrame, tuning: pl.DataFrame) 
         "rank", "collective",
         pl.coalesce("comm_id", "comm").alias("process_group"),
         nranks.alias("group_size"),
-        pl.col("opcount").str.to_integer(base=16).alias("seq"),
+        pl.col("opcount").str.to_integer(base=16, strict=False).alias("seq"),
         dtype_code.replace_strict({k: v[0] for k, v in DTYPE.items()}, default=pl.col("dtype"),
                                   return_dtype=pl.String).alias("dtype"),
         count.alias("in_nelems"), "message_bytes",

@@ -22,7 +22,7 @@ from tracelake.warehouse.errors import TraceFormatError
 from .model import ParseOptions, TraceInfo
 from .nccl_ops import collective_name, nccl_tests_bytes
 from .source import iter_chunks
-from .tables import write_table
+from .tables import fit_int, fit_text, write_table
 
 FORMAT = "nccl_profiler"
 
@@ -48,6 +48,10 @@ class _Event(msgspec.Struct, gc=False):
     args: dict[str, Any] | None = None
 
 
+#: Timestamps (µs) beyond this do not fit 64-bit nanoseconds, nor do spans between two of them.
+_MAX_TS_US = float(1 << 63) / 1000 / 2
+
+
 def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     """Parse one profiler-plugin dump.
 
@@ -64,9 +68,12 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
         raise TraceFormatError(options.source_name, f"not a JSON array of trace events ({exc})") from None
     begins: dict[tuple[str, object], _Event] = {}
     pairs: list[tuple[_Event, _Event | None]] = []
-    for event in events:
+    for index, event in enumerate(events):
         if event.cat not in ("COLL", "P2P") or event.ph not in ("b", "e"):
             continue
+        if event.ts is not None and not -_MAX_TS_US < event.ts < _MAX_TS_US:
+            raise TraceFormatError(options.source_name, f"ts {event.ts!r} is out of range (not microseconds)",
+                                   where=f"event [{index}]")
         key = (event.cat, event.id)
         if event.ph == "b":
             begins[key] = event
@@ -80,26 +87,26 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     rows: dict[str, list[object]] = {c: [] for c in columns}
     for index, (begin, end) in enumerate(sorted(pairs, key=lambda p: p[0].ts or 0.0)):
         args = begin.args or {}
-        collective = collective_name(str(begin.name or args.get("Func") or "unknown"))
-        count = args.get("Count") if isinstance(args.get("Count"), int) else None
+        collective = collective_name(str(begin.name or fit_text(args.get("Func")) or "unknown"))
+        count = fit_int(args.get("Count"))
         size = DTYPE_BYTES.get(str(args.get("Datatype")))
-        n_ranks = args.get("nRanks") if isinstance(args.get("nRanks"), int) else None
-        message = nccl_tests_bytes(collective, count * size if count is not None and size is not None else None,
-                                   n_ranks)
+        n_ranks = fit_int(args.get("nRanks"), 32)
+        message = fit_int(nccl_tests_bytes(collective, count * size if count is not None and size is not None else None,
+                                        n_ranks))
         ts = round(begin.ts * 1000) if begin.ts is not None else None
         dur = round((end.ts - begin.ts) * 1000) if end is not None and end.ts is not None and begin.ts is not None \
             else None
-        comm = args.get("CommHash")
-        group = None if comm is None else (str(comm) + (":p2p" if begin.cat == "P2P" else ""))
+        comm = fit_text(args.get("CommHash"))
+        group = None if comm is None else (comm + (":p2p" if begin.cat == "P2P" else ""))
         for column, value in (
-            ("event_id", index), ("rank", args.get("Rank") if isinstance(args.get("Rank"), int) else None),
+            ("event_id", index), ("rank", fit_int(args.get("Rank"), 32)),
             ("collective", collective), ("process_group", group),
-            ("seq", args.get("SeqNum") if isinstance(args.get("SeqNum"), int) else None),
-            ("dtype", args.get("Datatype")), ("in_nelems", count), ("message_bytes", message),
-            ("dst_rank", args.get("Peer") if isinstance(args.get("Peer"), int) else None),
-            ("ts_ns", ts), ("cpu_ts_ns", ts), ("cpu_dur_ns", dur),
-            ("algorithm", args.get("Algorithm")), ("protocol", args.get("Protocol")),
-            ("channels", args.get("nChannels") if isinstance(args.get("nChannels"), int) else None),
+            ("seq", fit_int(args.get("SeqNum"))),
+            ("dtype", fit_text(args.get("Datatype"))), ("in_nelems", count), ("message_bytes", message),
+            ("dst_rank", fit_int(args.get("Peer"), 32)),
+            ("ts_ns", ts), ("cpu_ts_ns", ts), ("cpu_dur_ns", fit_int(dur)),
+            ("algorithm", fit_text(args.get("Algorithm"))), ("protocol", fit_text(args.get("Protocol"))),
+            ("channels", fit_int(args.get("nChannels"), 32)),
             ("is_async", False),
         ):
             rows[column].append(value)

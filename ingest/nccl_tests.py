@@ -22,7 +22,7 @@ from tracelake.warehouse.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
 from .source import iter_chunks, read_head
-from .tables import write_table
+from .tables import fit_int, fit_text, write_table
 
 FORMAT = "nccl_tests"
 
@@ -56,7 +56,7 @@ def _float(token: str) -> float | None:
 
 
 def _wrong(token: str) -> int | None:
-    return int(token) if token.lstrip("-").isdigit() else None
+    return fit_int(int(token)) if token.lstrip("-").isdigit() else None
 
 
 class _Rows:
@@ -101,7 +101,7 @@ def _line(raw: str, line_no: int, rows: _Rows, facts: dict[str, Any], source: st
         elif match := _STARTING.match(line):
             facts["collective"] = match.group(1)
         elif match := _RANK.match(line):
-            facts["ranks"][int(match.group(1))] = (match.group(3), int(match.group(2)), match.group(5).strip())
+            facts["ranks"][int(match.group(1))] = (match.group(3), fit_int(int(match.group(2))), match.group(5).strip())
         return
     tokens = line.split()
     if len(tokens) < 11 or not tokens[0].isdigit() or not tokens[1].isdigit():
@@ -109,13 +109,17 @@ def _line(raw: str, line_no: int, rows: _Rows, facts: dict[str, Any], source: st
     head, tail = tokens[:-8], tokens[-8:]
     middle = head[3:]
     redop = next((t for t in middle if not _NUMBER.match(t)), None)
-    root = next((int(t) for t in middle if t.lstrip("-").isdigit()), None)
+    root = fit_int(next((int(t) for t in middle if t.lstrip("-").isdigit()), None), 32)
+    size, count = fit_int(int(tokens[0])), fit_int(int(tokens[1]))
+    if size is None or count is None:
+        raise TraceFormatError(source, f"a result row with a size or count beyond 64 bits: {line[:200]!r}",
+                               where=f"line {line_no}")
     for offset, in_place in ((0, False), (4, True)):
         time_us, algbw, busbw = (_float(t) for t in tail[offset:offset + 3])
         if time_us is None or algbw is None or busbw is None:
-            raise TraceFormatError(source, f"a result row with a non-numeric time or bandwidth: {line!r}",
+            raise TraceFormatError(source, f"a result row with a non-numeric time or bandwidth: {line[:200]!r}",
                                    where=f"line {line_no}")
-        rows.add(size_bytes=int(tokens[0]), count=int(tokens[1]), dtype=tokens[2], redop=redop, root=root,
+        rows.add(size_bytes=size, count=count, dtype=tokens[2], redop=redop, root=root,
                  in_place=in_place, time_us=time_us, algbw_gbs=algbw, busbw_gbs=busbw,
                  wrong=_wrong(tail[offset + 3]), line=line_no)
     facts["recognised"] += 1
@@ -127,13 +131,16 @@ def _parse_json(source: Path, options: ParseOptions) -> tuple[_Rows, dict[str, A
         doc = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise TraceFormatError(options.source_name, f"invalid JSON ({exc})") from None
+    except RecursionError:
+        raise TraceFormatError(options.source_name, "JSON nested too deeply: not nccl-tests -J output") from None
     results = doc.get("results") if isinstance(doc, dict) else None
     if not isinstance(results, list):
         raise TraceFormatError(options.source_name, 'no "results" list: not nccl-tests -J output')
     rows = _Rows()
     for index, result in enumerate(results):
-        if not isinstance(result, dict) or not isinstance(result.get("size"), int):
-            raise TraceFormatError(options.source_name, "a result without an integer size", where=f"results[{index}]")
+        if not isinstance(result, dict) or fit_int(result.get("size")) is None:
+            raise TraceFormatError(options.source_name, "a result without an integer size (of at most 64 bits)",
+                                   where=f"results[{index}]")
         for key, in_place in (("out_of_place", False), ("in_place", True)):
             part = result.get(key)
             if not isinstance(part, dict):
@@ -143,13 +150,12 @@ def _parse_json(source: Path, options: ParseOptions) -> tuple[_Rows, dict[str, A
             if len(numbers) != 3:
                 raise TraceFormatError(options.source_name, f"non-numeric time or bandwidth in {key}",
                                        where=f"results[{index}]")
-            rows.add(size_bytes=result["size"], count=result.get("count"), dtype=result.get("type"),
-                     redop=result.get("redop"), root=result.get("root"), in_place=in_place,
-                     time_us=numbers[0], algbw_gbs=numbers[1], busbw_gbs=numbers[2],
-                     wrong=part.get("nwrong") if isinstance(part.get("nwrong"), int) else None)
+            rows.add(size_bytes=result["size"], count=fit_int(result.get("count")), dtype=fit_text(result.get("type")),
+                     redop=fit_text(result.get("redop")), root=fit_int(result.get("root"), 32), in_place=in_place,
+                     time_us=numbers[0], algbw_gbs=numbers[1], busbw_gbs=numbers[2], wrong=fit_int(part.get("nwrong")))
     collective = doc.get("collective") if isinstance(doc.get("collective"), str) else None
     facts: dict[str, Any] = {"ranks": {}, "collective": _collective_from_name(options.source_name) or collective,
-             "nranks": doc.get("nranks") if isinstance(doc.get("nranks"), int) else None}
+             "nranks": fit_int(doc.get("nranks"), 32)}
     return rows, facts
 
 
@@ -163,7 +169,7 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     rows, facts = (_parse_json if is_json else _parse_text)(source, options)
     if not len(rows):
         raise TraceFormatError(options.source_name, "nccl-tests output without any result rows")
-    ranks: dict[int, tuple[str, int, str]] = facts["ranks"]
+    ranks: dict[int, tuple[str, int | None, str]] = facts["ranks"]
     n_ranks = len(ranks) or facts.get("nranks")
     rows.data["collective"] = [facts.get("collective") or "unknown"] * len(rows)
     rows.data["ranks"] = [n_ranks] * len(rows)

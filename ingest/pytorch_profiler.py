@@ -30,7 +30,7 @@ from tracelake.warehouse.errors import TraceFormatError
 from . import pytorch_profiler_sql
 from .chrome_json import ChromeTraceReader
 from .model import ParseOptions, TraceInfo
-from .tables import write_table
+from .tables import fit_int, write_table
 from .source import iter_chunks
 
 FORMAT = "pytorch_profiler"
@@ -172,12 +172,13 @@ def locate_error(source: Path, options: ParseOptions) -> None:
 def _trace_info(options: ParseOptions, top: dict[str, Any], event_count: int, json_bytes: int) -> TraceInfo:
     info = TraceInfo(format=FORMAT, event_count=event_count, uncompressed_bytes=json_bytes)
     dist = top.get("distributedInfo")
-    if isinstance(dist, dict) and isinstance(dist.get("rank"), int):
-        info.rank = dist["rank"]
+    rank = fit_int(dist.get("rank"), 32) if isinstance(dist, dict) else None
+    if rank is not None:
+        info.rank = rank
         info.rank_source = "distributedInfo"
     else:
         match = _RANK_IN_NAME.search(options.source_name)
-        if match:
+        if match and fit_int(int(match.group(1)), 32) is not None:
             info.rank = int(match.group(1))
             info.rank_source = "file name"
         else:
@@ -185,15 +186,14 @@ def _trace_info(options: ParseOptions, top: dict[str, Any], event_count: int, js
                 "no rank in distributedInfo or in the file name (e.g. rank-3.json); assumed rank 0"
             )
     if isinstance(dist, dict):
-        if isinstance(dist.get("world_size"), int):
-            info.world_size = dist["world_size"]
+        info.world_size = fit_int(dist.get("world_size"), 32)
         info.backend = _str_or_none(dist.get("backend"))
         info.nccl_version = _str_or_none(dist.get("nccl_version"))
     info.host = _str_or_none(top.get("host_name"))
     match = _HOST_IN_NAME.match(options.source_name)
     if match:
         info.host = info.host or match.group("host")
-        info.pid = int(match.group("pid"))
+        info.pid = fit_int(int(match.group("pid")))
     props = top.get("deviceProperties")
     if isinstance(props, list) and props and isinstance(props[0], dict):
         info.device_name = _str_or_none(props[0].get("name"))
@@ -206,13 +206,12 @@ def _devices(top: dict[str, Any], rank: int) -> dict[str, list[object]]:
         "rank", "device", "kind", "name", "core_count", "memory_bytes", "compute_capability")}
     props = top.get("deviceProperties")
     for prop in props if isinstance(props, list) else []:
-        if not isinstance(prop, dict) or not isinstance(prop.get("id"), int):
+        if not isinstance(prop, dict) or fit_int(prop.get("id"), 32) is None:
             continue
         major, minor = prop.get("computeMajor"), prop.get("computeMinor")
         for key, value in (
             ("rank", rank), ("device", prop["id"]), ("kind", "gpu"), ("name", _str_or_none(prop.get("name"))),
-            ("core_count", prop.get("numSms") if isinstance(prop.get("numSms"), int) else None),
-            ("memory_bytes", prop.get("totalGlobalMem") if isinstance(prop.get("totalGlobalMem"), int) else None),
+            ("core_count", fit_int(prop.get("numSms"), 32)), ("memory_bytes", fit_int(prop.get("totalGlobalMem"))),
             ("compute_capability", f"{major}.{minor}" if isinstance(major, int) and isinstance(minor, int) else None),
         ):
             rows[key].append(value)
@@ -229,6 +228,8 @@ def _base_time_ns(top: dict[str, Any], source: str) -> int:
         return 0
     if not isinstance(base, int) or isinstance(base, bool):
         raise TraceFormatError(source, f"baseTimeNanoseconds is {type(base).__name__}, expected an integer")
+    if fit_int(base) is None:
+        raise TraceFormatError(source, f"baseTimeNanoseconds {base} does not fit in 64 bits (not epoch nanoseconds)")
     return base
 
 

@@ -210,6 +210,8 @@ class Normaliser:
                 con.execute(statement.format(device_part=device_part, host_part=host_part))
         except duckdb.Error as exc:
             raise _translate(exc, self.source) from exc
+        except UnicodeDecodeError as exc:  # DuckDB cut its message, quoting a value, inside a UTF-8 sequence
+            raise UnreadableValue("a value DuckDB could not convert (its message is not valid UTF-8)") from exc
 
     def finish(self, info: TraceInfo, *, trace_id: str, base_ns: int, counter_batches: list[Path]) -> None:
         """Derive the cross-event facts and write ``<table>.parquet`` for every data table; fill ``info``."""
@@ -227,6 +229,8 @@ class Normaliser:
             _write_tables(con, self.staging, self.parts, trace_id, info.rank, base_ns)
         except duckdb.Error as exc:
             raise _translate(exc, self.source) from exc
+        except UnicodeDecodeError as exc:  # DuckDB cut its message, quoting a value, inside a UTF-8 sequence
+            raise UnreadableValue("a value DuckDB could not convert (its message is not valid UTF-8)") from exc
         log.debug("normalised %s in %.3fs", self.source, time.perf_counter() - started)
 
     def close(self) -> None:

@@ -21,6 +21,27 @@ from tracelake.warehouse import schema
 ColumnValues: TypeAlias = "Sequence[object] | pa.Array[Any] | pa.ChunkedArray[Any]"
 
 
+def fit_int(value: object, bits: int = 64) -> int | None:
+    """``value`` if it is an integer (not a bool) that fits a signed ``bits``-bit column, else None.
+
+    Parsers pass the numbers of untrusted files through this: a huge one becomes
+    null instead of an overflow when the column is written.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+        return value
+    return None
+
+
+def fit_text(value: object) -> str | None:
+    """A string column's value: strings as they are, numbers as text, anything else None.
+
+    Containers are never ``str()``-ed: a pickle can nest shared lists so deeply that their text is exponential.
+    """
+    if isinstance(value, str):
+        return value
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
 def arrow_table(table: str, columns: Mapping[str, ColumnValues], *, trace_id: str) -> pa.Table:
     """An Arrow table of ``table``'s declared schema from column lists.
 

@@ -36,7 +36,7 @@ from tracelake.warehouse.errors import TraceFormatError
 
 from . import xla_ops
 from .model import ParseOptions, TraceInfo
-from .tables import TableWriter, write_table
+from .tables import TableWriter, fit_int, write_table
 from .xla_rows import (
     DEVICE_COLUMNS, HOST_COLUMNS, Columns, RowBuilder, as_float, as_int, as_str, as_uint,
 )
@@ -51,6 +51,8 @@ _STREAM_LINE = re.compile(r"^Stream #(\d+)")
 FLUSH_ROWS = 200_000
 #: Line timestamps below this (about 1973 in epoch ns) are relative to the profile start.
 _RELATIVE_BEFORE_NS = 10**17
+#: Line origins (ns) must lie within this of zero (year 2116), so that ns plus ps stays within 64 bits.
+_MAX_NS = 1 << 62
 
 
 def sniff(head: bytes, filename: str) -> bool:
@@ -105,12 +107,16 @@ class _Parser(RowBuilder):
         for plane in self.space.planes:
             match = _DEVICE_PLANE.match(plane.name)
             if match:
-                self.device_planes.append((plane, match.group(1).lower(), int(match.group(2))))
+                index = fit_int(int(match.group(2)), 31)  # room for the host offset added below
+                if index is None:
+                    raise TraceFormatError(self.source, f"device plane {plane.name!r}: index out of range",
+                                           where=f"byte {plane.offset}")
+                self.device_planes.append((plane, match.group(1).lower(), index))
             elif plane.name.startswith("/host:") and plane.name != "/host:metadata":
                 self.host_planes.append(plane)
             elif plane.name == "Task Environment":
                 start = plane.stats().get("profile_start_time")
-                if isinstance(start, int):
+                if isinstance(start, int) and 0 <= start < _MAX_NS:
                     self.time_base = start
         # One xplane per host: ranks continue across the hosts of a run folder, in file-name order.
         offset = self.host_position * len(self.device_planes)
@@ -125,7 +131,11 @@ class _Parser(RowBuilder):
 
     def _origin_ns(self, line: Any) -> int:
         ts = int(line.timestamp_ns)
-        return ts + self.time_base if ts < _RELATIVE_BEFORE_NS else ts
+        origin = ts + self.time_base if ts < _RELATIVE_BEFORE_NS else ts
+        if not -_MAX_NS < origin < _MAX_NS:  # picoseconds added to it would not fit 64-bit nanoseconds
+            raise TraceFormatError(self.source, f"line {str(line.name)!r}: timestamp_ns {ts} is out of range "
+                                   "(not nanoseconds since the epoch or the profile start)")
+        return origin
 
     # ---- steps: device Steps lines, then host step annotations
     def read_device_steps(self) -> None:
@@ -137,7 +147,7 @@ class _Parser(RowBuilder):
                     if event.metadata_id not in by_name:
                         md = plane.header.event_metadata.get(event.metadata_id)
                         digits = re.search(r"(\d+)$", str(md.display_name or md.name)) if md is not None else None
-                        by_name[event.metadata_id] = int(digits.group(1)) if digits else None
+                        by_name[event.metadata_id] = fit_int(int(digits.group(1))) if digits else None
                     named = by_name[event.metadata_id]
                     if event.stats or named is None:
                         step = _step_number("", _event_stats(plane, event), n) if event.stats else n
@@ -435,7 +445,8 @@ def _step_number(name: str, stats: dict[str, object], position: int) -> int:
         if value is not None:
             return value
     digits = re.search(r"(\d+)$", name)
-    return int(digits.group(1)) if digits else position
+    number = fit_int(int(digits.group(1))) if digits else None
+    return number if number is not None else position
 
 
 def _host_position(source: Path) -> int:

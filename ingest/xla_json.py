@@ -49,6 +49,10 @@ class _Event(msgspec.Struct, gc=False):
     args: dict[str, Any] | None = None
 
 
+#: Times (µs) beyond this do not fit 64-bit nanoseconds, nor do sums and differences of two of them.
+_MAX_US = float(1 << 61) / 1000
+
+
 def _ns(us: float | None) -> int:
     return round((us or 0.0) * 1000)
 
@@ -77,6 +81,9 @@ class _Parser(RowBuilder):
                     if event.ts is None or event.dur is None:
                         raise TraceFormatError(self.source, "complete event without ts or dur",
                                                where=f"traceEvents[{first + offset}]")
+                    if not (-_MAX_US < event.ts < _MAX_US and -_MAX_US < event.dur < _MAX_US):
+                        raise TraceFormatError(self.source, f"ts {event.ts!r} or dur {event.dur!r} out of range "
+                                               "(not microseconds)", where=f"traceEvents[{first + offset}]")
                     self.complete.append(event)
         self.info.uncompressed_bytes = reader.json_bytes
         if not any(_DEVICE.match(p) or p.startswith("/host:") for p in self.processes.values()):

@@ -8,6 +8,7 @@ tables whichever file it is read from.
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -262,12 +263,12 @@ def host_from_name(source: str) -> str | None:
 def as_int(value: object) -> int | None:
     if isinstance(value, bool):
         return int(value)
+    if isinstance(value, float):
+        value = int(value) if math.isfinite(value) else None
+    elif isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        value = int(value)
     if isinstance(value, int):
         return value if -(1 << 63) <= value < (1 << 63) else None
-    if isinstance(value, float):
-        return int(value)
-    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
-        return int(value)
     return None
 
 
