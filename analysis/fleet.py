@@ -23,6 +23,7 @@ Decisions (docs/analyses.md, "Fleet"):
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 from collections.abc import Sequence
 
 import polars as pl
@@ -241,6 +242,64 @@ def week_over_week(rows: pl.DataFrame, now: dt.datetime, by: Sequence[str] = ())
     return result.sort(by) if by else result
 
 
+#: The most slowest collective instances a job's summary keeps (and so the most a fleet view can list).
+SUMMARY_TOP = 100
+#: Changes whenever :func:`collective_summaries` changes what it keeps (kept summaries are then made again).
+SUMMARY_VERSION = 1
+_STRAGGLER_COLUMNS = ("rank", "ranks", "times_last", "collectives", "share_last_pct", "mean_skew_us", "waited_ns")
+_STRAGGLER_ORDER: dict[str, Any] = {"by": ["waited_ns", "job", "rank"], "descending": [True, False, False]}
+_SLOWEST_ORDER: dict[str, Any] = {"by": ["transfer_ns", "first_ns", "job", "process_group", "seq"],
+                                  "descending": [True, False, False, False, False]}
+
+
+def collective_summaries(collectives: pl.DataFrame) -> pl.DataFrame:
+    """Per job, what the fleet's stragglers and slowest collectives need of its ``collectives`` rows.
+
+    One row per job (``collectives`` rows carry ``job``): ``trace_ids`` (the traces
+    summarised, sorted), ``stragglers`` (every straggler of the job, as :func:`stragglers`
+    defines them) and ``slowest`` (its :data:`SUMMARY_TOP` slowest instances). Jobs are
+    independent, so summaries made at different times combine (:func:`stragglers_of`,
+    :func:`slowest_of`) into exactly what the rows of all of them together give; a fleet
+    keeps these instead of every collective of every trace.
+    """
+    timed = collectives.filter(pl.col("seq").is_not_null() & pl.col("ts_ns").is_not_null())
+    arrivals = collectives_analysis.last_arrivals(timed, by=("job",))
+    ranks = timed.group_by("job").agg(pl.col("rank").n_unique().cast(pl.Int64).alias("ranks"))
+    late = (
+        arrivals.join(ranks, on="job", how="left")
+        .with_columns(
+            (100 * pl.col("times_last") / pl.col("collectives")).alias("share_last_pct"),
+            (pl.col("times_last") * pl.col("mean_skew_us") * 1e3).round(0).cast(pl.Int64).alias("waited_ns"),
+        )
+        .filter((pl.col("ranks") > 1) & (pl.col("share_last_pct") > 100 / pl.col("ranks"))
+                & (pl.col("mean_skew_us") * 1e3 >= MIN_SKEW_NS))
+        .group_by("job").agg(pl.struct(*_STRAGGLER_COLUMNS).alias("stragglers"))
+    )
+    slow = (
+        collectives_analysis.instances(collectives, by=("job",))
+        .filter(pl.col("transfer_ns").is_not_null())
+        .sort(**_SLOWEST_ORDER)
+        .group_by("job", maintain_order=True).head(SUMMARY_TOP)
+        .group_by("job").agg(pl.struct(*collectives_analysis.COLUMNS).alias("slowest"))
+    )
+    traces = pl.col("trace_id") if "trace_id" in collectives.columns else pl.lit(None, pl.String)
+    jobs = collectives.group_by("job").agg(traces.unique().drop_nulls().sort().alias("trace_ids"))
+    return (jobs.join(late, on="job", how="left").join(slow, on="job", how="left")
+            .select("job", "trace_ids", "stragglers", "slowest").sort("job"))
+
+
+def stragglers_of(summaries: pl.DataFrame, top: int = 10) -> pl.DataFrame:
+    """The ``top`` stragglers of the jobs in ``summaries`` (:func:`collective_summaries`), worst first."""
+    rows = summaries.select("job", "stragglers").explode("stragglers").drop_nulls("stragglers").unnest("stragglers")
+    return rows.sort(**_STRAGGLER_ORDER).head(top).select("job", *_STRAGGLER_COLUMNS)
+
+
+def slowest_of(summaries: pl.DataFrame, top: int = 10) -> pl.DataFrame:
+    """The ``top`` (at most :data:`SUMMARY_TOP`) slowest collective instances of the jobs in ``summaries``."""
+    rows = summaries.select("job", "slowest").explode("slowest").drop_nulls("slowest").unnest("slowest")
+    return rows.sort(**_SLOWEST_ORDER).head(min(top, SUMMARY_TOP)).select("job", *collectives_analysis.COLUMNS)
+
+
 def stragglers(collectives: pl.DataFrame, top: int = 10) -> pl.DataFrame:
     """The ranks across the fleet that made the others wait longest at collectives.
 
@@ -251,27 +310,14 @@ def stragglers(collectives: pl.DataFrame, top: int = 10) -> pl.DataFrame:
     over the instances the rank was last at). Columns: ``job``, ``rank``, ``ranks``,
     ``times_last``, ``collectives``, ``share_last_pct``, ``mean_skew_us``, ``waited_ns``.
     """
-    timed = collectives.filter(pl.col("seq").is_not_null() & pl.col("ts_ns").is_not_null())
-    arrivals = collectives_analysis.last_arrivals(timed, by=("job",))
-    ranks = timed.group_by("job").agg(pl.col("rank").n_unique().cast(pl.Int64).alias("ranks"))
-    return (
-        arrivals.join(ranks, on="job", how="left")
-        .with_columns(
-            (100 * pl.col("times_last") / pl.col("collectives")).alias("share_last_pct"),
-            (pl.col("times_last") * pl.col("mean_skew_us") * 1e3).round(0).cast(pl.Int64).alias("waited_ns"),
-        )
-        .filter((pl.col("ranks") > 1) & (pl.col("share_last_pct") > 100 / pl.col("ranks"))
-                & (pl.col("mean_skew_us") * 1e3 >= MIN_SKEW_NS))
-        .sort(["waited_ns", "job", "rank"], descending=[True, False, False])
-        .head(top)
-        .select("job", "rank", "ranks", "times_last", "collectives", "share_last_pct", "mean_skew_us", "waited_ns")
-    )
+    return stragglers_of(collective_summaries(collectives), top)
 
 
 def slowest_collectives(collectives: pl.DataFrame, top: int = 10) -> pl.DataFrame:
     """The collective instances across the fleet with the longest transfer time, with their job.
 
     Columns: ``job`` and :data:`~tracelake.analysis.collectives.COLUMNS` (transfer time =
-    the shortest duration over ranks; bus bandwidth from it).
+    the shortest duration over ranks; bus bandwidth from it); ties go to the earliest.
+    At most :data:`SUMMARY_TOP`.
     """
-    return collectives_analysis.slowest(collectives_analysis.instances(collectives, by=("job",)), top=top)
+    return slowest_of(collective_summaries(collectives), top)

@@ -7,6 +7,8 @@ status in one exception handler.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -27,6 +29,7 @@ from .job_cache import JobAnalyses
 from .metrics import Metrics
 from .responses import FastJSONResponse
 from .routes import health, jobs, reports, sql, traces
+from .scheduler import ReportScheduler, schedule_of
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +46,11 @@ Send `Authorization: Bearer <token>` when the server has tokens configured
 def create_app(settings: Settings | None = None) -> FastAPI:
     """A FastAPI app over the warehouse in ``settings`` (default: from the environment).
 
-    The ingest queue starts with the app (its lifespan) and stops with it.
+    The ingest queue and, with ``report_schedule`` set, the scheduled fleet reports start
+    with the app (its lifespan) and stop with it.
 
     Raises:
-        InvalidArgument: the token settings cannot be read.
+        InvalidArgument: the token settings cannot be read, or the report schedule is not valid.
     """
     settings = settings or Settings.from_env()
     tokens = Tokens.from_settings(settings)
@@ -54,16 +58,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = Metrics()
     analyses = JobAnalyses(warehouse)
     queue = IngestQueue(warehouse.settings, metrics, on_job_ingested=analyses.warm)
-    state = ServerState(warehouse.settings, warehouse, tokens, queue, metrics, analyses)
+    cron = schedule_of(settings)
+    scheduler = ReportScheduler(warehouse, cron) if cron is not None else None
+    state = ServerState(warehouse.settings, warehouse, tokens, queue, metrics, analyses, scheduler)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.queue.start()
         # read the registry of traces now, not on the first listing request
         threading.Thread(target=_load_registry, args=(warehouse,), name="tracelake-registry", daemon=True).start()
+        schedule = asyncio.create_task(scheduler.run(), name="tracelake-reports") if scheduler else None
         try:
             yield
         finally:
+            if schedule is not None:
+                schedule.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await schedule
             state.queue.stop()
             analyses.close()
 

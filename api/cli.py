@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import os
 import shutil
 import sys
 import time
@@ -17,7 +18,6 @@ from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
-from urllib.parse import quote
 
 import polars as pl
 import typer
@@ -26,6 +26,7 @@ from rich.markup import escape
 from rich.progress import (
     BarColumn,
     DownloadColumn,
+    MofNCompleteColumn,
     Progress,
     TaskID,
     TextColumn,
@@ -35,6 +36,14 @@ from rich.progress import (
 
 from tracelake.analysis import findings, overview
 from tracelake.warehouse import IngestResult, InvalidArgument, Settings, TracelakeError, Warehouse
+from tracelake.warehouse.distributed import (
+    SCHEDULER_ENV,
+    ClusterTarget,
+    dask_available,
+    dask_client,
+    resolve_target,
+    warehouse_path,
+)
 from tracelake.warehouse.results import QueryResult
 from tracelake.warehouse.store import parse_labels
 
@@ -142,6 +151,19 @@ def _progress_bar(enabled: bool) -> Iterator[_BarProgress | None]:
         yield _BarProgress(progress)
 
 
+@contextmanager
+def _count_bar(description: str, total: int, enabled: bool) -> Iterator[Callable[[str], None]]:
+    """A progress bar over ``total`` items; yields the callback that counts one done."""
+    if not enabled:
+        yield lambda _: None
+        return
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeRemainingColumn(), console=err_console, transient=True)
+    with progress:
+        task = progress.add_task(description, total=total)
+        yield lambda _: progress.advance(task)
+
+
 def _ingest_summary(results: list[IngestResult], seconds: float) -> None:
     ingested = [r for r in results if r.status == "ingested"]
     duplicates = [r for r in results if r.status == "duplicate"]
@@ -161,6 +183,23 @@ def _ingest_summary(results: list[IngestResult], seconds: float) -> None:
     )
 
 
+WorkersOption = Annotated[int | None, typer.Option(
+    "--workers", "-w", min=1, show_default=False,
+    help="Start a local Dask cluster of this many worker processes (without Dask installed: a process pool).")]
+SchedulerOption = Annotated[str | None, typer.Option(
+    "--scheduler", show_default=False,
+    help=f"Run on the Dask cluster at this address, e.g. tcp://host:8786 (default: ${SCHEDULER_ENV}, "
+    "else this process).")]
+
+
+def _cluster_target(scheduler: str | None, workers: int | None) -> tuple[ClusterTarget, int]:
+    """Where ingest or recompute runs, and the local process-pool size for ``--workers`` without Dask."""
+    target = resolve_target(scheduler, workers, os.environ)
+    if target.workers is not None and not dask_available():
+        return ClusterTarget(), target.workers
+    return target, 1
+
+
 @app.command()
 @_errors
 def ingest(
@@ -172,20 +211,25 @@ def ingest(
     label: Annotated[list[str] | None, typer.Option("--label", "-l", help="A key=value label; repeatable.",
                                                     show_default=False)] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
-    workers: Annotated[int, typer.Option("--workers", "-w", min=1,
-                                         help="Files ingested at once, each in its own process.")] = 1,
+    workers: WorkersOption = None,
+    scheduler: SchedulerOption = None,
     home: HomeOption = None,
 ) -> None:
     """Ingest trace files into the warehouse.
 
     Exit code 0 when every input ingested (or was already there), 1 when any failed;
     the others are ingested either way, and each failure is printed as `path: what went wrong`.
+    With --scheduler (or DASK_SCHEDULER_ADDRESS) or --workers, each file is a Dask task
+    (docs/scale-out.md); workers must see the inputs and the warehouse at the same paths.
     """
     labels = parse_labels(label)
-    warehouse = _warehouse(home)
+    target, pool = _cluster_target(scheduler, workers)
+    warehouse = _warehouse(warehouse_path(home) if home is not None else None)
     started = time.perf_counter()
-    with _progress_bar(not quiet and err_console.is_terminal) as bar:
-        report = warehouse.ingest(paths, job=job, labels=labels, progress=bar, workers=workers)
+    with dask_client(target) as client, _progress_bar(not quiet and err_console.is_terminal) as bar:
+        if client is not None and not quiet:
+            err_console.print(f"ingesting on {escape(target.describe())}", highlight=False, soft_wrap=True)
+        report = warehouse.ingest(paths, job=job, labels=labels, progress=bar, workers=pool, client=client)
     if bar is None:
         for r in report.failed:
             err_console.print(f"[red]failed[/] {escape(r.error or '')}", highlight=False, soft_wrap=True)
@@ -243,12 +287,23 @@ def analyze(
     recompute: Annotated[bool, typer.Option("--recompute", help="Recompute the stored analyses of every "
                                             "trace (of --job, if given) first.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    workers: WorkersOption = None,
+    scheduler: SchedulerOption = None,
     home: HomeOption = None,
 ) -> None:
-    """Show where the time went: the breakdown per rank and the findings, largest gain first."""
-    warehouse = _warehouse(home)
+    """Show where the time went: the breakdown per rank and the findings, largest gain first.
+
+    With --recompute, --scheduler (or DASK_SCHEDULER_ADDRESS) or --workers recompute one
+    trace per Dask task (docs/scale-out.md).
+    """
+    if not recompute and (scheduler or workers is not None):
+        raise InvalidArgument("--scheduler and --workers apply to --recompute only")
+    warehouse = _warehouse(warehouse_path(home) if home is not None else None)
     if recompute:
-        count = warehouse.recompute(job=job)
+        target, _ = _cluster_target(scheduler, workers)  # without Dask, --workers recomputes in process
+        total = warehouse.count_traces(job=job)
+        with dask_client(target) as client, _count_bar("recompute", total, err_console.is_terminal) as tick:
+            count = warehouse.recompute(job=job, client=client, on_trace=tick)
         err_console.print(f"recomputed the analyses of {count} traces", highlight=False)
         if trace_id is None and job is None:
             return
@@ -453,6 +508,7 @@ def serve(
 
     from .app import create_app
     from .auth import Tokens
+    from .connections import guarded_h11_protocol
     from .network import is_loopback
 
     settings = Settings.from_env(home=home, tokens_file=str(tokens_file) if tokens_file else None,
@@ -469,7 +525,11 @@ def serve(
     application = create_app(settings)
     err_console.print(f"tracelake {escape(str(settings.home_path))} on http://{escape(host)}:{port} "
                       f"(API docs: http://{escape(host)}:{port}/docs)", highlight=False)
-    uvicorn.run(application, host=host, port=port, log_level="info", timeout_graceful_shutdown=10)
+    # h11 with a deadline for request headers and no reading of abandoned bodies (see api/connections.py);
+    # headers larger than 16 KiB are refused with a 400 by h11 itself.
+    uvicorn.run(application, host=host, port=port, log_level="info", timeout_graceful_shutdown=10,
+                http=guarded_h11_protocol(settings.header_timeout_seconds), timeout_keep_alive=5,
+                h11_max_incomplete_event_size=16 << 10)
 
 
 report_app = typer.Typer(
@@ -491,9 +551,10 @@ def report_job(
 ) -> None:
     """Write a job's report: findings, per-rank breakdown, steps, idle time, stragglers, kernels, bandwidth."""
     from .reports import job_report
+    from .reports.archive import write_page
 
     target = out or Path(f"{job}.html")
-    _write_report(target, job_report(_warehouse(home).job_report(job, top=top)))
+    write_page(target, job_report(_warehouse(home).job_report(job, top=top)))
     err_console.print(f"wrote {escape(str(target))} ({target.stat().st_size / 1e6:.1f} MB)", highlight=False)
 
 
@@ -518,7 +579,7 @@ def report_fleet(
     """Write the fleet report: device-hours and utilisation over time, waste by job and label, top offenders."""
     from tracelake.warehouse.fleet_report import parse_when
 
-    from .reports import fleet_report, job_report
+    from .reports.archive import write_fleet_pages
 
     now = dt.datetime.now(dt.timezone.utc)
     warehouse = _warehouse(home)
@@ -526,26 +587,106 @@ def report_fleet(
                             until=parse_when(until, now) if until else None,
                             labels=parse_labels(label), top=top, now=now)
     folder = out.with_name(f"{out.stem}_jobs")
-    written: set[str] = set()
-    if job_reports:
-        for job in fleet.offenders["job"].to_list():
-            _write_report(folder / f"{job}.html", job_report(warehouse.job_report(job)))
-            written.add(job)
-    _write_report(out, fleet_report(fleet, lambda job: f"{folder.name}/{quote(job)}.html" if job in written else None))
-    extra = f" and {len(written)} job report{'s' if len(written) != 1 else ''} in {folder}/" if written else ""
+    written = write_fleet_pages(warehouse, fleet, out, folder, job_reports=job_reports)
+    extra = f" and {written} job report{'s' if written != 1 else ''} in {folder}/" if written else ""
     err_console.print(f"wrote {escape(str(out))} ({out.stat().st_size / 1e6:.1f} MB){escape(extra)}",
                       highlight=False, soft_wrap=True)
 
 
-def _write_report(target: Path, html: str) -> None:
-    """Write a page atomically (a reader never sees half a report)."""
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.partial")
-        partial.write_text(html, encoding="utf-8")
-        partial.replace(target)
-    except OSError as exc:
-        raise InvalidArgument(f"cannot write {target}: {exc.strerror or exc}") from None
+@report_app.command("scheduled")
+@_errors
+def report_scheduled(
+    if_due: Annotated[bool, typer.Option(
+        "--if-due", help="Only when the schedule (TRACELAKE_REPORT_SCHEDULE) has a run with no report yet: "
+        "for a timer that fires more often than the schedule, or at boot.")] = False,
+    window: Annotated[str | None, typer.Option(
+        "--window", help="Traces ingested this long before now: 7d, 12h... (default: TRACELAKE_REPORT_WINDOW, "
+        "7d); '' for all.", show_default=False)] = None,
+    home: HomeOption = None,
+) -> None:
+    """Write the fleet report into the history in $TRACELAKE_HOME/reports/, as `tracelake serve` does on its
+    schedule: for cron or a systemd timer (see README, "Scheduled fleet reports")."""
+    from .scheduler import archive_of, schedule_of
+
+    settings = Settings.from_env(home=home, report_window=window)
+    archive = archive_of(settings)
+    due = None
+    if if_due:
+        cron = schedule_of(settings)
+        if cron is None:
+            raise InvalidArgument("--if-due needs a schedule: set TRACELAKE_REPORT_SCHEDULE (e.g. '0 6 * * MON')")
+        due = cron.previous(dt.datetime.now(dt.timezone.utc))
+        if due is None or archive.covers(due):
+            err_console.print("no report due: the latest run of the schedule has its report", highlight=False)
+            return
+    report = archive.generate(Warehouse(settings=settings), scheduled_for=due, window=settings.report_window,
+                              trigger="schedule" if if_due else "manual", keep=settings.report_keep)
+    err_console.print(f"wrote {escape(str(archive.root / report.name / 'index.html'))} ({report.traces:,} traces, "
+                      f"{report.job_reports} job reports, {report.seconds:.1f} s)", highlight=False, soft_wrap=True)
+
+
+@report_app.command("list")
+@_errors
+def report_list(home: HomeOption = None) -> None:
+    """List the fleet reports kept in $TRACELAKE_HOME/reports/, newest first."""
+    from .scheduler import archive_of
+
+    settings = Settings.from_env(home=home)
+    reports = archive_of(settings).list()
+    if not reports:
+        err_console.print("no fleet reports yet: set TRACELAKE_REPORT_SCHEDULE for `tracelake serve`, or run "
+                          "`tracelake report scheduled`", highlight=False)
+        return
+    frame = pl.DataFrame([{"name": r.name, "due (UTC)": f"{r.scheduled_for:%Y-%m-%d %H:%M}", "trigger": r.trigger,
+                           "traces": r.traces, "jobs": r.jobs, "MB": round(r.bytes / 1e6, 1)} for r in reports])
+    _print_result(_frame_result(frame), OutputFormat.table,
+                  title=f"fleet reports in {archive_of(settings).root} (<name>/index.html)")
+
+
+@app.command()
+@_errors
+def check(
+    repair: Annotated[bool, typer.Option("--repair", help="Remove what dead processes left: data files of "
+                                                          "unregistered traces, stale staging folders, temp files.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    stale_after: Annotated[float, typer.Option("--stale-after", min=0, help=(
+        "Seconds without a write after which a staging folder counts as left over (0 only when "
+        "nothing else writes to the warehouse)."))] = 3600.0,
+    home: HomeOption = None,
+) -> None:
+    """Verify the warehouse: every registered trace has all its files and row counts; list leftovers.
+
+    Exit code 0 when healthy (after --repair, if given), 1 when a trace is damaged or leftovers remain.
+    Registered traces are never changed: delete a damaged one and ingest it again.
+    """
+    from rich.table import Table
+
+    report = _warehouse(home).check(repair=repair, stale_after=stale_after)
+    if as_json:
+        sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
+    else:
+        if report.problems:
+            table = Table(title=f"{len(report.problems)} problems with registered traces")
+            for column in ("trace", "job", "table", "problem", "detail"):
+                table.add_column(column, overflow="fold")
+            for p in report.problems:
+                table.add_row(p.trace_id[:12], p.job, p.table, p.kind, escape(p.detail))
+            console.print(table)
+        if report.orphans:
+            table = Table(title=f"{len(report.orphans)} leftovers of processes that died (invisible to queries)")
+            for column in ("kind", "path", "detail", "removed"):
+                table.add_column(column, overflow="fold")
+            for o in report.orphans:
+                table.add_row(o.kind, escape(str(o.path)), escape(o.detail), "yes" if o.removed else "no")
+            console.print(table)
+        verdict = "[green]healthy[/]" if report.ok else "[red]problems found[/]"
+        hint = "" if report.ok or repair or not report.orphans else " (run `tracelake check --repair` to remove leftovers)"
+        console.print(f"{verdict}: {report.traces} traces, {report.files} files checked in {report.seconds:.2f}s; "
+                      f"{len(report.problems)} problems, {len(report.orphans)} leftovers"
+                      f"{f' ({sum(o.removed for o in report.orphans)} removed)' if repair else ''}, "
+                      f"{report.in_use} in use{hint}", highlight=False, soft_wrap=True)
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -15,6 +15,7 @@ from .auth import Tokens, require
 from .ingest_queue import IngestQueue
 from .job_cache import JobAnalyses
 from .metrics import Metrics
+from .scheduler import ReportScheduler
 
 #: Documents the bearer scheme in the OpenAPI schema; the check itself is :class:`Tokens`.
 bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer <token>`.")
@@ -22,7 +23,7 @@ bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization:
 
 @dataclass
 class ServerState:
-    """One server's warehouse, tokens, ingest queue, metrics and prepared job analyses."""
+    """One server's warehouse, tokens, ingest queue, metrics, prepared job analyses and report schedule."""
 
     settings: Settings
     warehouse: Warehouse
@@ -30,6 +31,8 @@ class ServerState:
     queue: IngestQueue
     metrics: Metrics
     analyses: JobAnalyses
+    #: Makes the scheduled fleet reports; None without ``report_schedule``.
+    scheduler: ReportScheduler | None = None
 
 
 def server(request: Request) -> ServerState:

@@ -134,3 +134,38 @@ class Health(BaseModel):
     status: Literal["ok"]
     version: str
     queue_depth: int
+
+
+class ArchivedReportInfo(BaseModel):
+    """One fleet report of the history in ``$TRACELAKE_HOME/reports/``."""
+
+    name: str
+    url: str = Field(description="Where the report is served.")
+    scheduled_for: dt.datetime = Field(description="When it was due: the schedule's run time, or when it was asked for.")
+    generated_at: dt.datetime
+    trigger: Literal["schedule", "missed", "manual"] = Field(
+        description="`schedule`: on time; `missed`: at start-up, for a run the server was down for; "
+        "`manual`: `tracelake report scheduled`.")
+    since: dt.datetime | None = Field(description="It covers traces ingested from then until it was due; "
+                                      "null: every trace.")
+    traces: int
+    jobs: int
+    job_reports: int = Field(description="Job reports kept beside it (the top offenders').")
+    seconds: float = Field(description="How long it took to make.")
+    bytes: int
+
+
+class ReportList(BaseModel):
+    """The history of fleet reports, newest first, and the schedule that makes them."""
+
+    reports: list[ArchivedReportInfo]
+    schedule: str | None = Field(description="The cron schedule (`TRACELAKE_REPORT_SCHEDULE`); null: none.")
+    timezone: str
+    next_run: dt.datetime | None = Field(description="When the next scheduled report is due (UTC).")
+    last_error: str | None = Field(None, description="Why the last scheduled run failed, if it did.")
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "reports": [{"name": "fleet-20261207T060000Z", "url": "/api/v1/reports/fleet-20261207T060000Z/index.html",
+                     "scheduled_for": "2026-12-07T06:00:00Z", "generated_at": "2026-12-07T06:00:03Z",
+                     "trigger": "schedule", "since": "2026-11-30T06:00:00Z", "traces": 10000, "jobs": 2500,
+                     "job_reports": 10, "seconds": 3.1, "bytes": 54000000}],
+        "schedule": "0 6 * * MON", "timezone": "UTC", "next_run": "2026-12-14T06:00:00Z", "last_error": None}]})

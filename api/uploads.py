@@ -8,8 +8,10 @@ the last byte lands.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -29,17 +31,25 @@ TRACE_ID_DIGITS = 20
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 
 
+class UploadTimedOut(InvalidArgument):
+    """An upload sent nothing for longer than ``TRACELAKE_UPLOAD_IDLE_TIMEOUT_SECONDS`` (a stalled client)."""
+
+    http_status = 408
+
+
 @dataclass(frozen=True)
 class UploadLimits:
-    """How much one upload may carry."""
+    """How much one upload may carry, and how long it may stall."""
 
     max_file_bytes: int
     max_request_bytes: int
+    #: Seconds the body may send nothing before the upload is cut off.
+    idle_timeout_seconds: float = 60.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> UploadLimits:
         """The limits configured in ``settings``."""
-        return cls(settings.max_file_bytes, settings.max_request_bytes)
+        return cls(settings.max_file_bytes, settings.max_request_bytes, settings.upload_idle_timeout_seconds)
 
 
 @dataclass
@@ -107,6 +117,31 @@ def _check_length(request: Request, limits: UploadLimits) -> None:
                        f"{_size(limits.max_request_bytes)} an upload may be (TRACELAKE_MAX_REQUEST_BYTES)")
 
 
+async def _body_chunks(request: Request, limits: UploadLimits) -> AsyncIterator[bytes]:
+    """The request body's chunks as they arrive; a client silent for ``idle_timeout_seconds`` is cut off.
+
+    Raises:
+        UploadTimedOut: no byte arrived for ``limits.idle_timeout_seconds``.
+        ClientDisconnect: the client went away.
+    """
+    while True:
+        try:
+            async with asyncio.timeout(limits.idle_timeout_seconds):
+                message = await request.receive()
+        except TimeoutError:
+            raise UploadTimedOut(
+                f"the upload sent nothing for {limits.idle_timeout_seconds:g} s and was cut off "
+                "(TRACELAKE_UPLOAD_IDLE_TIMEOUT_SECONDS); send the body without pausing"
+            ) from None
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        body = message.get("body", b"")
+        if body:
+            yield body
+        if not message.get("more_body", False):
+            return
+
+
 class _RequestBudget:
     def __init__(self, limits: UploadLimits) -> None:
         self.limits = limits
@@ -124,12 +159,15 @@ async def receive_body(request: Request, folder: Path, name: str, limits: Upload
 
     Raises:
         TooLarge: the body is larger than a file or a request may be.
+        UploadTimedOut: the client stalled.
         InvalidArgument: the body is empty or the client went away.
     """
     _check_length(request, limits)
     sink = _FileSink(folder / "body", display_name(name), limits)
+    budget = _RequestBudget(limits)  # a chunked body declares no length: count it
     try:
-        async for chunk in request.stream():
+        async for chunk in _body_chunks(request, limits):
+            budget.take(len(chunk))
             sink.write(chunk)
     except ClientDisconnect:
         sink.abort()
@@ -225,6 +263,7 @@ async def receive_multipart(request: Request, folder: Path, limits: UploadLimits
 
     Raises:
         TooLarge: a file or the whole body is larger than allowed.
+        UploadTimedOut: the client stalled.
         InvalidArgument: the body is not well-formed multipart, or carries no file.
     """
     content_type, options = parse_options_header(request.headers.get("content-type"))
@@ -237,7 +276,7 @@ async def receive_multipart(request: Request, folder: Path, limits: UploadLimits
     budget = _RequestBudget(limits)
     parser = MultipartParser(boundary, state.callbacks())  # type: ignore[arg-type]
     try:
-        async for chunk in request.stream():
+        async for chunk in _body_chunks(request, limits):
             budget.take(len(chunk))
             parser.write(chunk)
         parser.finalize()

@@ -255,3 +255,67 @@ def test_parse_when(text: str, expected: dt.datetime) -> None:
 def test_parse_when_refuses_what_it_cannot_read(text: str) -> None:
     with pytest.raises(InvalidArgument, match="invalid time"):
         parse_when(text)
+
+
+def _raw(wh: Warehouse, **window: dt.datetime) -> object:
+    """The fleet computed straight from the selected traces' files (nothing kept between calls)."""
+    from tracelake.warehouse import fleet_report
+
+    return fleet_report.read(wh.store, wh.registry.frame(), rows=None, **window)
+
+
+def test_kept_collective_summaries_give_what_the_rows_give(fleet_warehouse_home, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    home = tmp_path / "warehouse"
+    shutil.copytree(fleet_warehouse_home, home)
+    shutil.rmtree(home / "cache", ignore_errors=True)
+    wh = Warehouse(home)
+    kept = wh.fleet()
+    raw = _raw(wh)
+    assert kept.stragglers.height > 1 and kept.slowest_collectives.height > 1
+    assert kept.stragglers.equals(raw.stragglers)  # type: ignore[attr-defined]
+    assert kept.slowest_collectives.equals(raw.slowest_collectives)  # type: ignore[attr-defined]
+    # only summaries are kept on disk, and a fresh process gives the same from them
+    snapshot = pl.read_parquet(home / "cache" / "fleet-collectives.parquet")
+    assert set(snapshot.columns) == {"job", "trace_ids", "stragglers", "slowest"}
+    assert snapshot["job"].n_unique() == snapshot.height
+    again = Warehouse(home).fleet()
+    assert again.stragglers.equals(kept.stragglers) and again.slowest_collectives.equals(kept.slowest_collectives)
+
+
+def test_a_window_through_a_job_summarises_only_its_traces_in_the_window(fleet_warehouse_home, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    home = tmp_path / "warehouse"
+    shutil.copytree(fleet_warehouse_home, home)
+    wh = Warehouse(home)
+    wh.fleet()  # summaries of whole jobs are kept now
+    ddp = wh.registry.frame().filter(pl.col("job") == "ddp").sort("ingested_at")
+    assert ddp.height == 4
+    # the window starts after the first two ranks of ddp were ingested: a summary of all four would be wrong
+    since = ddp["ingested_at"][2]
+    kept = wh.fleet(since=since)
+    raw = _raw(wh, since=since)
+    assert kept.stragglers.equals(raw.stragglers)  # type: ignore[attr-defined]
+    assert kept.slowest_collectives.equals(raw.slowest_collectives)  # type: ignore[attr-defined]
+    whole = wh.fleet().stragglers.filter(pl.col("job") == "ddp")
+    part = kept.stragglers.filter(pl.col("job") == "ddp")
+    assert whole.height and (part.height == 0 or part["ranks"][0] < whole["ranks"][0])
+
+
+def test_summaries_keep_the_slowest_of_each_job_and_combine_in_order() -> None:
+    frame = pl.DataFrame({
+        "job": ["a"] * 4 + ["b"] * 4, "trace_id": ["t0", "t1"] * 4, "process_group": ["0"] * 8,
+        "seq": [1, 1, 2, 2, 1, 1, 2, 2], "collective": ["allreduce"] * 8, "rank": [0, 1] * 4,
+        "ts_ns": [0, 10, 100, 110, 0, 10, 100, 110], "dur_ns": [50, 40, 70, 60, 40, 45, 70, 90],
+        "message_bytes": [1000] * 8,
+    })
+    summaries = fleet.collective_summaries(frame)
+    assert summaries["job"].to_list() == ["a", "b"] and summaries["trace_ids"].to_list() == [["t0", "t1"]] * 2
+    combined = fleet.slowest_of(summaries, 10)
+    # transfer time is the shortest duration over ranks: a/1 40, a/2 60, b/1 40, b/2 70; ties go to the earliest
+    assert combined.select("job", "seq", "transfer_ns").rows() == [("b", 2, 70), ("a", 2, 60), ("a", 1, 40),
+                                                                   ("b", 1, 40)]
+    assert fleet.slowest_of(summaries, 2).height == 2
+    assert fleet.slowest_of(summaries.head(0), 5).height == 0 and fleet.stragglers_of(summaries.head(0)).height == 0

@@ -78,7 +78,7 @@ def test_a_damaged_or_foreign_snapshot_is_ignored(warehouse: Warehouse, damage: 
     warehouse.ingest([SAMPLES / "launch_bound"], job="launch")
     snapshot = warehouse.home / "cache" / "test.parquet"
     if damage == "garbage":
-        snapshot.parent.mkdir(parents=True)
+        snapshot.parent.mkdir(parents=True, exist_ok=True)
         snapshot.write_bytes(b"not parquet")
     else:  # written for other columns
         FolderCache(warehouse.store, "breakdown", columns=["trace_id", "rank", "step"], name="test").frame()
@@ -112,3 +112,23 @@ def test_only_the_folders_asked_for_are_read(warehouse: Warehouse) -> None:
     assert store.files_read == 1  # unchanged: not read again
     assert cache.frame().sort("trace_id", "rank").equals(_direct(warehouse))
     assert store.files_read == 1 + 4  # the other job's four traces, once asked for
+
+
+def test_an_ingest_leaves_the_snapshots_current(warehouse: Warehouse) -> None:
+    """A new process after `tracelake ingest` reads the snapshots, not one file per trace."""
+    report = warehouse.ingest([SAMPLES / "ddp_straggler"], job="ddp")
+    assert report.ok
+    cache = warehouse.home / "cache"
+    registry = pl.read_parquet(cache / "traces.parquet")
+    assert sorted(registry["trace_id"].to_list()) == sorted(r.trace_id for r in report.results)
+    breakdown = pl.read_parquet(cache / "fleet-breakdown.parquet")
+    assert set(breakdown["trace_id"].to_list()) == set(registry["trace_id"].to_list())
+    summaries = pl.read_parquet(cache / "fleet-collectives.parquet")
+    assert summaries["job"].to_list() == ["ddp"] and len(summaries["trace_ids"][0]) == 4
+    # and a fresh warehouse object finds nothing to read
+    fresh = Warehouse(warehouse.home)
+    reads = []
+    original = fresh.store.read_frame
+    fresh.store.read_frame = lambda *a, **k: reads.append(a[0]) or original(*a, **k)  # type: ignore[method-assign]
+    fresh.fleet()
+    assert "traces" not in reads and "breakdown" not in reads and "collectives" not in reads

@@ -8,12 +8,18 @@ when Chromium is not installed (Debian: ``apt-get install chromium``).
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+
+from tracelake.api.reports.archive import ReportArchive
+from tracelake.warehouse import Warehouse
 
 from chromium import Chromium, Tab, find_chromium
 from conftest import ROOT
@@ -41,10 +47,17 @@ Array.from(document.querySelectorAll('.plotly-graph-div')).map(d => ({
 
 @pytest.fixture(scope="module")
 def server(fleet_warehouse_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``tracelake serve`` (uvicorn) over the fleet warehouse on a free loopback port; yields its URL."""
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    """``tracelake serve`` (uvicorn) over a copy of the fleet warehouse on a free loopback port; yields its URL.
+
+    The copy holds one fleet report in its history (``reports/``), made as the schedule makes them.
+    """
+    folder = tmp_path_factory.mktemp("server")
+    home = folder / "warehouse"
+    shutil.copytree(fleet_warehouse_home, home)
+    due = dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=1)
+    ReportArchive(home / "reports").generate(Warehouse(home), scheduled_for=due, trigger="schedule")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRACELAKE_")}
-    with running_server(["--home", str(fleet_warehouse_home), "--ingest-workers", "0"], env, log_path) as url:
+    with running_server(["--home", str(home), "--ingest-workers", "0"], env, folder / "server.log") as url:
         yield url
 
 
@@ -103,6 +116,22 @@ def test_fleet_report_renders_in_chromium_and_links_to_job_reports(server: str, 
     first = tab.evaluate("document.querySelector('#offenders tbody a').href")
     assert first == f"{server}/api/v1/jobs/ddp/report"  # the most wasteful job first, linked to its report
     linked = browser.open(first)
+    plots = _wait_for_plots(linked)
+    assert plots and all(p["drawn"] and p["marks"] for p in plots)
+    assert linked.errors() == []
+
+
+def test_a_report_of_the_history_renders_and_links_to_the_job_reports_beside_it(server: str,
+                                                                             browser: Chromium) -> None:
+    (report,) = httpx.get(f"{server}/api/v1/reports").json()["reports"]
+    url = f"{server}{report['url']}"
+    tab = browser.open(url)
+    _check_page(tab, url, {"plot-over-time", "plot-wasted-by-job", "plot-wasted-by-team", "plot-wasted-by-cluster",
+                           "plot-wasted-by-hardware"}, "fleet-report-history.png")
+    first = tab.evaluate("document.querySelector('#offenders tbody a').href")
+    assert first == url.replace("/index.html", "/jobs/ddp.html")  # the job report kept beside it
+    linked = browser.open(first)
+    assert linked.evaluate("document.title") == "Job report: ddp"
     plots = _wait_for_plots(linked)
     assert plots and all(p["drawn"] and p["marks"] for p in plots)
     assert linked.errors() == []

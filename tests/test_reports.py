@@ -16,6 +16,7 @@ from plotly.offline import get_plotlyjs
 from typer.testing import CliRunner
 
 from conftest import SAMPLES
+from tracelake.analysis.fleet import collective_summaries
 from tracelake.api.app import create_app
 from tracelake.api.cli import app as cli
 from tracelake.api.reports import fleet_report, job_report
@@ -165,8 +166,8 @@ def test_trace_strings_are_escaped_in_the_fleet_report(hostile_home: Path, fleet
     pairs = list(zip(traces["job"], traces["trace_id"]))
     renamed = traces.with_columns(traces["job"].str.replace("^ddp$", HOSTILE_JOB))
     hostile_fleet = compute_fleet(renamed, fleet_warehouse.store.read_frame("breakdown", pairs), None,
-                                  fleet_warehouse.store.read_frame("collectives", pairs).head(0).with_columns(
-                                      job=traces["job"].head(0)),
+                                  collective_summaries(fleet_warehouse.store.read_frame(
+                                      "collectives", pairs).head(0).with_columns(job=traces["job"].head(0))),
                                   since=None, until=None, labels={}, now=fleet.now)
     text = fleet_report(hostile_fleet, lambda job: f"/jobs/{job}?x=<b>")
     _assert_no_injection(text)

@@ -22,7 +22,7 @@ import duckdb
 
 from . import schema
 from .schema import sql_literal
-from .store import Store
+from .store import Store, temp_name
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,10 @@ def _scan(files: str) -> str:
 def view_statements(store: Store, prefix: str = "") -> list[str]:
     """``CREATE VIEW`` statements for every table over the whole warehouse, reading absolute paths.
 
-    Data views keep only the rows of registered traces (a semi-join on ``traces``),
-    so files published by an ingest that died before registering are never seen.
+    Data views keep only the rows of registered traces (a semi-join on ``traces`` by
+    job and trace id), so files published by an ingest that died before registering,
+    or left by a delete that died half way, are never seen, not even beside a later
+    registration of the same trace under another job.
     """
     statements = [
         f"CREATE OR REPLACE VIEW {prefix}traces AS "
@@ -50,8 +52,8 @@ def view_statements(store: Store, prefix: str = "") -> list[str]:
     ]
     for name in schema.DATA_TABLES:
         statements.append(
-            f"CREATE OR REPLACE VIEW {prefix}{name} AS SELECT * FROM {_scan(sql_literal(store.glob(name)))} "
-            "WHERE trace_id IN (SELECT trace_id FROM traces)"
+            f"CREATE OR REPLACE VIEW {prefix}{name} AS SELECT data.* FROM {_scan(sql_literal(store.glob(name)))} "
+            "AS data SEMI JOIN traces AS reg ON data.job = reg.job AND data.trace_id = reg.trace_id"
         )
     statements.append(
         f"CREATE OR REPLACE VIEW {prefix}tracelake_meta AS SELECT "
@@ -116,25 +118,39 @@ def catalog_is_current(store: Store) -> bool:
 
 
 def _write_stamp(store: Store) -> None:
-    tmp = store.catalog_stamp.with_name(f".{store.catalog_stamp.name}.{os.getpid()}.tmp")
-    tmp.write_text(_stamp(store), encoding="utf-8")
-    os.replace(tmp, store.catalog_stamp)
+    tmp = temp_name(store.catalog_stamp)
+    try:
+        tmp.write_text(_stamp(store), encoding="utf-8")
+        os.replace(tmp, store.catalog_stamp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def write_catalog(store: Store) -> None:
-    """(Re)write ``tracelake.duckdb`` atomically, readable by the DuckDB 1.5 shell."""
-    tmp = store.catalog_path.with_name(f".{store.catalog_path.name}.{os.getpid()}.tmp")
-    for leftover in (tmp, tmp.with_name(tmp.name + ".wal")):
-        leftover.unlink(missing_ok=True)
+    """(Re)write ``tracelake.duckdb`` atomically, readable by the DuckDB 1.5 shell.
+
+    Written under a hidden name of this process's (several processes may rewrite it
+    at once: each renames a whole catalog into place); one left by a killed process
+    is listed by ``tracelake check``.
+    """
+    tmp = temp_name(store.catalog_path)
+    wal = tmp.with_name(tmp.name + ".wal")
     con = duckdb.connect()
     try:
         con.execute(f"ATTACH {sql_literal(str(tmp))} AS catalog (STORAGE_VERSION '{STORAGE_VERSION}')")
         for statement in view_statements(store, prefix="catalog."):
             con.execute(statement)
         con.execute("DETACH catalog")
+        con.close()
+        os.replace(tmp, store.catalog_path)
+    except BaseException:
+        for leftover in (tmp, wal):
+            leftover.unlink(missing_ok=True)
+        raise
     finally:
         con.close()
-    os.replace(tmp, store.catalog_path)
+    wal.unlink(missing_ok=True)
     _write_stamp(store)
 
 

@@ -8,31 +8,27 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import multiprocessing
-import os
-import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import polars as pl
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from tracelake import ingest
 from tracelake.analysis import diff as diff_analysis
 from tracelake.analysis import kernels
 from tracelake.analysis import nccl as nccl_analysis
-from tracelake.ingest.model import ByteCallback, TraceInfo
+from tracelake.ingest.model import ByteCallback
 
-from . import analysis_report, catalog, fleet_report, job_report, schema
+from . import analysis_report, catalog, fleet_report, job_report, staging
 from .analysis_report import Analysis
-from .derived import INPUTS, write_derived
-from .errors import InvalidArgument, NotFound, QueryError, TraceFormatError, TracelakeError, WarehouseError
+from .check import STALE_AFTER, CheckReport
+from .check import check as check_warehouse
+from .errors import InvalidArgument, NotFound, QueryError, WarehouseError
 from .fleet_report import Fleet
 from .inputs import expand_inputs, file_size
 from .job_report import JobReport
@@ -41,6 +37,9 @@ from .registry import Registry, job_summaries, select_traces
 from .results import IngestProgress, IngestReport, IngestResult, QueryResult
 from .settings import Settings
 from .store import Store, check_job
+
+if TYPE_CHECKING:
+    from distributed import Client as DaskClient
 
 log = logging.getLogger(__name__)
 
@@ -91,29 +90,41 @@ class Warehouse:
         labels: dict[str, str] | None = None,
         progress: IngestProgress | None = None,
         workers: int = 1,
+        client: DaskClient | None = None,
     ) -> IngestReport:
         """Ingest trace files (and directories of them) under ``job``.
 
         Every input is tried; a bad file is reported in its result and does not
-        stop the others. Files already in the warehouse are skipped. With
+        stop the others. Files already in the warehouse are skipped. Afterwards the
+        snapshots under ``cache/`` are brought up to date with the job (:meth:`refresh_caches`). With
         ``workers`` > 1, files are ingested by that many processes at once (each
         file is still written atomically; results come back in input order).
+        With a Dask ``client`` (``dask.distributed.Client``), each file is parsed by a
+        task on the cluster and registered here as its task finishes; workers must
+        see the inputs and the warehouse at the same paths (see :mod:`.distributed`).
         """
         check_job(job)
         files = expand_inputs(paths)
         if progress is not None:
             progress.start([(f, file_size(f)) for f in files])
-        if workers > 1 and len(files) > 1:
-            return self._ingest_parallel(files, job, labels, progress, workers)
-        report = IngestReport()
-        for path in files:
-            if progress is not None:
-                progress.file_started(path)
-            on_bytes = progress.advance if progress is not None else None
-            result = self.ingest_file(path, job=job, labels=labels, on_bytes=on_bytes)
-            report.results.append(result)
-            if progress is not None:
-                progress.file_done(result)
+        if client is not None:
+            from .distributed import ingest_on_dask
+
+            report = ingest_on_dask(self, files, job=job, labels=labels, progress=progress, client=client)
+        elif workers > 1 and len(files) > 1:
+            report = self._ingest_parallel(files, job, labels, progress, workers)
+        else:
+            report = IngestReport()
+            for path in files:
+                if progress is not None:
+                    progress.file_started(path)
+                on_bytes = progress.advance if progress is not None else None
+                result = self.ingest_file(path, job=job, labels=labels, on_bytes=on_bytes)
+                report.results.append(result)
+                if progress is not None:
+                    progress.file_done(result)
+        if any(r.status == "ingested" for r in report.results):
+            self.refresh_caches({job})
         return report
 
     def _ingest_parallel(
@@ -154,117 +165,12 @@ class Warehouse:
         on_bytes: ByteCallback | None = None,
     ) -> IngestResult:
         """Ingest one file; failures are returned in the result, never raised."""
-        path = Path(path)
-        started = time.perf_counter()
-        result = IngestResult(path=path, status="failed", job=job)
-        try:
-            check_job(job)
-            self._ingest_one(path, job, labels or {}, source_name or path.name, on_bytes, result)
-        except TracelakeError as exc:
-            result.error = str(exc)
-        except OSError as exc:
-            result.error = f"{path}: cannot read ({exc.strerror or exc})"
-        result.seconds = time.perf_counter() - started
+        staged = staging.stage_file(self.store, self.settings, path, job=job, labels=labels,
+                                    source_name=source_name, on_bytes=on_bytes)
+        result = staging.publish_staged(self.store, staged)
         if result.error:
             log.info("ingest failed: %s", result.error)
         return result
-
-    def _ingest_one(
-        self,
-        path: Path,
-        job: str,
-        labels: dict[str, str],
-        source_name: str,
-        on_bytes: ByteCallback | None,
-        result: IngestResult,
-    ) -> None:
-        if not path.is_file():
-            raise NotFound(f"{path}: no such file")
-        result.source_bytes = path.stat().st_size
-        trace_id = ingest.content_id(path)
-        result.trace_id = trace_id
-        existing = self.store.registered_job(trace_id)
-        if existing is not None:
-            result.status = "duplicate"
-            result.job = existing
-            if on_bytes is not None:
-                on_bytes(result.source_bytes)
-            return
-        started = time.perf_counter()
-        staging = self.store.new_staging(trace_id)
-        try:
-            options = ingest.ParseOptions(
-                source_name=source_name,
-                trace_id=trace_id,
-                memory_limit=self.settings.ingest_memory_limit,
-                threads=self.settings.threads,
-                batch_bytes=self.settings.parse_batch_bytes,
-                on_bytes=on_bytes,
-            )
-            fmt, info = ingest.parse_into(path, staging, options)
-            write_derived(staging, staging, threads=self.settings.threads,
-                          memory_limit=self.settings.ingest_memory_limit)
-            rows = {name: pq.read_metadata(staging / f"{name}.parquet").num_rows for name in schema.DATA_TABLES}
-            row = self._traces_row(path, source_name, trace_id, labels, fmt.name, info, rows, started)
-            pq.write_table(pa.Table.from_pylist([row], schema=schema.TRACES.arrow_schema),
-                           staging / "traces.parquet", compression="zstd")
-            self.store.publish(staging, job, trace_id)
-        except TraceFormatError:
-            raise
-        except (pa.ArrowException, duckdb.Error) as exc:
-            raise TraceFormatError(source_name, f"could not convert the trace ({exc})") from exc
-        finally:
-            self.store.discard(staging)
-        result.status = "ingested"
-        result.format = fmt.name
-        result.rank = info.rank
-        result.rows = rows
-        result.uncompressed_bytes = info.uncompressed_bytes
-        result.warnings = list(info.warnings)
-
-    def _traces_row(
-        self,
-        path: Path,
-        source_name: str,
-        trace_id: str,
-        labels: dict[str, str],
-        fmt: str,
-        info: TraceInfo,
-        rows: dict[str, int],
-        started: float,
-    ) -> dict[str, Any]:
-        return {
-            "trace_id": trace_id,
-            "format": fmt,
-            "source_name": source_name,
-            "source_path": str(path.resolve()),
-            "source_bytes": path.stat().st_size,
-            "uncompressed_bytes": info.uncompressed_bytes,
-            "labels": list(labels.items()),
-            "host": info.host,
-            "pid": info.pid,
-            "rank": info.rank,
-            "rank_source": info.rank_source,
-            "world_size": info.world_size,
-            "backend": info.backend,
-            "nccl_version": info.nccl_version,
-            "device_type": info.device_type,
-            "device_name": info.device_name,
-            "device_count": info.device_count,
-            "start_ns": info.start_ns,
-            "end_ns": info.end_ns,
-            "event_count": info.event_count,
-            "device_op_count": rows["device_ops"],
-            "host_op_count": rows["host_ops"],
-            "collective_count": rows["collectives"],
-            "step_count": rows["steps"],
-            "counter_count": rows["counters"],
-            "warnings": list(info.warnings),
-            "ingested_at": dt.datetime.now(dt.timezone.utc),
-            "parse_seconds": time.perf_counter() - started,
-            "tracelake_version": tracelake_version(),
-            "schema_version": schema.SCHEMA_VERSION,
-        }
 
     # -- reading ----------------------------------------------------------------------
     def connect(self) -> duckdb.DuckDBPyConnection:
@@ -293,37 +199,34 @@ class Warehouse:
             con.close()
 
     # -- analyses ---------------------------------------------------------------------
-    def recompute(self, *, job: str | None = None, on_trace: Callable[[str], None] | None = None) -> int:
+    def recompute(
+        self,
+        *,
+        job: str | None = None,
+        on_trace: Callable[[str], None] | None = None,
+        client: DaskClient | None = None,
+    ) -> int:
         """Recompute the derived tables (``breakdown``, ...) of every registered trace.
 
         Each trace's results are written to staging and renamed into place, so
         readers see the old or the new results, never a mix. Returns the count.
+        With a Dask ``client``, the traces are recomputed on its workers, which must
+        see the warehouse at the same path (see :mod:`.distributed`).
+
+        Raises:
+            WarehouseError: a trace could not be recomputed (on Dask: after every other trace was).
         """
-        done = 0
-        for row in self.traces(job=job):
-            trace_id, trace_job = row["trace_id"], row["job"]
-            staging = self.store.new_staging(trace_id)
-            try:
-                for name in INPUTS:
-                    stored = self.store.path(name, trace_job, trace_id)
-                    if stored.exists():
-                        os.symlink(stored, staging / f"{name}.parquet")
-                    else:  # a trace ingested before the table existed
-                        pq.write_table(schema.table(name).arrow_schema.empty_table(), staging / f"{name}.parquet")
-                write_derived(staging, staging,
-                              threads=self.settings.threads, memory_limit=self.settings.ingest_memory_limit)
-                for name in schema.DERIVED_TABLES:
-                    target = self.store.path(name, trace_job, trace_id)
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(staging / f"{name}.parquet", target)
-            except (duckdb.Error, OSError) as exc:
-                raise WarehouseError(f"cannot recompute trace {trace_id}: {exc}") from exc
-            finally:
-                self.store.discard(staging)
-            done += 1
+        rows = [(row["job"], row["trace_id"]) for row in self.traces(job=job)]
+        if client is not None:
+            from .distributed import recompute_on_dask
+
+            return recompute_on_dask(self, rows, client, on_trace=on_trace)
+        for trace_job, trace_id in rows:
+            staged = staging.stage_derived(self.store, self.settings, trace_job, trace_id)
+            staging.publish_derived(self.store, staged, trace_job, trace_id)
             if on_trace is not None:
                 on_trace(trace_id)
-        return done
+        return len(rows)
 
     def breakdown(self, *, trace_id: str | None = None, job: str | None = None, steps: bool = False) -> pl.DataFrame:
         """The time breakdown per rank (and per step with ``steps=True``) of one trace or job.
@@ -390,6 +293,25 @@ class Warehouse:
         """
         return fleet_report.read(self.store, self.registry.frame(), since=since, until=until, labels=labels,
                                  now=now, top=top, rows=self._fleet_rows)
+
+    def refresh_caches(self, jobs: Collection[str]) -> None:
+        """Bring the snapshots under ``cache/`` up to date with ``jobs``' folders (after they were written to).
+
+        The registry of traces, the fleet's breakdown rows and its per-job collective
+        summaries are snapshotted there so that a new process reads three files instead of
+        three per trace; refreshing them right after an ingest reads only what it wrote, and
+        spares the next ``tracelake report fleet`` (or listing) from reading every file of a
+        warehouse that no reader has seen yet. Only a cache: a failure is logged, not raised.
+        """
+        wanted = set(jobs)
+        if not wanted:
+            return
+        try:
+            self.registry.refresh(wanted)
+            self._fleet_rows.breakdown.frame(wanted)
+            self._fleet_rows.collectives.frame(wanted)
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            log.warning("could not refresh the caches under %s: %s", self.home / "cache", exc)
 
     def _breakdown(self, selection: _Selection, *, steps: bool) -> pl.DataFrame:
         frame = self._stored("breakdown", selection)
@@ -513,6 +435,21 @@ class Warehouse:
         except OSError as exc:
             raise WarehouseError(f"cannot delete trace {trace_id}: {exc}") from exc
         return job
+
+    def check(self, *, repair: bool = False, stale_after: float = STALE_AFTER) -> CheckReport:
+        """Verify the warehouse: every registered trace has its files and row counts; list what dead processes left.
+
+        With ``repair``, remove those leftovers (data files of unregistered traces, stale staging
+        folders, temporary files); registered traces are never touched. ``stale_after``: seconds
+        without a write after which a staging folder counts as left over. See :mod:`.check`.
+
+        Raises:
+            WarehouseError: a file cannot be read or removed.
+        """
+        try:
+            return check_warehouse(self.store, repair=repair, stale_after=stale_after)
+        except OSError as exc:
+            raise WarehouseError(f"cannot check warehouse {self.home}: {exc}") from exc
 
     def query_readonly(self, sql: str, *, max_rows: int | None = None) -> QueryResult:
         """Run one untrusted SQL query in a sandbox: read-only, no file or network access, time and row limits.

@@ -123,7 +123,8 @@ def compute(
 
     ``traces`` are the registry rows of the selection, including the 14 days before
     ``now`` for week-over-week; ``breakdown`` and ``devices`` their stored rows;
-    ``collectives`` the ``collectives`` rows (with ``job``) of the traces in ``[since, until)``.
+    ``collectives`` the per-job summaries (:func:`tracelake.analysis.fleet.collective_summaries`)
+    of the ``collectives`` rows of the traces in ``[since, until)``.
     """
     rows = fleet.device_rows(traces, breakdown, devices)
     window = rows.filter(pl.col("ingested_at") >= since) if since is not None else rows
@@ -139,22 +140,26 @@ def compute(
         offenders=fleet.wasted_ranking(jobs, top),
         week_over_week=fleet.week_over_week(rows, now),
         week_over_week_by_job=fleet.week_over_week(rows, now, by=["job"]),
-        stragglers=fleet.stragglers(collectives, top),
-        slowest_collectives=fleet.slowest_collectives(collectives, top),
+        stragglers=fleet.stragglers_of(collectives, top),
+        slowest_collectives=fleet.slowest_of(collectives, top),
     )
 
 
 class FleetRows:
     """The stored rows fleet figures need, of every trace, kept per job folder (:class:`FolderCache`).
 
-    The whole-trace ``breakdown`` rows are also snapshotted under ``cache/`` (they are
-    small: one row per trace and rank); the ``collectives`` rows are kept in memory only.
+    Both are small and also snapshotted under ``cache/``: the whole-trace ``breakdown``
+    rows (one per trace and rank), and of the ``collectives`` rows (a trace can hold
+    millions) only each job's summary: its stragglers and slowest collective instances
+    (:func:`tracelake.analysis.fleet.collective_summaries`).
     """
 
     def __init__(self, store: Store) -> None:
         self.breakdown = FolderCache(store, "breakdown", columns=_BREAKDOWN_COLUMNS, where=pl.col("step").is_null(),
                                      name="fleet-breakdown")
-        self.collectives = FolderCache(store, "collectives", columns=_COLLECTIVE_COLUMNS)
+        self.collectives = FolderCache(store, "collectives", columns=_COLLECTIVE_COLUMNS,
+                                       summarise=fleet.collective_summaries, version=fleet.SUMMARY_VERSION,
+                                       name="fleet-collectives")
 
 
 def read(
@@ -191,16 +196,35 @@ def read(
                     ["trace_id", "rank", "peak_tflops"])
     in_window = selected.filter(pl.col("ingested_at") >= since) if since is not None else selected
     with_collectives = in_window.filter(pl.col("collective_count").fill_null(0) > 0)
-    if rows is not None:
-        collectives = _only(rows.collectives.frame(set(with_collectives["job"].to_list())), with_collectives)
-    else:
-        collectives = _read(store, "collectives", with_collectives, _COLLECTIVE_COLUMNS).join(
-            with_collectives.select("trace_id", "job"), on="trace_id", how="inner")
+    collectives = _collective_summaries(store, with_collectives, rows)
     result = compute(selected, breakdown, devices, collectives, since=since, until=until, labels=labels, now=now,
                      top=top)
     result.seconds = time.perf_counter() - started
     log.debug("fleet of %d traces in %.3f s", selected.height, result.seconds)
     return result
+
+
+def _collective_summaries(store: Store, traces: pl.DataFrame, rows: FleetRows | None) -> pl.DataFrame:
+    """Per job, the summary of the ``collectives`` rows of ``traces`` (kept ones where they summarise exactly those).
+
+    A kept summary covers every trace of its job folder; a job with only some traces in
+    the window (or with files of a trace not registered yet) is summarised from its rows.
+    """
+    wanted = traces.group_by("job").agg(pl.col("trace_id").unique().sort().alias("wanted"))
+    if rows is not None and wanted.height:
+        kept = rows.collectives.frame(set(wanted["job"].to_list())).join(wanted, on="job", how="inner")
+        exact = kept.filter(pl.col("trace_ids") == pl.col("wanted"))
+        summaries = exact.drop("wanted")
+        rest = traces.join(exact.select("job"), on="job", how="anti")
+    else:
+        summaries = None
+        rest = traces
+    if summaries is not None and not rest.height:
+        return summaries
+    read = _read(store, "collectives", rest, _COLLECTIVE_COLUMNS).join(rest.select("trace_id", "job"),
+                                                                        on="trace_id", how="inner")
+    made = fleet.collective_summaries(read)
+    return pl.concat([summaries, made], how="vertical") if summaries is not None and summaries.height else made
 
 
 def _only(frame: pl.DataFrame, traces: pl.DataFrame) -> pl.DataFrame:

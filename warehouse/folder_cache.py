@@ -22,7 +22,7 @@ import logging
 import os
 import tempfile
 import threading
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 import polars as pl
@@ -45,15 +45,20 @@ class FolderCache:
         table: A declared table.
         columns: The columns to keep (default: all).
         where: Keep only the rows this is true for (e.g. ``pl.col("step").is_null()``).
+        summarise: Keep this of the rows instead of the rows: a pure function of rows with ``job``
+            that summarises each job on its own, returning rows with ``job`` (what is kept then stays small).
+        version: Changes when ``summarise`` changes what it returns (older snapshots are then ignored).
         name: The snapshot's name under ``cache/``; None keeps the rows in memory only.
     """
 
     def __init__(self, store: Store, table: str, *, columns: list[str] | None = None, where: pl.Expr | None = None,
+                 summarise: Callable[[pl.DataFrame], pl.DataFrame] | None = None, version: int = 0,
                  name: str | None = None) -> None:
         self.store = store
         self.table = table
         self.columns = columns
         self.where = where
+        self.summarise = summarise
         self.snapshot = store.home / "cache" / f"{name}.parquet" if name else None
         self._lock = threading.Lock()
         self._folders: dict[str, int] = {}  # job -> folder mtime_ns when its rows were read
@@ -62,7 +67,9 @@ class FolderCache:
         self._loaded = False
         #: Identifies what a snapshot holds, so that one written for other columns or another schema is not used.
         self._key = json.dumps({"schema": schema.SCHEMA_VERSION, "table": table, "columns": columns,
-                                "where": str(where) if where is not None else None})
+                                "where": str(where) if where is not None else None,
+                                "summarise": f"{summarise.__module__}.{summarise.__qualname__}" if summarise else None,
+                                "version": version})
 
     def frame(self, jobs: Collection[str] | None = None) -> pl.DataFrame:
         """The rows of ``jobs`` (default: every job) as of now: the selected columns, then ``job``.
@@ -122,6 +129,8 @@ class FolderCache:
                 frame = frame.filter(self.where)
             frame = frame.with_columns(
                 pl.col("_path").str.extract(r"job=([^/\\]+)[/\\][^/\\]+$").alias("job")).drop("_path")
+            if self.summarise is not None:  # all the jobs at once: it keeps jobs apart, and one call is cheaper
+                frame = self.summarise(frame)
             jobs = {job: frame.head(0) for job in folders}
             jobs.update({str(key[0]): part for key, part in frame.partition_by("job", as_dict=True).items()})
             return jobs
@@ -132,7 +141,8 @@ class FolderCache:
         if frames:
             return pl.concat(frames, how="vertical")
         empty = self.store.read_frame(self.table, [], columns=self.columns)
-        return empty.with_columns(pl.lit(None, pl.String).alias("job"))
+        empty = empty.with_columns(pl.lit(None, pl.String).alias("job"))
+        return self.summarise(empty) if self.summarise is not None else empty
 
     # -- snapshot -----------------------------------------------------------------------
     def _load_snapshot(self) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+from collections.abc import Collection
 
 import polars as pl
 
@@ -43,6 +44,10 @@ class Registry:
                 self._frame = rows.select("trace_id", "job", *declared)
                 self._source = rows
             return self._frame
+
+    def refresh(self, jobs: Collection[str]) -> None:
+        """Read again the folders of ``jobs`` that changed (and update the snapshot), not the others."""
+        self._cache.frame(jobs)
 
 
 def select_traces(

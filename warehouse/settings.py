@@ -50,6 +50,18 @@ class Settings:
     sql_memory_limit: str = "1GB"
     #: Processes the server ingests uploads with, side by side.
     ingest_workers: int = 1
+    #: Seconds an upload's body may send nothing before the upload is cut off (408): stalled clients.
+    upload_idle_timeout_seconds: int = 60
+    #: Seconds a client has to send a request's headers before the connection is closed (408): slow clients.
+    header_timeout_seconds: int = 30
+    #: When ``tracelake serve`` writes the fleet report into ``reports/``: cron syntax (``0 6 * * MON``); empty: never.
+    report_schedule: str = ""
+    #: Time zone of the report schedule's wall-clock times (IANA name).
+    report_timezone: str = "UTC"
+    #: What a scheduled fleet report covers: traces ingested this long before it is due (``7d``); empty: all.
+    report_window: str = "7d"
+    #: How many scheduled fleet reports ``reports/`` keeps (the oldest go first).
+    report_keep: int = 52
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -104,4 +116,15 @@ SETTINGS_DOC: dict[str, str] = {
     "sql_max_rows": "Most rows an API SQL query returns; the answer says when rows were cut (default 10,000).",
     "sql_memory_limit": "DuckDB memory limit of one API SQL query (default `1GB`).",
     "ingest_workers": "Processes `tracelake serve` ingests uploads with (default 1).",
+    "upload_idle_timeout_seconds": "Seconds an upload's body may send nothing before the server cuts it off "
+    "with a 408 (default 60).",
+    "header_timeout_seconds": "Seconds a client has to send a request's headers before the server answers 408 and "
+    "closes the connection (default 30).",
+    "report_schedule": "When `tracelake serve` writes the fleet report into `$TRACELAKE_HOME/reports/`, in cron syntax "
+    "(`0 6 * * MON`: Mondays at 06:00; `@daily`); empty (the default): never. A run missed while the server was "
+    "down is made at start-up.",
+    "report_timezone": "Time zone of the schedule's times, an IANA name like `Europe/Berlin` (default `UTC`).",
+    "report_window": "What a scheduled fleet report covers: traces ingested this long before it is due "
+    "(default `7d`; `30m`, `12h`, `2w` work too; empty: every trace).",
+    "report_keep": "How many scheduled fleet reports `reports/` keeps, the oldest removed first (default 52).",
 }

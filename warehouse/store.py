@@ -8,7 +8,21 @@ Layout under the warehouse home::
     staging/<trace_id>-<random>/          work area of an ingest in progress
 
 A trace becomes visible when its ``traces`` file appears; every other view joins
-on ``traces``, so files published earlier by an ingest that died are never seen.
+on ``traces`` (by job and trace id), so files published earlier by an ingest that
+died are never seen. Crash safety, in short:
+
+* every file lands by a rename, from a staging folder or a hidden ``.*.tmp`` name
+  that no glob matches, so a reader sees a file whole or not at all;
+* publishing and removing hold the warehouse's write lock (``.write.lock``, an
+  ``flock`` the kernel drops when its holder dies), so two ingests of one file never
+  register it twice and ``tracelake check --repair`` never takes a publication in
+  progress for the leftovers of a dead one;
+* work in progress stays in ``staging/`` (or in hidden temporary files), which no
+  view reads; a staging folder nothing has written to for a while is left over.
+
+What a killed process leaves (staging folders, temporary files, data files of a
+trace it had not registered yet or had started to remove) is invisible to queries
+and is listed, and removed, by :mod:`.check`.
 """
 
 from __future__ import annotations
@@ -16,9 +30,11 @@ from __future__ import annotations
 import functools
 import os
 import re
+import secrets
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import polars as pl
@@ -29,7 +45,16 @@ import pyarrow.parquet as pq
 from . import schema
 from .errors import InvalidArgument
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no advisory locks, single writer assumed
+    fcntl = None  # type: ignore[assignment]
+
 SCHEMA_JOB = "_schema"
+#: The lock file that publishing, removing and repairing hold (under the warehouse home).
+WRITE_LOCK = ".write.lock"
+#: How temporary files are named: ``.<name>.<pid>-<random>.tmp`` (the pid tells a dead writer's from a live one's).
+TEMP_FILE = re.compile(r"^\..+\.(?P<pid>[0-9]+)(?:-[0-9a-f]+)?\.tmp(?:\.wal)?$")
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TRACE_ID = re.compile(r"^[0-9a-f]{1,64}$")
 _LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
@@ -66,6 +91,7 @@ class Store:
         self.staging_root = home / "staging"
         self.catalog_path = home / "tracelake.duckdb"
         self.catalog_stamp = home / "tracelake.duckdb.stamp"
+        self.lock_path = home / WRITE_LOCK
 
     def initialise(self) -> None:
         """Create the directory tree and the empty schema file of every table."""
@@ -136,33 +162,79 @@ class Store:
         """A fresh private directory for one ingest."""
         return Path(tempfile.mkdtemp(prefix=f"{trace_id}-", dir=self.staging_root))
 
-    def publish(self, staging: Path, job: str, trace_id: str) -> None:
-        """Move a trace's staged table files into place, ``traces`` last.
+    @contextmanager
+    def write_lock(self) -> Iterator[bool]:
+        """Hold the warehouse's write lock (across processes and threads); yields whether it is held.
+
+        Held only for renames and unlinks (milliseconds); readers never take it. A
+        read-only warehouse (no lock file, and none can be created) yields False.
+        """
+        if fcntl is None:
+            yield True
+            return
+        try:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            try:
+                fd = os.open(self.lock_path, os.O_RDONLY)
+            except OSError:
+                yield False
+                return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield True
+        finally:
+            os.close(fd)  # closing drops the lock
+
+    def publish(self, staging: Path, job: str, trace_id: str) -> str | None:
+        """Move a trace's staged table files into place, ``traces`` last; returns None, or the job it is already in.
 
         Each move is an atomic rename within one file system, so a reader sees a
         file whole or not at all, and the trace only once its registration lands.
+        Under the write lock, so when two processes ingest the same file at once,
+        the second finds the first's registration and publishes nothing (its
+        caller reports a duplicate).
         """
-        for name in (*schema.DATA_TABLES, "traces"):
-            source = staging / f"{name}.parquet"
-            target = self.path(name, job, trace_id)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(source, target)
+        with self.write_lock():
+            existing = self.registered_job(trace_id)
+            if existing is not None:
+                return existing
+            for name in (*schema.DATA_TABLES, "traces"):
+                source = staging / f"{name}.parquet"
+                target = self.path(name, job, trace_id)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(source, target)
+        return None
 
     def remove(self, job: str, trace_id: str) -> None:
-        """Delete a trace's files, its registration (``traces``) first so that no query sees it half removed."""
-        for name in ("traces", *schema.DATA_TABLES):
-            self.path(name, job, trace_id).unlink(missing_ok=True)
+        """Delete a trace's files, its registration (``traces``) first so that no query sees it half removed.
+
+        A process killed half way leaves unregistered data files, which no view
+        shows and ``tracelake check --repair`` removes.
+        """
+        with self.write_lock():
+            for name in ("traces", *schema.DATA_TABLES):
+                self.path(name, job, trace_id).unlink(missing_ok=True)
 
     @staticmethod
     def write_atomic(table: pa.Table, target: Path) -> None:
         """Write a Parquet file under a name no view matches, then rename it into place."""
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, target)
+        tmp = temp_name(target)
+        try:
+            pq.write_table(table, tmp, compression="zstd")
+            os.replace(tmp, target)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def discard(self, staging: Path) -> None:
         """Remove a staging directory and everything in it."""
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def temp_name(target: Path) -> Path:
+    """A hidden name beside ``target`` that no view's glob matches, unique to this process and call."""
+    return target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
 
 
 @functools.cache

@@ -1,0 +1,276 @@
+"""Ingest and recompute in two steps: *stage* (pure work, anywhere) and *publish* (rename, by one client).
+
+Staging parses one input file into a private directory under the warehouse's
+``staging/`` folder: its parsed tables, its derived tables and its ``traces`` row
+last. It reads the warehouse (to skip traces already there) but never changes
+what readers see. Publishing renames the staged files into the table layout,
+``traces`` last, which registers the trace. The local ingest runs both steps in
+one process; a Dask ingest (:mod:`.distributed`) stages on the workers and
+publishes on the client, so workers never contend for the catalog, and a task
+retried after its worker died just stages again into a fresh directory.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracelake import ingest
+from tracelake.ingest.model import ByteCallback, TraceInfo
+
+from . import schema
+from .derived import INPUTS, write_derived
+from .errors import NotFound, TraceFormatError, TracelakeError, WarehouseError
+from .results import IngestResult
+from .settings import Settings
+from .store import Store, check_job
+
+log = logging.getLogger(__name__)
+
+#: ``IngestResult.status`` of a trace staged but not yet published (never returned to callers).
+STAGED = "staged"
+
+
+@dataclass
+class StagedTrace:
+    """One input file after staging: its result so far and the directory holding its files.
+
+    ``staging`` is None when there is nothing to publish (the file failed, or its
+    trace was already registered: ``result.status`` says which).
+    """
+
+    result: IngestResult
+    staging: Path | None = None
+
+
+def new_staging(store: Store, trace_id: str, staging_root: Path | None = None) -> Path:
+    """A fresh private directory for one trace under ``staging_root`` (default: the store's).
+
+    A given ``staging_root`` must exist: a run that removed its folder has been
+    abandoned, and a task still running for it must not recreate it.
+    """
+    if staging_root is None:
+        staging_root = store.staging_root
+        staging_root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{trace_id}-", dir=staging_root))
+
+
+def stage_file(
+    store: Store,
+    settings: Settings,
+    path: str | Path,
+    *,
+    job: str = "default",
+    labels: dict[str, str] | None = None,
+    source_name: str | None = None,
+    on_bytes: ByteCallback | None = None,
+    staging_root: Path | None = None,
+) -> StagedTrace:
+    """Parse one file into a private staging directory, ready to publish; failures are in the result, never raised.
+
+    Args:
+        store: The warehouse's layout (only read, and written under ``staging_root``).
+        settings: DuckDB threads and memory limit, parser batch size.
+        path: The trace file.
+        job, labels, source_name: As for :meth:`Warehouse.ingest_file`.
+        on_bytes: Called as source bytes are read.
+        staging_root: Where the staging directory goes (default: the warehouse's ``staging/``);
+            it must be on the warehouse's file system, so that publishing is a rename.
+    """
+    path = Path(path)
+    started = time.perf_counter()
+    result = IngestResult(path=path, status="failed", job=job)
+    staged = StagedTrace(result)
+    try:
+        check_job(job)
+        staged.staging = _stage(store, settings, path, job, labels or {}, source_name or path.name, on_bytes,
+                                result, staging_root)
+    except TracelakeError as exc:
+        result.error = str(exc)
+    except OSError as exc:
+        result.error = f"{path}: cannot read ({exc.strerror or exc})"
+    result.seconds = time.perf_counter() - started
+    return staged
+
+
+def _stage(
+    store: Store,
+    settings: Settings,
+    path: Path,
+    job: str,
+    labels: dict[str, str],
+    source_name: str,
+    on_bytes: ByteCallback | None,
+    result: IngestResult,
+    staging_root: Path | None,
+) -> Path | None:
+    if not path.is_file():
+        raise NotFound(f"{path}: no such file")
+    result.source_bytes = path.stat().st_size
+    trace_id = ingest.content_id(path)
+    result.trace_id = trace_id
+    existing = store.registered_job(trace_id)
+    if existing is not None:
+        result.status = "duplicate"
+        result.job = existing
+        if on_bytes is not None:
+            on_bytes(result.source_bytes)
+        return None
+    started = time.perf_counter()
+    staging = new_staging(store, trace_id, staging_root)
+    try:
+        options = ingest.ParseOptions(
+            source_name=source_name,
+            trace_id=trace_id,
+            memory_limit=settings.ingest_memory_limit,
+            threads=settings.threads,
+            batch_bytes=settings.parse_batch_bytes,
+            on_bytes=on_bytes,
+        )
+        fmt, info = ingest.parse_into(path, staging, options)
+        write_derived(staging, staging, threads=settings.threads, memory_limit=settings.ingest_memory_limit)
+        rows = {name: pq.read_metadata(staging / f"{name}.parquet").num_rows for name in schema.DATA_TABLES}
+        row = traces_row(path, source_name, trace_id, labels, fmt.name, info, rows, started)
+        pq.write_table(pa.Table.from_pylist([row], schema=schema.TRACES.arrow_schema),
+                       staging / "traces.parquet", compression="zstd")
+    except BaseException as exc:
+        store.discard(staging)
+        if isinstance(exc, (pa.ArrowException, duckdb.Error)):
+            raise TraceFormatError(source_name, f"could not convert the trace ({exc})") from exc
+        raise
+    result.status = STAGED
+    result.format = fmt.name
+    result.rank = info.rank
+    result.rows = rows
+    result.uncompressed_bytes = info.uncompressed_bytes
+    result.warnings = list(info.warnings)
+    return staging
+
+
+def publish_staged(store: Store, staged: StagedTrace) -> IngestResult:
+    """Register a staged trace by renaming its files into place (``traces`` last); returns the final result.
+
+    Idempotent: when the trace is registered already (the same bytes came in under
+    another name, or an earlier attempt got there first), nothing moves and the
+    result says ``duplicate``. The staging directory is removed either way.
+    """
+    result = staged.result
+    if staged.staging is None:
+        return result
+    started = time.perf_counter()
+    trace_id, job = result.trace_id or "", result.job or ""  # both set by staging
+    try:
+        existing = store.publish(staged.staging, job, trace_id)  # checks for a registration under the write lock
+        if existing is not None:
+            result = IngestResult(path=result.path, status="duplicate", trace_id=trace_id, job=existing,
+                                  source_bytes=result.source_bytes, seconds=result.seconds)
+        else:
+            result.status = "ingested"
+    except OSError as exc:
+        result.status = "failed"
+        result.error = f"{result.path}: cannot publish into {store.home} ({exc.strerror or exc})"
+    finally:
+        store.discard(staged.staging)
+    result.seconds += time.perf_counter() - started
+    return result
+
+
+def traces_row(
+    path: Path,
+    source_name: str,
+    trace_id: str,
+    labels: dict[str, str],
+    fmt: str,
+    info: TraceInfo,
+    rows: dict[str, int],
+    started: float,
+) -> dict[str, Any]:
+    """The ``traces`` row that registers one parsed trace."""
+    from .core import tracelake_version  # core imports this module
+
+    return {
+        "trace_id": trace_id,
+        "format": fmt,
+        "source_name": source_name,
+        "source_path": str(path.resolve()),
+        "source_bytes": path.stat().st_size,
+        "uncompressed_bytes": info.uncompressed_bytes,
+        "labels": list(labels.items()),
+        "host": info.host,
+        "pid": info.pid,
+        "rank": info.rank,
+        "rank_source": info.rank_source,
+        "world_size": info.world_size,
+        "backend": info.backend,
+        "nccl_version": info.nccl_version,
+        "device_type": info.device_type,
+        "device_name": info.device_name,
+        "device_count": info.device_count,
+        "start_ns": info.start_ns,
+        "end_ns": info.end_ns,
+        "event_count": info.event_count,
+        "device_op_count": rows["device_ops"],
+        "host_op_count": rows["host_ops"],
+        "collective_count": rows["collectives"],
+        "step_count": rows["steps"],
+        "counter_count": rows["counters"],
+        "warnings": list(info.warnings),
+        "ingested_at": dt.datetime.now(dt.timezone.utc),
+        "parse_seconds": time.perf_counter() - started,
+        "tracelake_version": tracelake_version(),
+        "schema_version": schema.SCHEMA_VERSION,
+    }
+
+
+def stage_derived(
+    store: Store, settings: Settings, job: str, trace_id: str, staging_root: Path | None = None
+) -> Path:
+    """Recompute one registered trace's derived tables into a fresh staging directory (published by
+    :func:`publish_derived`).
+
+    Raises:
+        WarehouseError: the trace's files cannot be read, or DuckDB failed.
+    """
+    staging = new_staging(store, trace_id, staging_root)
+    try:
+        for name in INPUTS:
+            stored = store.path(name, job, trace_id)
+            if stored.exists():
+                os.symlink(stored, staging / f"{name}.parquet")
+            else:  # a trace ingested before the table existed
+                pq.write_table(schema.table(name).arrow_schema.empty_table(), staging / f"{name}.parquet")
+        write_derived(staging, staging, threads=settings.threads, memory_limit=settings.ingest_memory_limit)
+    except (duckdb.Error, OSError) as exc:
+        store.discard(staging)
+        raise WarehouseError(f"cannot recompute trace {trace_id}: {exc}") from exc
+    except BaseException:
+        store.discard(staging)
+        raise
+    return staging
+
+
+def publish_derived(store: Store, staging: Path, job: str, trace_id: str) -> None:
+    """Rename a trace's recomputed derived tables into place, each file atomically; removes ``staging``.
+
+    Raises:
+        WarehouseError: a file could not be moved.
+    """
+    try:
+        for name in schema.DERIVED_TABLES:
+            target = store.path(name, job, trace_id)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staging / f"{name}.parquet", target)
+    except OSError as exc:
+        raise WarehouseError(f"cannot recompute trace {trace_id}: {exc}") from exc
+    finally:
+        store.discard(staging)
