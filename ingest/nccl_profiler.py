@@ -21,7 +21,7 @@ from tracelake.warehouse.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
 from .nccl_ops import collective_name, nccl_tests_bytes
-from .source import iter_chunks
+from .source import read_whole
 from .tables import fit_int, fit_text, write_table
 
 FORMAT = "nccl_profiler"
@@ -58,7 +58,7 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     Raises:
         TraceFormatError: not a JSON array of events, or no COLL/P2P events in it.
     """
-    data = b"".join(iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name))
+    data = read_whole(source, on_bytes=options.on_bytes, name=options.source_name)
     text = data.rstrip()
     if text.endswith(b"{}]"):  # the plugin closes the array with an empty object
         text = text[:-3].rstrip().rstrip(b",") + b"]"

@@ -21,7 +21,7 @@ from typing import Any
 from tracelake.warehouse.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
-from .source import iter_chunks, read_head
+from .source import iter_chunks, read_head, read_whole
 from .tables import fit_int, fit_text, write_table
 
 FORMAT = "nccl_tests"
@@ -126,7 +126,7 @@ def _line(raw: str, line_no: int, rows: _Rows, facts: dict[str, Any], source: st
 
 
 def _parse_json(source: Path, options: ParseOptions) -> tuple[_Rows, dict[str, Any]]:
-    text = b"".join(iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name))
+    text = read_whole(source, on_bytes=options.on_bytes, name=options.source_name)
     try:
         doc = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:

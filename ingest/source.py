@@ -105,6 +105,31 @@ def iter_chunks(
             yield block
 
 
+#: The most a format read whole (a JSON document) may hold once decompressed.
+MAX_WHOLE_BYTES = 1 << 30
+
+
+def read_whole(path: Path, *, on_bytes: ByteCallback | None = None, name: str | None = None,
+               limit: int | None = None) -> bytes:
+    """The decoded content of ``path`` at once, for formats parsed as one document.
+
+    Raises:
+        TraceFormatError: as :func:`iter_chunks`, or the content is over ``limit`` bytes
+            (a gzip file expands up to 1000-fold: stop before it fills memory); default
+            :data:`MAX_WHOLE_BYTES`.
+    """
+    limit = MAX_WHOLE_BYTES if limit is None else limit
+    parts: list[bytes] = []
+    size = 0
+    for chunk in iter_chunks(path, on_bytes=on_bytes, name=name):
+        size += len(chunk)
+        if size > limit:
+            raise TraceFormatError(name or path.name, f"expands to more than {limit >> 20} MB, more than tracelake "
+                                   "reads of this format at once (a gzip bomb?)", where=f"byte {limit}")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
 def _gunzip_chunks(counter: _CountingReader, label: str, chunk_bytes: int) -> Iterator[bytes]:
     # ISA-L's threaded reader decompresses ahead of us on its own thread.
     stream = igzip_threaded.open(counter, "rb", threads=1, block_size=1 << 20)

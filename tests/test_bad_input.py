@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from conftest import ROOT
 from tracelake.api.cli import app
 from tracelake.sample_traces import generate_nccl, generate_xla
 from tracelake.warehouse import Warehouse
@@ -282,3 +283,24 @@ def test_cli_file_name_with_brackets(relative: str, home: Path, inputs: Path) ->
     assert result.exit_code == 1
     assert "Traceback" not in result.output
     assert path.name in result.output
+
+
+@pytest.mark.parametrize("sample", ["profiler_plugin", "nccl_tests"])
+def test_a_whole_document_format_stops_a_gzip_bomb(sample: str, warehouse: Warehouse, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Formats read as one document (JSON) stop reading past a limit instead of filling memory."""
+    from tracelake.ingest import source
+
+    original = next(p for p in sorted((ROOT / "sample_traces" / "nccl" / sample).iterdir()) if p.suffix == ".json")
+    monkeypatch.setattr(source, "MAX_WHOLE_BYTES", 1 << 20)
+    padded = original.read_bytes() + b" " * (2 << 20)  # trailing white space: still the same JSON document
+    bomb = tmp_path / f"bomb-{original.name}.gz"
+    bomb.write_bytes(gzip.compress(padded))
+    assert bomb.stat().st_size < 64 << 10  # it expands more than 30-fold
+    result = warehouse.ingest_file(bomb)
+    assert result.status == "failed"
+    assert f"bomb-{original.name}.gz" in (result.error or "") and "expands to more than 1 MB" in (result.error or "")
+    assert warehouse.count_traces() == 0
+    # the same document under the limit still ingests
+    monkeypatch.setattr(source, "MAX_WHOLE_BYTES", 1 << 30)
+    assert warehouse.ingest_file(bomb).status == "ingested"

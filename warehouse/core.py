@@ -34,7 +34,7 @@ from .inputs import expand_inputs, file_size
 from .job_report import JobReport
 from .readonly import readonly_query
 from .registry import Registry, job_summaries, select_traces
-from .results import IngestProgress, IngestReport, IngestResult, QueryResult
+from .results import IngestProgress, IngestReport, IngestResult, report_whole_file, QueryResult
 from .settings import Settings
 from .store import Store, check_job
 
@@ -149,10 +149,7 @@ class Warehouse:
                 except Exception as exc:  # a worker died: report the file, keep going
                     result = IngestResult(path=path, status="failed", job=job, error=f"{path}: worker failed ({exc})")
                 results[path] = result
-                if progress is not None:
-                    progress.file_started(path)
-                    progress.advance(file_size(path))
-                    progress.file_done(result)
+                report_whole_file(progress, path, result)
         return IngestReport([results[path] for path in files])
 
     def ingest_file(

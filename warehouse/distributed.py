@@ -39,8 +39,7 @@ from urllib.parse import unquote, urlsplit
 
 from . import staging
 from .errors import InvalidArgument, TracelakeError, WarehouseError
-from .inputs import file_size
-from .results import IngestProgress, IngestReport, IngestResult
+from .results import IngestProgress, IngestReport, IngestResult, report_whole_file
 from .settings import Settings
 from .store import Store
 
@@ -232,10 +231,7 @@ def ingest_on_dask(
             if result.error:
                 log.info("ingest failed: %s", result.error)
             results[path] = result
-            if progress is not None:
-                progress.file_started(path)
-                progress.advance(file_size(path))
-                progress.file_done(result)
+            report_whole_file(progress, path, result)
     return IngestReport([results[path] for path in files])
 
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from .inputs import file_size
+
 
 @dataclass
 class IngestResult:
@@ -83,3 +85,11 @@ class IngestProgress(Protocol):
 
     def file_done(self, result: IngestResult) -> None:
         """Called when one file has been ingested, skipped or has failed."""
+
+
+def report_whole_file(progress: IngestProgress | None, path: Path, result: IngestResult) -> None:
+    """Tell ``progress`` that a file done elsewhere (another process, a Dask worker) is done, all its bytes at once."""
+    if progress is not None:
+        progress.file_started(path)
+        progress.advance(file_size(path))
+        progress.file_done(result)

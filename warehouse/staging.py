@@ -262,14 +262,20 @@ def stage_derived(
 def publish_derived(store: Store, staging: Path, job: str, trace_id: str) -> None:
     """Rename a trace's recomputed derived tables into place, each file atomically; removes ``staging``.
 
+    Under the write lock, and only while the trace is registered there: a trace deleted
+    while it was recomputed gets no files back.
+
     Raises:
         WarehouseError: a file could not be moved.
     """
     try:
-        for name in schema.DERIVED_TABLES:
-            target = store.path(name, job, trace_id)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staging / f"{name}.parquet", target)
+        with store.write_lock():
+            if store.registered_job(trace_id) != job:
+                return
+            for name in schema.DERIVED_TABLES:
+                target = store.path(name, job, trace_id)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staging / f"{name}.parquet", target)
     except OSError as exc:
         raise WarehouseError(f"cannot recompute trace {trace_id}: {exc}") from exc
     finally:
