@@ -466,6 +466,8 @@ def demo(
                   markup=False)
     console.print(f'        or:  tracelake sql --home {home} "SELECT * FROM breakdown"', highlight=False, markup=False)
     console.print(f"        or:  duckdb -readonly {warehouse.store.catalog_path}", highlight=False, markup=False)
+    console.print(f"        or:  tracelake report job demo-ddp_straggler --home {home}   (HTML with plots)",
+                  highlight=False, markup=False)
     console.print(f"        or:  tracelake serve --home {home}   (REST API, docs at http://127.0.0.1:8000/docs)",
                   highlight=False, markup=False)
     if any(not r.ok for r in results):

@@ -123,12 +123,15 @@ def test_an_ingest_leaves_the_snapshots_current(warehouse: Warehouse) -> None:
     assert sorted(registry["trace_id"].to_list()) == sorted(r.trace_id for r in report.results)
     breakdown = pl.read_parquet(cache / "fleet-breakdown.parquet")
     assert set(breakdown["trace_id"].to_list()) == set(registry["trace_id"].to_list())
-    summaries = pl.read_parquet(cache / "fleet-collectives.parquet")
-    assert summaries["job"].to_list() == ["ddp"] and len(summaries["trace_ids"][0]) == 4
-    # and a fresh warehouse object finds nothing to read
+    # a fresh warehouse object reads no traces or breakdown files (the collectives once, for their summaries)
     fresh = Warehouse(warehouse.home)
     reads = []
     original = fresh.store.read_frame
     fresh.store.read_frame = lambda *a, **k: reads.append(a[0]) or original(*a, **k)  # type: ignore[method-assign]
     fresh.fleet()
-    assert "traces" not in reads and "breakdown" not in reads and "collectives" not in reads
+    assert "traces" not in reads and "breakdown" not in reads and reads.count("collectives") == 1
+    summaries = pl.read_parquet(cache / "fleet-collectives.parquet")
+    assert summaries["job"].to_list() == ["ddp"] and len(summaries["trace_ids"][0]) == 4
+    reads.clear()
+    fresh.fleet()
+    assert not {"traces", "breakdown", "collectives"} & set(reads)

@@ -294,11 +294,13 @@ class Warehouse:
     def refresh_caches(self, jobs: Collection[str]) -> None:
         """Bring the snapshots under ``cache/`` up to date with ``jobs``' folders (after they were written to).
 
-        The registry of traces, the fleet's breakdown rows and its per-job collective
-        summaries are snapshotted there so that a new process reads three files instead of
-        three per trace; refreshing them right after an ingest reads only what it wrote, and
-        spares the next ``tracelake report fleet`` (or listing) from reading every file of a
-        warehouse that no reader has seen yet. Only a cache: a failure is logged, not raised.
+        The registry of traces and the fleet's breakdown rows (one small row per trace and
+        rank) are snapshotted there so that a new process reads a file instead of one per
+        trace; refreshing them right after an ingest reads only the job's folders, and spares
+        the next ``tracelake report fleet`` (or listing) from reading every file of a
+        warehouse that no reader has seen yet. The per-job collective summaries are left to
+        the next fleet report: making one reads every collective of the job, which an
+        ingest of one more rank should not pay. Only a cache: a failure is logged, not raised.
         """
         wanted = set(jobs)
         if not wanted:
@@ -306,7 +308,6 @@ class Warehouse:
         try:
             self.registry.refresh(wanted)
             self._fleet_rows.breakdown.frame(wanted)
-            self._fleet_rows.collectives.frame(wanted)
         except (OSError, pl.exceptions.PolarsError) as exc:
             log.warning("could not refresh the caches under %s: %s", self.home / "cache", exc)
 
