@@ -2,8 +2,8 @@
 
 Run it from the repository root with the dev virtualenv::
 
-    python benchmarks/parse_nccl_log.py                # ~200 MB log
-    python benchmarks/parse_nccl_log.py --size-mb 1000
+    python benchmarks/parse_nccl_log.py                # ~200 MB log, best of 3 runs
+    python benchmarks/parse_nccl_log.py --size-mb 1000 --runs 1
 
 What it measures: the sample log of ``sample_traces/generate_nccl.py`` (4 ranks on 2
 nodes, inits, transports, COLL lines, a WARN) is grown to about ``--size-mb`` MB by
@@ -14,21 +14,26 @@ between them, as long jobs write. Then, each in its own child process:
 * the anchor is ``grep -c "NCCL INFO"`` over the same file: the speed of just reading
   and scanning the text once, a floor no parser can beat.
 
-Read the ratio: the machines are shared and noisy. Nothing is asserted.
+The two alternate ``--runs`` times and the fastest run of each is kept; tracelake's
+CPU seconds (user + system, all threads) are shown too, which a busy machine inflates
+less than the wall time. Read the ratio: the machines are shared and noisy. Nothing is
+asserted.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ingest_kineto import MB, TRACELAKE_CHILD, run_child  # noqa: E402  (benchmarks/ is not a package)
+from ingest_kineto import MB, run_child  # noqa: E402  (benchmarks/ is not a package)
 
 from tracelake.sample_traces import generate_nccl  # noqa: E402
 
@@ -56,10 +61,29 @@ def write_log(path: Path, size_mb: float) -> int:
     return lines
 
 
+CHILD = """
+import json, resource, sys, time
+from tracelake.warehouse import Warehouse
+trace, home, out = sys.argv[1:4]
+wh = Warehouse(home=home)
+def cpu():
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+started, started_cpu = time.perf_counter(), cpu()
+report = wh.ingest([trace], job="bench")
+seconds, cpu_seconds = time.perf_counter() - started, cpu() - started_cpu
+res = report.results[0]
+if res.status != "ingested" or res.rows.get("collectives", 0) <= 0:
+    sys.exit(f"tracelake ingest went wrong: status={res.status!r} rows={res.rows} error={res.error!r}")
+json.dump({"seconds": seconds, "cpu_seconds": cpu_seconds, "rows": res.rows}, open(out, "w"))
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", type=float, default=200, help="log size (default 200)")
     parser.add_argument("--workdir", type=Path, help="where the log and warehouse go (default: a temp dir)")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each, the fastest kept (default 3)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tracelake-bench-nccl-"))
@@ -69,21 +93,31 @@ def main(argv: list[str] | None = None) -> int:
     size = log.stat().st_size
     print(f"log: {log} ({size / MB:,.1f} MB, {colls:,} COLL lines)", flush=True)
 
-    child = TRACELAKE_CHILD.replace('res.rows.get("device_ops", 0)', 'res.rows.get("collectives", 0)')
-    out, rss = run_child(sys.executable, child, [log, workdir / "warehouse"], workdir, 3600)
-    started = time.perf_counter()
-    subprocess.run(["grep", "-c", "NCCL INFO", str(log)], check=True, capture_output=True)
-    grep_seconds = time.perf_counter() - started
+    best: dict[str, Any] = {}
+    grep_seconds = float("inf")
+    for run in range(args.runs):
+        home = workdir / f"warehouse-{run}"
+        shutil.rmtree(home, ignore_errors=True)  # each run ingests into an empty warehouse
+        out, rss = run_child(sys.executable, CHILD, [log, home], workdir, 3600)
+        shutil.rmtree(home, ignore_errors=True)
+        if not best or out["seconds"] < best["seconds"]:
+            best = {**out, "peak_rss_bytes": rss}
+        started = time.perf_counter()
+        subprocess.run(["grep", "-c", "NCCL INFO", str(log)], check=True, capture_output=True)
+        grep_seconds = min(grep_seconds, time.perf_counter() - started)
     figures = {
-        "tracelake": {"seconds": out["seconds"], "mb_per_s": size / MB / out["seconds"], "peak_rss_bytes": rss},
+        "tracelake": {"seconds": best["seconds"], "mb_per_s": size / MB / best["seconds"],
+                      "cpu_seconds": best["cpu_seconds"], "peak_rss_bytes": best["peak_rss_bytes"]},
         "grep -c": {"seconds": grep_seconds, "mb_per_s": size / MB / grep_seconds},
     }
-    print(f"\n{'':<12} {'seconds':>8} {'MB/s':>8} {'peak RSS MB':>12}")
+    print(f"\n{'':<12} {'seconds':>8} {'MB/s':>8} {'CPU s':>8} {'peak RSS MB':>12}  (best of {args.runs})")
     for name, fig in figures.items():
+        cpu_text = f"{fig['cpu_seconds']:>8.2f}" if "cpu_seconds" in fig else f"{'':>8}"
         rss_text = f"{fig['peak_rss_bytes'] / MB:>12,.0f}" if "peak_rss_bytes" in fig else f"{'':>12}"
-        print(f"{name:<12} {fig['seconds']:>8.2f} {fig['mb_per_s']:>8.1f} {rss_text}")
-    print(f"\ntracelake parses the log at {figures['tracelake']['mb_per_s']:.0f} MB/s, "
-          f"{grep_seconds / out['seconds']:.2f}x grep's single scan")
+        print(f"{name:<12} {fig['seconds']:>8.2f} {fig['mb_per_s']:>8.1f} {cpu_text} {rss_text}")
+    print(f"\ntracelake ingests the log at {figures['tracelake']['mb_per_s']:.0f} MB/s "
+          f"({size / MB / best['cpu_seconds']:.0f} MB per CPU second), "
+          f"{grep_seconds / best['seconds']:.2f}x grep's single scan")
     if args.json:
         args.json.write_text(json.dumps({"log_bytes": size, "coll_lines": colls, "figures": figures}, indent=2))
     return 0

@@ -2,10 +2,11 @@
 and ``collectives``.
 
 Lines read ``[timestamp ]host:pid:tid [cudaDev] NCCL INFO <msg>``, possibly behind a
-launcher prefix (``[1,0]<stdout>:``, ``host: ``), ranks interleaved. Each message kind
-is found by one regular expression run over a whole chunk of the log (the regex
-engine scans in C; Python only sees the matching lines), so a log of GBs parses at
-the speed of the scan:
+launcher prefix (``[1,0]<stdout>:``, ``host: ``), ranks interleaved. The log is read in
+chunks of 16 MB; polars splits each into lines and picks each message kind's lines by a
+literal marker (the rare kinds' markers at once), then matches them with one regular
+expression (Rust, vectorised), except COLL lines, most of a log, which are cut at
+literal markers instead (:func:`coll_fields`); Python never touches a line:
 
 - communicator init (``comm 0x.. rank R nranks N cudaDev D [nvmlDev M] busId B
   [commId 0x..] - Init COMPLETE``) and ``nRanks .. nNodes .. localRanks ..`` lines;
@@ -25,6 +26,7 @@ Lines of anything else are skipped and counted; a file without any NCCL line is 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
@@ -85,64 +87,160 @@ class _State:
 _KINDS = {"init": _INIT, "nodes": _NODES, "channel": _CHANNEL, "coll": _COLL, "tuning": _TUNING, "warn": _WARN}
 
 
+#: The markers of every kind but COLL, and of the version line: lines holding none are COLL lines or not NCCL's.
+#: One regex of literals (SIMD-searched) picks them in a fraction of the time of one filter per marker.
+_RARE = "|".join(re.escape(marker) for marker in [*(v[0] for k, v in _KINDS.items() if k != "coll"), "NCCL version"])
+
+
 def _scan(text: str, state: _State) -> None:
-    lines = pl.Series("line", text.split("\n"), dtype=pl.String)
+    # polars splits the lines (in Rust: several times faster than str.split and a list of Python strings)
+    lines = pl.Series("line", [text], dtype=pl.String).str.split("\n").explode()
     state.lines += int((lines.str.len_bytes() > 0).sum())
-    if state.version is None and (found := _VERSION.search(text)):
-        state.version = found.group("version")
+    rare = lines.filter(lines.str.contains(_RARE))
+    if state.version is None:
+        for line in rare.filter(rare.str.contains("NCCL version", literal=True)):
+            if found := _VERSION.search(line):
+                state.version = found.group("version")
+                break
     for kind, (marker, pattern) in _KINDS.items():
-        picked = lines.filter(lines.str.contains(marker, literal=True))
+        candidates = lines if kind == "coll" else rare
+        picked = candidates.filter(candidates.str.contains(marker, literal=True))
         if picked.len():
-            if kind == "coll":  # most of a log: split into fields instead of one regex with 14 captures
-                state.found[kind].append(coll_fields(picked))
+            if kind == "coll":  # most of a log: cut into fields instead of one regex with 14 captures
+                state.found[kind].append(_coll_rows(picked))
                 continue
             groups = picked.str.extract_groups(pattern).struct.unnest()
             state.found[kind].append(groups.filter(pl.col("host").is_not_null()))
 
 
 _TS = r"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?)\]"
+#: A timestamp, found without capturing (the regex engine's fast path); it holds no ``]`` up to its end.
+_TS_FIND = r"\[\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?\]"
 _ORIGIN = r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]$"
-#: COLL message words (split at spaces): the keywords at their positions, then the values read after them.
-_COLL_KEYWORDS = {1: "opCount", 3: "sendbuff", 5: "recvbuff", 7: "count", 9: "datatype", 11: "op", 13: "root",
-                  15: "comm"}
-_COLL_VALUES = {"opcount": 2, "count": 8, "dtype": 10, "redop": 12, "root": 14, "comm": 16}
+#: What follows ``<op>: opCount <hex> `` in a COLL line: ``_COLL``'s pattern from there on; its buffers, which
+#: change from call to call; and what follows them, the same for many calls.
+_COLL_NUMBERS = (r"^(?P<count>\d+) datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>\d+) "
+                 r"comm (?P<comm>0x[0-9a-f]+)(?: \[nranks=(?P<nranks>\d+)\])? stream (?P<stream>0x[0-9a-f]+)")
+_COLL_TAIL = r"^sendbuff \S+ recvbuff \S+ count " + _COLL_NUMBERS[1:]
+_COLL_BUFFERS = r"^sendbuff \S+ recvbuff \S+$"
+_COLL_COLUMNS = ("ts", "host", "pid", "tid", "dev", "op", "opcount", "count", "dtype", "redop", "root", "comm",
+                 "nranks", "stream")
+
+
+def _groups_of_distinct(keys: pl.Series, pattern: str) -> pl.DataFrame:
+    """``pattern``'s named groups for each distinct value of ``keys`` (column ``key``: the value)."""
+    distinct = keys.unique()
+    return pl.concat([distinct.to_frame("key"), distinct.str.extract_groups(pattern).struct.unnest()],
+                     how="horizontal")
+
+
+def _cut(column: str, separator: str, first: str, rest: str) -> pl.Expr:
+    """``column`` cut at the first ``separator``: ``first`` before it, ``rest`` after it (null when it has none)."""
+    return pl.col(column).str.splitn(separator, 2).struct.rename_fields([first, rest])
+
+
+def _coll_split(lines: pl.Series) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """COLL lines cut into ``prefix`` (the origin's key), ``ts``, ``op``, ``opcount`` and ``tail``, with the
+    captures of each distinct prefix (``_ORIGIN``; column ``key``: the prefix)."""
+    frame = lines.rename("line").to_frame().select(_cut("line", " NCCL INFO ", "prefix", "message")).unnest("line")
+    frame = frame.select("prefix", _cut("message", ": opCount ", "op", "after")).unnest("message")
+    frame = frame.select("prefix", "op", _cut("after", " ", "opcount", "tail")).unnest("after")
+    # The first timestamp (as _TS extracts it), and as the origin's key the prefix without it: _ORIGIN's
+    # match lies after any timestamp (it holds no "[" but at its end), so it is the same in what follows.
+    prefix, rest = pl.col("prefix"), pl.col("rest")
+    if not frame["prefix"].str.contains(_TS_FIND).any():  # NCCL's default: no timestamps on INFO lines
+        frame = frame.with_columns(pl.lit(None, dtype=pl.String).alias("ts"))
+    elif (lines.str.len_bytes() == lines.str.len_chars()).all():  # ASCII: find's byte offsets index characters
+        frame = frame.with_columns(prefix.str.slice(prefix.str.find(_TS_FIND) + 1).alias("rest"))
+        closing = rest.str.find("]", literal=True)
+        frame = frame.with_columns(rest.str.head(closing).alias("ts"),
+                                   pl.coalesce(rest.str.slice(closing + 1), prefix).alias("prefix")).drop("rest")
+    else:
+        frame = frame.with_columns(prefix.str.extract(_TS, 1).alias("ts"), prefix.str.replace(_TS_FIND, " "))
+    return frame, _groups_of_distinct(frame["prefix"], _ORIGIN)
+
+
+def _coll_join(frame: pl.DataFrame, origins: pl.DataFrame,
+               convert: Callable[[pl.DataFrame], pl.DataFrame] = lambda groups: groups) -> pl.DataFrame:
+    """``frame``'s lines with the fields of their origin and tail; only the well-formed ones (``_COLL`` matches).
+
+    ``convert`` turns a table of distinct values' captures (column ``key``, the named groups
+    as strings, ``comm`` null where the pattern did not match) into the columns wanted, once
+    per distinct value rather than per line.
+    """
+    frame = frame.join(origins.with_columns(pl.col("host").is_not_null().alias("origin_ok")), left_on="prefix",
+                       right_on="key", how="left", maintain_order="left")
+    # The tail's buffers are checked per line (no captures); what follows them is captured once per distinct value.
+    frame = frame.with_columns(_cut("tail", " count ", "buffers", "numbers").alias("cut")).unnest("cut")
+    numbers = convert(_groups_of_distinct(frame["numbers"], _COLL_NUMBERS))
+    fields = [c for c in numbers.columns if c != "key"]
+    frame = frame.join(numbers, left_on="numbers", right_on="key", how="left", maintain_order="left")
+    frame = frame.with_columns(
+        (pl.col("comm").is_not_null() & pl.col("buffers").str.contains(_COLL_BUFFERS)).fill_null(False)
+        .alias("tail_ok"))
+    if not frame["tail_ok"].all():  # damaged lines, or a buffer named "count": their whole tail by the pattern
+        whole = convert(_groups_of_distinct(frame.filter(~pl.col("tail_ok"))["tail"], _COLL_TAIL))
+        frame = frame.join(whole.rename({c: f"{c}_whole" for c in fields}), left_on="tail", right_on="key",
+                           how="left", maintain_order="left")
+        frame = frame.with_columns(
+            *(pl.when("tail_ok").then(pl.col(c)).otherwise(pl.col(f"{c}_whole")).alias(c) for c in fields),
+            (pl.col("tail_ok") | pl.col("comm_whole").is_not_null()).alias("tail_ok"))
+    ok = pl.col("origin_ok") & pl.col("tail_ok") & pl.col("op").str.contains(r"^\w+$") \
+        & pl.col("opcount").str.contains(r"^[0-9a-f]+$")
+    return frame.filter(ok.fill_null(False))
 
 
 def coll_fields(lines: pl.Series) -> pl.DataFrame:
     """The fields of COLL lines (``_COLL``'s named groups, as strings); lines that are not well-formed are left out.
 
     The same fields as extracting ``_COLL[1]``'s groups from every line (a test keeps them
-    equal on well-formed logs), several times faster: regex captures are slow, so the
-    message is split at spaces and each value read at its position after its keyword is
-    checked, and only the short ``host:pid:tid [dev]`` end of the prefix is matched. Unlike
+    equal on well-formed and damaged lines), many times faster: regex captures are slow, so
+    each line is only cut at literal markers (``" NCCL INFO "``, ``": opCount "``, the space
+    after the opCount) and its timestamp found without capturing; the captures run once per
+    *distinct* ``host:pid:tid [dev]`` prefix and per distinct ``count .. stream ..`` end of
+    the message (a job's collectives repeat their counts, types, communicators and
+    streams), and are joined back; the buffers before that end are only checked. Unlike
     the pattern, any launcher prefix before ``host:pid:tid`` is accepted.
     """
-    halves = lines.str.split_exact(" NCCL INFO ", 1).struct.rename_fields(["prefix", "message"]).struct.unnest()
-    words = halves["message"].str.split_exact(" ", 19).struct.unnest()
-    w = [pl.col(f"field_{i}") for i in range(20)]
-    nranks = w[17].str.starts_with("[nranks=")
-    stream = pl.when(nranks).then(w[19]).otherwise(w[18])
-    stream_key = pl.when(nranks).then(w[18]).otherwise(w[17])
-    number = [w[i].str.to_integer(base=10, strict=False).is_not_null() & ~w[i].str.starts_with("+")
-              for i in (8, 10, 12, 14)]
-    ok = pl.all_horizontal(
-        w[0].str.ends_with(":"), *(w[i] == keyword for i, keyword in _COLL_KEYWORDS.items()),
-        w[2].str.to_integer(base=16, strict=False).is_not_null() & ~w[2].str.starts_with("+"), *number,
-        w[16].str.contains(r"^0x[0-9a-f]+$"), stream_key == "stream", stream.str.contains(r"^0x[0-9a-f]+$"),
-        ~nranks | w[17].str.contains(r"^\[nranks=\d+\]$"),
-    ).fill_null(False)
-    values = words.select(
-        ok.alias("ok"), w[0].str.strip_suffix(":").alias("op"), *(w[i].alias(name) for name, i in _COLL_VALUES.items()),
-        pl.when(nranks).then(w[17].str.slice(8).str.strip_suffix("]")).alias("nranks"), stream.alias("stream"),
+    return _coll_join(*_coll_split(lines)).select(_COLL_COLUMNS)
+
+
+def _coll_rows(lines: pl.Series) -> pl.DataFrame:
+    """COLL lines as typed columns (what :func:`_collectives` needs; the numbers of :func:`coll_fields`, cast once).
+
+    A chunk's rows are kept until the end of the log, so they are made small at once: numbers
+    and names are converted on the distinct prefixes and message ends, per line only the timestamp
+    and the opCount.
+    """
+    frame, origins = _coll_split(lines)
+    origins = origins.select("key", "host", _i64("pid"))
+    names = {name: collective_name(name) for name in frame["op"].unique().drop_nulls().to_list()}
+    code = _i64("dtype")
+
+    def typed(groups: pl.DataFrame) -> pl.DataFrame:
+        return groups.select(
+            "key", "comm", _i64("count"), code.replace_strict({k: v[1] for k, v in DTYPE.items()}, default=None,
+                                                              return_dtype=pl.Int64).alias("size"),
+            code.replace_strict({k: v[0] for k, v in DTYPE.items()}, default=pl.col("dtype"),
+                                return_dtype=pl.String).alias("dtype"),
+            _i32("root"), _i32("nranks"),
+            (pl.col("stream").str.slice(2).str.to_integer(base=16, strict=False) % (1 << 62)).alias("stream"),
+        )
+
+    stamps = frame["ts"]
+    if stamps.null_count() == stamps.len():  # a log without timestamps (the default but for WARN lines)
+        ts_ns = pl.lit(None, dtype=pl.Int64)
+    elif stamps.str.contains("T", literal=True).any():
+        ts_ns = pl.col("ts").str.replace(" ", "T").str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", time_unit="ns",
+                                                                  strict=False).dt.epoch("ns")
+    else:  # NCCL's default "%F %T": parsed as it is, without the copy that replacing the space makes
+        ts_ns = pl.col("ts").str.to_datetime("%Y-%m-%d %H:%M:%S%.f", time_unit="ns", strict=False).dt.epoch("ns")
+    return _coll_join(frame, origins, typed).select(
+        ts_ns.alias("ts_ns"), "host", "pid", "comm", "op",
+        pl.col("op").replace_strict(names, return_dtype=pl.String).alias("collective"),
+        pl.col("opcount").str.to_integer(base=16, strict=False).alias("seq"),
+        "count", "size", "dtype", "root", "nranks", "stream",
     )
-    keep = values["ok"]
-    prefix = halves["prefix"].filter(keep)
-    origin = prefix.str.extract_groups(_ORIGIN).struct.unnest()
-    ts = prefix.str.extract(_TS, 1) if prefix.str.contains(r"\[\d{4}-").any() else pl.repeat(
-        None, prefix.len(), dtype=pl.String, eager=True)
-    found = pl.concat([origin, values.filter(keep).drop("ok")], how="horizontal").insert_column(0, ts.alias("ts"))
-    return found.filter(pl.col("host").is_not_null()).select(
-        "ts", "host", "pid", "tid", "dev", "op", *_COLL_VALUES, "nranks", "stream")
 
 
 def _i32(name: str) -> pl.Expr:
@@ -250,11 +348,11 @@ def _channels(channel: pl.DataFrame, comms: pl.DataFrame) -> dict[str, pa.Array]
 
 
 def _collectives(coll: pl.DataFrame, comms: pl.DataFrame, tuning: pl.DataFrame) -> dict[str, pa.Array]:
-    """COLL lines as ``collectives`` rows; a TUNING line of the same process, op and size gives the algorithm,
-    protocol and channel count (NCCL prints it on the ranks that tune, usually rank 0)."""
+    """COLL rows (:func:`_coll_rows`) as ``collectives`` rows; a TUNING line of the same process, op and size gives
+    the algorithm, protocol and channel count (NCCL prints it on the ranks that tune, usually rank 0)."""
     if not coll.height:
         return {}
-    frame = coll.with_columns(_i64("pid"))
+    frame = coll
     if comms.height:
         frame = frame.join(comms.select(*_KEY, "rank", pl.col("nranks").alias("comm_nranks"),
                                         *(["comm_id"] if "comm_id" in comms.columns else [])),
@@ -271,15 +369,11 @@ def _collectives(coll: pl.DataFrame, comms: pl.DataFrame, tuning: pl.DataFrame) 
         ).unique(["host", "pid", "tuned_op", "tuned_bytes"], keep="last")
     else:
         choices = None
-    names = {name: collective_name(name) for name in frame["op"].unique().to_list()}
-    op = pl.col("op").replace_strict(names, return_dtype=pl.String)
-    dtype_code = _i64("dtype")
-    size = dtype_code.replace_strict({k: v[1] for k, v in DTYPE.items()}, default=None, return_dtype=pl.Int64)
-    nranks = pl.coalesce(_i32("nranks"), pl.col("comm_nranks"))
-    count = _i64("count")
-    message = count * size * pl.when(op.is_in(list(PER_RANK_SHARE))).then(nranks.cast(pl.Int64)).otherwise(1)
-    root = _i32("root")
-    frame = frame.with_columns(op.alias("collective"), message.alias("message_bytes"))
+    nranks = pl.coalesce(pl.col("nranks"), pl.col("comm_nranks"))
+    count, size, root = pl.col("count"), pl.col("size"), pl.col("root")
+    message = count * size * pl.when(pl.col("collective").is_in(list(PER_RANK_SHARE))).then(
+        nranks.cast(pl.Int64)).otherwise(1)
+    frame = frame.with_columns(message.alias("message_bytes"))
     if choices is not None:
         # TUNING prints the bytes of one rank's buffer: count x element size
         frame = frame.with_columns((count * size).alias("buffer_bytes")).join(
@@ -292,18 +386,11 @@ def _collectives(coll: pl.DataFrame, comms: pl.DataFrame, tuning: pl.DataFrame) 
         pl.int_range(pl.len(), dtype=pl.Int64).alias("event_id"),
         "rank", "collective",
         pl.coalesce("comm_id", "comm").alias("process_group"),
-        nranks.alias("group_size"),
-        pl.col("opcount").str.to_integer(base=16, strict=False).alias("seq"),
-        dtype_code.replace_strict({k: v[0] for k, v in DTYPE.items()}, default=pl.col("dtype"),
-                                  return_dtype=pl.String).alias("dtype"),
-        count.alias("in_nelems"), "message_bytes",
+        nranks.alias("group_size"), "seq", "dtype", count.alias("in_nelems"), "message_bytes",
         pl.when(pl.col("collective") == "send").then(pl.col("rank"))
         .when(pl.col("collective").is_in(["recv", "broadcast"])).then(root).alias("src_rank"),
         pl.when(pl.col("collective") == "send").then(root)
         .when(pl.col("collective") == "recv").then(pl.col("rank")).alias("dst_rank"),
-        pl.col("ts").str.replace(" ", "T").str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", time_unit="ns", strict=False)
-        .dt.epoch("ns").alias("ts_ns"),
-        (pl.col("stream").str.slice(2).str.to_integer(base=16, strict=False) % (1 << 62)).alias("stream"),
-        pl.lit(False).alias("is_async"), "algorithm", "protocol", "channels",
+        "ts_ns", "stream", pl.lit(False).alias("is_async"), "algorithm", "protocol", "channels",
     )
     return {c: out[c].to_arrow() for c in out.columns}

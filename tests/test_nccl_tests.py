@@ -144,6 +144,28 @@ def test_debug_log_communicators_channels_and_collectives(warehouse: Warehouse) 
     assert inst.height == 12 and set(inst["ranks"].to_list()) == {4} and set(inst["last_rank"].to_list()) == {3}
 
 
+def test_debug_log_timestamps_in_every_form(tmp_path: Path) -> None:
+    """ts_ns reads NCCL's default ``%F %T`` stamps and ISO ones with a ``T``, alone or mixed; null without."""
+    from tracelake import ingest
+
+    line = ("{}node-a:5100:5107 [0] NCCL INFO AllReduce: opCount {} sendbuff 0x1 recvbuff 0x2 count 4 datatype 7 "
+            "op 0 root 0 comm 0x1 stream 0x1")
+    second = 1_767_225_601_000_000_000  # 2026-01-01 00:00:01 UTC
+    cases = {
+        "space": (["[2026-01-01 00:00:01.5] ", "[2026-01-01 00:00:01] "], [second + 500_000_000, second]),
+        "iso": (["[2026-01-01T00:00:01.5] ", "[2026-01-01T00:00:01] "], [second + 500_000_000, second]),
+        "mixed": (["[2026-01-01T00:00:01.5] ", "[2026-01-01 00:00:01] "], [second + 500_000_000, second]),
+        "none": (["", ""], [None, None]),
+        "some": (["", "[2026-01-01 00:00:01.25] "], [None, second + 250_000_000]),
+    }
+    for name, (stamps, expected) in cases.items():
+        path = tmp_path / f"{name}.log"
+        path.write_text("".join(line.format(stamp, op) + "\n" for op, stamp in enumerate(stamps)))
+        colls = pl.from_arrow(ingest.parse(path).tables["collectives"])
+        assert isinstance(colls, pl.DataFrame)
+        assert colls.sort("seq")["ts_ns"].to_list() == expected, name
+
+
 def test_text_without_nccl_lines_is_not_a_log(tmp_path: Path, warehouse: Warehouse) -> None:
     path = tmp_path / "train.log"
     path.write_text("epoch 1\n" * 100)
@@ -382,10 +404,44 @@ def test_coll_lines_split_like_the_pattern_extracts_them() -> None:
         base + " stream 55d0",  # not a pointer
         base.replace(" [0] ", " [a] ") + " stream 0x1",
         "node-a:5100:5107 [0] NCCL INFO AllReduce: opCount",
+        # the pattern takes what it can: the hex run of a damaged pointer, numbers too big for a column
+        base + " stream 0x55d0d000xyz",
+        base.replace("count 1024", "count 99999999999999999999999") + " stream 0x1",
+        base.replace("opCount 1f", "opCount ffffffffffffffffffffff") + " stream 0x1",
+        base.replace("node-a:5100", "node-a:99999999999999999999999") + " stream 0x1",
+        base.replace("datatype 7", "datatype 12") + " stream 0x1",
+        base + " stream 0x1 NCCL INFO and more",
+        base + " stream 0x1\r",  # a CRLF log
+        base.replace("sendbuff 0x7f00", "sendbuff count") + " stream 0x1",  # " count " twice
+        base.replace("recvbuff 0x7f08", "recvbuff count") + " stream 0x1",
+        # not well-formed: the pattern drops them
+        base.replace("AllReduce", "All-Reduce") + " stream 0x1",
+        base.replace("opCount 1f", "opCount -f") + " stream 0x1",
+        base.replace("opCount 1f", "opCount +1") + " stream 0x1",
+        base.replace("count 1024", "count -1") + " stream 0x1",
+        base.replace(" NCCL INFO ", " NCCL  INFO ") + " stream 0x1",
     ]
-    series = pl.Series("line", lines, dtype=pl.String)
-    picked = series.filter(series.str.contains(nccl_log._COLL[0], literal=True))
-    expected = picked.str.extract_groups(nccl_log._COLL[1]).struct.unnest().filter(pl.col("host").is_not_null())
-    got = nccl_log.coll_fields(picked)
-    assert got.equals(expected)
-    assert got.height == 48 + 5
+    unicode = [  # \w and \d take Unicode; cutting the line must count characters, not bytes
+        "[2026-01-01 00:00:00.5] node-é:5100:5107 [0] NCCL INFO Ąll: opCount 1 sendbuff 0 recvbuff 0 count ١٢ "
+        "datatype 7 op 0 root 0 comm 0x1 stream 0x1",
+        "gpu-é: " + base + " stream 0x1",
+    ]
+    for sample in (lines, lines + unicode):
+        series = pl.Series("line", sample, dtype=pl.String)
+        picked = series.filter(series.str.contains(nccl_log._COLL[0], literal=True))
+        expected = picked.str.extract_groups(nccl_log._COLL[1]).struct.unnest().filter(pl.col("host").is_not_null())
+        got = nccl_log.coll_fields(picked)
+        assert got.equals(expected)
+        assert got.height == 48 + 5 + 9 + (len(sample) - len(lines))
+    # unlike the pattern, any launcher prefix before host:pid:tid is accepted (the first timestamp is kept)
+    lenient = nccl_log.coll_fields(pl.Series([
+        "2026-01-01 12:00:00 rank3> " + base + " stream 0x1",
+        "[2026-01-01 00:00:00.5] [2026-01-02 00:00:00] " + base + " stream 0x2",
+        "a:1:2:3 [0] NCCL INFO AllReduce: opCount 1 sendbuff 0 recvbuff 0 count 1 datatype 7 op 0 root 0 "
+        "comm 0x1 stream 0x3",
+    ]))
+    assert lenient.select("ts", "host", "pid", "tid", "opcount", "stream").rows() == [
+        (None, "node-a", "5100", "5107", "1f", "0x1"),
+        ("2026-01-01 00:00:00.5", "node-a", "5100", "5107", "1f", "0x2"),
+        (None, "1", "2", "3", "1", "0x3"),
+    ]
