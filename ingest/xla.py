@@ -41,7 +41,7 @@ from .xla_rows import (
     DEVICE_COLUMNS, HOST_COLUMNS, Columns, RowBuilder, as_float, as_int, as_str, as_uint,
 )
 from .xla_writer import BackgroundWriter
-from .xspace import EventBatch, Plane, Space, stat_value
+from .xspace import EventBatch, Plane, Space
 
 FORMAT = "xla"
 
@@ -101,6 +101,8 @@ class _Parser(RowBuilder):
         self._op_cache: dict[tuple[int, int], _Op] = {}
         self.host_position = 0
         self.local_index: dict[int, int] = {}
+        #: Collective rows of the line being read, numbered when the line ends (see :meth:`_number_collectives`).
+        self._line_collectives: list[dict[str, pa.Array]] = []
 
     # ---- overview
     def survey(self) -> None:
@@ -254,11 +256,26 @@ class _Parser(RowBuilder):
                     self._gpu_ops(plane, index, batch.xline(), rows)
                 else:
                     self.events += len(batch)
+                if batch.last:
+                    self._number_collectives()
                 if len(rows) >= FLUSH_ROWS:
                     self._collectives_of(rows)
                     device_ops.write(rows.take())
+        self._number_collectives()
         self._collectives_of(rows)
         device_ops.write(rows.take())
+
+    def _number_collectives(self) -> None:
+        """Give the line's collective rows their event ids, after all of the line's ops, and write them.
+
+        So the ids do not depend on the windows the line was read in.
+        """
+        for part in self._line_collectives:
+            n = len(part["rank"])
+            part["event_id"] = pa.array(np.arange(self.next_id, self.next_id + n, dtype=np.int64))
+            self.next_id += n
+            self.collective_writer.write(part)
+        self._line_collectives = []
 
     def _tpu_ops(self, plane: Plane, index: int, line: EventBatch, device_ops: BackgroundWriter) -> None:
         """The ``XLA Ops`` line, vectorised (see :meth:`_tpu_events`)."""
@@ -272,9 +289,13 @@ class _Parser(RowBuilder):
         self.next_id += n
         self._extent(int(ts.min()), int((ts + dur).max()))
         self.steps.count_many(index, steps, ts, ts + dur)
-        take = pa.array(which)
+        take = pa.array(which.astype(np.int32, copy=False))
 
         def per_op(values: list[object], kind: pa.DataType) -> pa.Array:
+            # Strings stay dictionary-encoded (an index per row) until the writer thread casts them to the
+            # declared type: a part waiting to be written holds no per-row copies of the op names and HLO text.
+            if kind == pa.string():
+                return pa.DictionaryArray.from_arrays(take, pa.array(values, type=kind))
             return pa.array(values, type=kind).take(take)
 
         table = {
@@ -282,7 +303,7 @@ class _Parser(RowBuilder):
             "rank": pa.array(np.full(n, index, dtype=np.int32)),
             "device": pa.array(np.full(n, self.local_index.get(index, index), dtype=np.int32)),
             "stream": pa.array(np.full(n, int(line.header.id), dtype=np.int64)),
-            "kind": pa.repeat("xla_op", n),
+            "kind": pa.DictionaryArray.from_arrays(np.zeros(n, dtype=np.int32), pa.array(["xla_op"])),
             "category": per_op([o.category for o in ops], pa.string()),
             "name": per_op([o.name for o in ops], pa.string()),
             "ts_ns": pa.array(ts),
@@ -371,10 +392,7 @@ class _Parser(RowBuilder):
             seq[members] = start + 1 + np.arange(len(members))
             self.collective_seq[(rank, group)] = start + len(members)
         take = pa.array(kinds)
-        first_collective = self.next_id
-        self.next_id += len(rows)
-        self.collective_writer.write({
-            "event_id": pa.array(np.arange(first_collective, first_collective + len(rows), dtype=np.int64)),
+        self._line_collectives.append({
             "rank": pa.array(np.full(len(rows), rank, dtype=np.int32)),
             "collective": pa.array([o.collective for o in ops], type=pa.string()).take(take),
             "process_group": pa.array(group_of_row.tolist(), type=pa.string()),
@@ -435,8 +453,24 @@ def _device_row(plane: Plane, kind: str, rank: int, index: int) -> dict[str, obj
 
 
 def _event_stats(plane: Plane, event: Any) -> dict[str, object]:
-    names = plane.stat_names
-    return {names.get(s.metadata_id, str(s.metadata_id)): stat_value(s, names) for s in event.stats}
+    return plane.named_stats(event.stats)
+
+
+def _unknown_stats(space: Space) -> str | None:
+    """A warning counting the stats that refer to stat metadata ids their plane does not declare (None if none)."""
+    counts: dict[int, int] = {}
+    planes = []
+    for plane in space.planes:
+        if plane.unknown_stat_ids:
+            planes.append(plane.name)
+        for metadata_id, n in plane.unknown_stat_ids.items():
+            counts[metadata_id] = counts.get(metadata_id, 0) + n
+    if not counts:
+        return None
+    ids = ", ".join(str(i) for i in sorted(counts)[:5]) + (", ..." if len(counts) > 5 else "")
+    return (f"{sum(counts.values()):,} stats refer to stat metadata ids that their plane does not declare "
+            f"(ids {ids}; planes {', '.join(repr(p) for p in planes[:3])}{', ...' if len(planes) > 3 else ''}): "
+            "ignored")
 
 
 def _step_number(name: str, stats: dict[str, object], position: int) -> int:
@@ -492,6 +526,9 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
                                    "host (a profile of the host only?): nothing to analyse")
         parser.hostnames = space.hostnames
         info = parser.finish(device_ops.rows)
+        unknown = _unknown_stats(space)
+        if unknown:
+            info.warnings.append(unknown)
         if parser.host_position:
             info.rank_source = f"device index + host {parser.host_position} of the run folder"
     if options.on_bytes is not None:

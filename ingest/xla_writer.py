@@ -14,8 +14,9 @@ from types import TracebackType
 
 from .tables import ColumnValues, TableWriter
 
-#: Parts handed over but not yet written, at most (each is one window of events: a few tens of MB).
-PENDING = 2
+#: Parts handed over but not yet written, at most (each is one window of events: a few MB, strings
+#: dictionary-encoded until the writer casts them).
+PENDING = 4
 
 
 class BackgroundWriter:

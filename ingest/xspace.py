@@ -6,8 +6,10 @@ Lines are read in windows of at most :data:`LINE_CHUNK_BYTES` (see
 :meth:`Space.batches`): the events of a window are located and decoded as arrays
 by :mod:`.xspace_events`, or, for the lines that need every stat of every event,
 by protobuf's C decoder (:meth:`Space.lines`). Memory follows the window, not
-the file: windows are read with ``pread``, so the file's pages do not pile up in
-the process's memory either.
+the file: windows are read with ``pread``, and the pages of the memory map that
+walking tags and line headers touched are unmapped as each line is done (see
+:meth:`Space._release`), so the file's pages do not pile up in the process's
+memory either.
 """
 
 from __future__ import annotations
@@ -29,9 +31,14 @@ from . import protowire, xspace_events
 from .xplane_proto import HloProto, XLine, XPlaneHeader, XSpace
 from .xspace_events import EventFields
 
-#: Lines are read in windows of at most this many bytes (more only for a single bigger event).
-LINE_CHUNK_BYTES = 4 << 20
+#: Lines are read in windows of at most this many bytes (more only for a single bigger event). Decoding a
+#: window takes about 100x its size in transient arrays and Arrow columns (1 MB: ~70,000 TPU ops); beyond
+#: about 1 MB a bigger window only adds memory, not speed.
+LINE_CHUNK_BYTES = 1 << 20
 
+#: Pages the kernel maps around a touched one (fault-around, 64 KiB by default), released with it.
+_RELEASE_MARGIN = 1 << 20
+_DONTNEED: int | None = getattr(mmap, "MADV_DONTNEED", None)  # not on Windows: pages are then left mapped
 _SPACE_PLANES, _SPACE_HOSTNAMES = 1, 4
 _PLANE_LINES = 3
 _LINE_NAME, _LINE_EVENTS = 2, 4
@@ -59,25 +66,47 @@ class Plane:
     line_ranges: list[tuple[int, int]]
     stat_names: dict[int, str] = field(default_factory=dict)
     _metadata_stats: dict[int, dict[str, object]] = field(default_factory=dict)
+    #: Stats (and ``ref_value`` s) seen that refer to a stat metadata id the plane does not declare: id -> count.
+    unknown_stat_ids: dict[int, int] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return str(self.header.name)
 
+    def named_stats(self, stats: Any) -> dict[str, object]:
+        """``XStat`` s by name (a later one of the same name wins, as in XProf).
+
+        Stats whose metadata id the plane does not declare are left out, and a
+        ``ref_value`` to an undeclared id reads None; both are counted in
+        :attr:`unknown_stat_ids` (profilers add stat types all the time, and a
+        damaged file may refer to ids it never wrote: neither is a reason to fail).
+        """
+        names = self.stat_names
+        out: dict[str, object] = {}
+        for s in stats:
+            name = names.get(s.metadata_id)
+            if name is None:
+                self._unknown(s.metadata_id)
+                continue
+            value = stat_value(s, names)
+            if value is None and s.WhichOneof("value") == "ref_value":
+                self._unknown(s.ref_value)
+            out[name] = value
+        return out
+
+    def _unknown(self, metadata_id: int) -> None:
+        self.unknown_stat_ids[metadata_id] = self.unknown_stat_ids.get(metadata_id, 0) + 1
+
     def stats(self) -> dict[str, object]:
-        """The plane's own stats by name."""
-        return {self.stat_names.get(s.metadata_id, str(s.metadata_id)): stat_value(s, self.stat_names)
-                for s in self.header.stats}
+        """The plane's own stats by name (see :meth:`named_stats`)."""
+        return self.named_stats(self.header.stats)
 
     def metadata_stats(self, metadata_id: int) -> dict[str, object]:
         """The stats of an event metadata entry by name (cached: many events share one)."""
         found = self._metadata_stats.get(metadata_id)
         if found is None:
             md = self.header.event_metadata.get(metadata_id)
-            found = {} if md is None else {
-                self.stat_names.get(s.metadata_id, str(s.metadata_id)): stat_value(s, self.stat_names)
-                for s in md.stats
-            }
+            found = {} if md is None else self.named_stats(md.stats)
             self._metadata_stats[metadata_id] = found
         return found
 
@@ -104,6 +133,8 @@ class EventBatch:
     stop: int
     header: Any = None
     header_bytes: bytes = b""
+    #: The last run of its line.
+    last: bool = False
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -156,6 +187,7 @@ class Space:
         self.planes: list[Plane] = []
         try:
             self._read()
+            self._release(0, self.size)  # the walk over the planes touched pages all through the file
         except BaseException:
             self.close()
             raise
@@ -203,9 +235,12 @@ class Space:
         """
         for start, end in plane.line_ranges:
             if only is not None and self._line_name(start, end) != only:
+                self._release(start, end)
                 continue
             if end - start <= LINE_CHUNK_BYTES:
-                yield self._decode_line(plane, bytes(self._map[start:end]), start)
+                data = bytes(self._map[start:end])
+                self._release(start, end)
+                yield self._decode_line(plane, data, start)
             else:
                 for batch in self._line_batches(plane, start, end):
                     yield batch.xline()
@@ -253,6 +288,7 @@ class Space:
                         yield from self._with_header(plane, held, bytes(header), start)
                         held = []
                     held.append(batch)
+                    self._release(batch.base, pos)
                     continue
                 for _, _, field_at, _, field_end in protowire.fields(self._map, pos, end):
                     header += self._map[field_at:field_end]
@@ -260,8 +296,11 @@ class Space:
                     break
             except protowire.WireError as exc:
                 raise self._error(f"plane {plane.name!r}: damaged line ({exc})", exc.offset) from None
+        self._release(start, end)
         empty = EventBatch(self.source, start, _NO_BYTES, _NO_EVENTS, _NO_EVENTS, 0)
-        yield from self._with_header(plane, held or [empty], bytes(header), start)
+        held = held or [empty]
+        held[-1].last = True
+        yield from self._with_header(plane, held, bytes(header), start)
 
     def _with_header(self, plane: Plane, runs: list[EventBatch], header: bytes, start: int) -> Iterator[EventBatch]:
         decoded = self._decode_line(plane, header, start)
@@ -286,6 +325,19 @@ class Space:
             if window_end >= end or body + length > end:
                 raise protowire.WireError("an event runs past the end of its line (file cut short?)", pos)
             window_end = body + length
+
+    def _release(self, start: int, end: int) -> None:
+        """Unmap the pages of ``[start, end)`` (and the ones around it the kernel mapped with them) from the process.
+
+        The memory map is only walked for tags and line headers, yet each touch maps a
+        block of pages that stays counted in the process's memory until unmapped: over a
+        whole file, about a third of it. The data stays in the page cache (the file is
+        mapped read-only), so this costs nothing but the call.
+        """
+        first = max(0, start - _RELEASE_MARGIN) // mmap.PAGESIZE * mmap.PAGESIZE
+        last = min(self.size, end + _RELEASE_MARGIN)
+        if last > first and _DONTNEED is not None:
+            self._map.madvise(_DONTNEED, first, last - first)
 
     def _read_bytes(self, start: int, end: int) -> np.ndarray:
         """``[start, end)`` of the file and 8 zero bytes as a uint8 array, read with ``pread``.

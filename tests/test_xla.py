@@ -362,3 +362,68 @@ def test_damaged_events_name_the_file_and_byte(
                 batch.fields()
     assert caught.value.source == "random.xplane.pb"
     assert reason in str(caught.value) and caught.value.where == f"byte {at}", str(caught.value)
+
+
+def _space_with_unknown_stat_ids(path: Path) -> Path:
+    """A TPU and a GPU plane whose stats refer to stat metadata ids they do not declare (as newer profilers write)."""
+    from tracelake.ingest.xplane_proto import XSpaceWhole
+
+    space = XSpaceWhole(hostnames=["host0"])
+    tpu, gpu = space.planes.add(id=1, name="/device:TPU:0"), space.planes.add(id=2, name="/device:GPU:1")
+    for plane in (tpu, gpu):
+        for sid, name in ((1, "hlo_category"), (2, "hlo_op"), (3, "correlation_id"), (4, "device_vendor")):
+            plane.stat_metadata[sid].id = sid
+            plane.stat_metadata[sid].name = name
+        plane.stats.add(metadata_id=4, str_value="Nvidia")
+        plane.stats.add(metadata_id=55, int64_value=7)  # undeclared
+    op = tpu.event_metadata[1]
+    op.name, op.display_name = "%fusion.1 = f32[8]{0} fusion(...)", "fusion.1"
+    op.stats.add(metadata_id=1, str_value="convolution")
+    op.stats.add(metadata_id=99, int64_value=1)  # undeclared
+    op.stats.add(metadata_id=2, ref_value=98)  # a reference to an undeclared id
+    line = tpu.lines.add(id=1, name="XLA Ops", timestamp_ns=1_700_000_000_000_000_000)
+    for i in range(3):
+        line.events.add(metadata_id=1, offset_ps=i * 2_000_000, duration_ps=1_000_000)
+    gpu.event_metadata[1].name = "gemm_kernel"
+    stream = gpu.lines.add(id=7, name="Stream #7(Compute)", timestamp_ns=1_700_000_000_000_000_000)
+    for i in range(2):
+        event = stream.events.add(metadata_id=1, offset_ps=i * 3_000_000, duration_ps=2_000_000)
+        event.stats.add(metadata_id=2, str_value="dot.3")
+        event.stats.add(metadata_id=3, uint64_value=40 + i)
+        event.stats.add(metadata_id=77, str_value="a stat type from a newer profiler")  # undeclared
+        event.stats.add(metadata_id=3, ref_value=66)  # undeclared reference: the stat reads None
+    path.write_bytes(space.SerializeToString())
+    return path
+
+
+def test_stats_of_undeclared_metadata_ids_are_ignored_and_counted(tmp_path: Path, warehouse: Warehouse) -> None:
+    path = _space_with_unknown_stat_ids(tmp_path / "host0.xplane.pb")
+    report = warehouse.ingest([path], job="unknown-stats")
+    result = report.results[0]
+    assert result.status == "ingested", result.error
+    assert result.rows["device_ops"] == 5
+    [warning] = [w for w in result.warnings if "stat metadata ids" in w]
+    # plane stats 2 x id 55; op metadata id 99 and ref 98 once (per kind of op); per GPU event 77 and ref 66
+    assert warning.startswith("8 stats refer to stat metadata ids that their plane does not declare (ids 55, 66, 77, "
+                              "98, 99; planes '/device:TPU:0', '/device:GPU:1')"), warning
+    rows = warehouse.query("SELECT kind, name, hlo_category, long_name, correlation FROM device_ops "
+                           "ORDER BY kind DESC, ts_ns").rows
+    assert rows[:3] == [("xla_op", "fusion.1", "convolution", "%fusion.1 = f32[8]{0} fusion(...)", None)] * 3
+    # the last correlation_id stat (a reference to an undeclared id) wins and reads None, as before
+    assert rows[3:] == [("kernel", "gemm_kernel", None, "dot.3", None)] * 2
+    devices = warehouse.query("SELECT kind, vendor FROM devices ORDER BY rank").rows
+    assert devices == [("tpu", "Nvidia"), ("gpu", "Nvidia")]
+
+
+def test_tables_do_not_depend_on_the_read_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Event ids included: a line's collectives are numbered after all of the line's ops, whatever the windows."""
+    from tracelake import ingest
+    from tracelake.ingest import xspace
+
+    tables = {}
+    for chunk in (1 << 30, 300):
+        monkeypatch.setattr(xspace, "LINE_CHUNK_BYTES", chunk)
+        tables[chunk] = ingest.parse(TPU_SAMPLE).tables
+    for name in ("device_ops", "collectives", "steps"):
+        assert tables[1 << 30][name].num_rows > 0
+        assert tables[1 << 30][name].equals(tables[300][name]), name
