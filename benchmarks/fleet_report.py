@@ -15,10 +15,11 @@ made of hard links to that one's files (every table: what an ingest of those N t
 leaves), and a fresh child process times, best of ``--runs`` where repeated:
 
 * ``cold``: ``Warehouse(home).fleet()`` in a process that has read nothing yet and with
-  no cache snapshot on disk (it reads every ``traces`` and ``breakdown`` file once and
-  the ``collectives`` files: the first request after an upgrade);
-* ``fresh``: the same from a new ``Warehouse`` once the snapshots under ``cache/`` exist:
-  what ``tracelake report fleet`` (a new process) pays from then on;
+  no cache snapshot on disk (it reads every ``traces``, ``breakdown`` and ``collectives``
+  file once, and summarises each job's collectives: the first request after an upgrade);
+* ``fresh``: the same from a new ``Warehouse`` once the snapshots under ``cache/`` exist
+  (registry, breakdown rows, per-job collective summaries): what ``tracelake report
+  fleet`` (a new process) pays from then on;
 * ``warm``: ``fleet()`` again on the same ``Warehouse``, as in a running server;
 * ``render``: ``tracelake.api.reports.fleet_report(fleet, ...)``, the HTML page;
 * the anchors (the view scan once, it is slow): the raw read of the same traces' ``breakdown`` files with polars
