@@ -34,7 +34,7 @@ from .inputs import expand_inputs, file_size
 from .job_report import JobReport
 from .readonly import readonly_query
 from .registry import Registry, job_summaries, select_traces
-from .results import IngestProgress, IngestReport, IngestResult, report_whole_file, QueryResult
+from .results import IngestProgress, IngestReport, IngestResult, QueryResult, report_whole_file
 from .settings import Settings
 from .store import Store, check_job
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,18 +50,6 @@ class StagedTrace:
 
     result: IngestResult
     staging: Path | None = None
-
-
-def new_staging(store: Store, trace_id: str, staging_root: Path | None = None) -> Path:
-    """A fresh private directory for one trace under ``staging_root`` (default: the store's).
-
-    A given ``staging_root`` must exist: a run that removed its folder has been
-    abandoned, and a task still running for it must not recreate it.
-    """
-    if staging_root is None:
-        staging_root = store.staging_root
-        staging_root.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{trace_id}-", dir=staging_root))
 
 
 def stage_file(
@@ -127,7 +114,7 @@ def _stage(
             on_bytes(result.source_bytes)
         return None
     started = time.perf_counter()
-    staging = new_staging(store, trace_id, staging_root)
+    staging = store.new_staging(trace_id, staging_root)
     try:
         options = ingest.ParseOptions(
             source_name=source_name,
@@ -241,7 +228,7 @@ def stage_derived(
     Raises:
         WarehouseError: the trace's files cannot be read, or DuckDB failed.
     """
-    staging = new_staging(store, trace_id, staging_root)
+    staging = store.new_staging(trace_id, staging_root)
     try:
         for name in INPUTS:
             stored = store.path(name, job, trace_id)

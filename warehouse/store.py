@@ -158,9 +158,16 @@ class Store:
             return found.parent.name.partition("=")[2]
         return None
 
-    def new_staging(self, trace_id: str) -> Path:
-        """A fresh private directory for one ingest."""
-        return Path(tempfile.mkdtemp(prefix=f"{trace_id}-", dir=self.staging_root))
+    def new_staging(self, trace_id: str, root: Path | None = None) -> Path:
+        """A fresh private directory for one trace under ``root`` (default: ``staging/``, made if missing).
+
+        A given ``root`` must exist: a run that removed its folder has been abandoned,
+        and a task still running for it must not recreate it.
+        """
+        if root is None:
+            root = self.staging_root
+            root.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{trace_id}-", dir=root))
 
     @contextmanager
     def write_lock(self) -> Iterator[bool]:
