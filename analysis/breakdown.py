@@ -15,6 +15,8 @@ peak (``devices.peak_tflops``) give ``flops_utilisation_pct`` over the span.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import duckdb
 import numpy as np
 import polars as pl
@@ -254,19 +256,23 @@ def breakdown_frame(
     peak_tflops: dict[tuple[str, int], float] | None = None,
 ) -> pl.DataFrame:
     """:func:`breakdown_sql`'s rows, computed with numpy (same inputs as frames, same columns)."""
-    ops = device_ops.filter((pl.col("category") != "sync") & (pl.col("dur_ns") >= 0))
-    if "flops" not in ops.columns:
-        ops = ops.with_columns(pl.lit(None, dtype=pl.Float64).alias("flops"))
-    windows = async_windows.filter(pl.col("dur_ns") >= 0) if async_windows is not None else None
+    ops = device_ops if "flops" in device_ops.columns else \
+        device_ops.with_columns(pl.lit(None, dtype=pl.Float64).alias("flops"))
     rows: list[dict[str, object]] = []
     one = ops.height and ops["trace_id"].n_unique() == 1 and ops["rank"].n_unique() == 1
     groups = [((ops["trace_id"][0], ops["rank"][0]), ops)] if one else \
         ops.group_by(["trace_id", "rank"], maintain_order=True)
     for (trace_id, rank), group in groups:
-        mine = windows.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank)) \
-            if windows is not None else None
-        rows.extend(_rank_rows(str(trace_id), int(rank), group, mine,
-                               (peak_tflops or {}).get((str(trace_id), int(rank)))))
+        mine = async_windows.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank)) \
+            if async_windows is not None else None
+        parts = BreakdownParts()
+        parts.add(group, mine)
+        rows.extend(parts.rows(str(trace_id), int(rank), (peak_tflops or {}).get((str(trace_id), int(rank)))))
+    return rows_frame(rows)
+
+
+def rows_frame(rows: list[dict[str, object]]) -> pl.DataFrame:
+    """Breakdown rows (from :meth:`BreakdownParts.rows`) as a frame of :data:`COLUMNS`, whole-trace rows first."""
     schema = {c: (pl.String if c == "trace_id" else pl.Int32 if c == "rank" else
                   pl.Float64 if c in ("overlap_pct", "flops", "flops_utilisation_pct") else pl.Int64)
               for c in COLUMNS}
@@ -274,59 +280,143 @@ def breakdown_frame(
     return frame.sort(["trace_id", "rank", pl.col("step").is_not_null(), "step"], nulls_last=False)
 
 
-def _rank_rows(
-    trace_id: str, rank: int, ops: pl.DataFrame, windows: pl.DataFrame | None, peak: float | None
-) -> list[dict[str, object]]:
-    start = ops["ts_ns"].to_numpy().astype(np.int64)
-    end = start + ops["dur_ns"].to_numpy().astype(np.int64)
+# -- the breakdown of one (trace, rank), window by window -------------------------------
+#
+# The sweep is additive over disjoint time windows once every interval is clipped to the
+# window: the state at an instant depends only on the intervals covering it. So a rank's
+# ops can be fed in windows [low, high) of start times, each op in the window its start
+# falls in; the part of an interval past ``high`` is carried into the next window. Spans
+# and FLOPs are plain minima, maxima and sums over the ops, counted where each op starts.
+
+#: Open bounds of the first and last window (no clipping).
+LOWEST, HIGHEST = -(2**63), 2**63 - 1
+
+
+@dataclass
+class _Span:
+    """First start, last end and FLOPs of a step's (or the whole rank's) ops."""
+
+    first: int
+    last: int
+    flops: float
+    has_flops: bool
+
+    def merge(self, other: _Span) -> _Span:
+        return _Span(min(self.first, other.first), max(self.last, other.last), self.flops + other.flops,
+                     self.has_flops or other.has_flops)
+
+
+def _empty_sums() -> np.ndarray:
+    return np.zeros(len(_STATE_BUCKETS), dtype=np.int64)
+
+
+def _categories(ops: pl.DataFrame) -> np.ndarray:
+    """Each op's sweep code (:data:`_CODES`, else :data:`_OTHER`)."""
     category = pl.col("category")
-    code = ops.select(pl.when(category == "compute").then(_CODES["compute"])
+    return ops.select(pl.when(category == "compute").then(_CODES["compute"])
                       .when(category == "communication").then(_CODES["communication"])
                       .when(category == "memory").then(_CODES["memory"]).otherwise(_OTHER)
                       .cast(pl.Int8))[:, 0].to_numpy()
-    steps = ops["step"].fill_null(-1).to_numpy().astype(np.int64)
-    if windows is not None and windows.height:
-        w_start = windows["ts_ns"].to_numpy().astype(np.int64)
-        start = np.concatenate([start, w_start])
-        end = np.concatenate([end, w_start + windows["dur_ns"].to_numpy().astype(np.int64)])
-        code = np.concatenate([code, np.full(windows.height, _ASYNC)])
-        steps = np.concatenate([steps, windows["step"].fill_null(-1).to_numpy().astype(np.int64)])
-    whole_sums, step_values, step_sums = _sweeps(start, end, code, steps)
-    names = list(_STATE_BUCKETS)
-    whole = {0: dict(zip(names, whole_sums.tolist()))} if len(start) else {}
-    per_step = {value: dict(zip(names, row)) for value, row in zip(step_values.tolist(), step_sums.tolist())}
-    spans = ops.group_by(pl.col("step")).agg(
-        pl.col("ts_ns").min().alias("first"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("last"),
-        pl.col("flops").sum().alias("flops"), pl.col("flops").is_not_null().any().alias("has_flops"),
-    )
-    whole_span = ops.select(
-        pl.col("ts_ns").min().alias("first"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("last"),
-        pl.col("flops").sum().alias("flops"), pl.col("flops").is_not_null().any().alias("has_flops"),
-    ).with_columns(pl.lit(None, dtype=pl.Int64).alias("step"))
-    out = []
-    for span in [*whole_span.to_dicts(), *spans.filter(pl.col("step").is_not_null()).to_dicts()]:
-        if span["first"] is None:
-            continue
-        step = span["step"]
-        sums = (whole.get(0) if step is None else per_step.get(int(step))) or dict.fromkeys(_STATE_BUCKETS, 0)
-        length = int(span["last"]) - int(span["first"])
-        flops = float(span["flops"]) if span["has_flops"] else None
-        communication = sums["communication_ns"]
-        out.append({
-            "trace_id": trace_id, "rank": rank, "step": step, "span_ns": length,
-            "busy_ns": sums["busy_ns"], "idle_ns": length - sums["busy_ns"],
-            "compute_ns": sums["compute_ns"], "communication_ns": communication, "memory_ns": sums["memory_ns"],
-            "overlapped_communication_ns": sums["overlapped_communication_ns"],
-            "exposed_communication_ns": communication - sums["overlapped_communication_ns"],
-            "overlap_pct": 100.0 * sums["overlapped_communication_ns"] / communication if communication else None,
-            "compute_only_ns": sums["compute_only_ns"], "communication_only_ns": sums["communication_only_ns"],
-            "memory_only_ns": sums["memory_only_ns"], "compute_communication_ns": sums["compute_communication_ns"],
-            "other_overlap_ns": sums["busy_ns"] - sums["compute_only_ns"] - sums["communication_only_ns"]
-            - sums["memory_only_ns"] - sums["compute_communication_ns"],
-            "async_collective_ns": sums["async_collective_ns"],
-            "exposed_async_collective_ns": sums["exposed_async_collective_ns"],
-            "flops": flops,
-            "flops_utilisation_pct": 100.0 * flops / (peak * 1e12 * length / 1e9)
-            if flops is not None and peak and length > 0 else None,
-        })
-    return out
+
+
+@dataclass
+class BreakdownParts:
+    """The breakdown of one (trace, rank) so far: bucket sums and spans, plus the intervals running past the window.
+
+    Feed it consecutive windows of start times with :meth:`add`, then read :meth:`rows`.
+    The result does not depend on how the ops were cut into windows (a test checks it).
+    """
+
+    whole: np.ndarray = field(default_factory=_empty_sums)
+    steps: dict[int, np.ndarray] = field(default_factory=dict)
+    spans: dict[int | None, _Span] = field(default_factory=dict)
+    #: Intervals (start, end, code, step; step -1 for none) that end after the last window's ``high``.
+    carry: tuple[np.ndarray, ...] = field(default_factory=lambda: tuple(np.zeros(0, dtype=np.int64)
+                                                                         for _ in range(4)))
+
+    def add(self, ops: pl.DataFrame, async_windows: pl.DataFrame | None = None, low: int = LOWEST,
+            high: int = HIGHEST) -> None:
+        """Add the ops (``category``, ``ts_ns``, ``dur_ns``, ``step``, ``flops``) and async windows (``ts_ns``,
+        ``dur_ns``, ``step``) that start in ``[low, high)``; windows must come in time order.
+        """
+        ops = ops.filter((pl.col("category") != "sync") & (pl.col("dur_ns") >= 0))
+        start = ops["ts_ns"].to_numpy().astype(np.int64)
+        end = start + ops["dur_ns"].to_numpy().astype(np.int64)
+        code = _categories(ops).astype(np.int64)
+        steps = ops["step"].fill_null(-1).to_numpy().astype(np.int64)
+        if async_windows is not None:
+            windows = async_windows.filter(pl.col("dur_ns") >= 0)
+            w_start = windows["ts_ns"].to_numpy().astype(np.int64)
+            start = np.concatenate([start, w_start])
+            end = np.concatenate([end, w_start + windows["dur_ns"].to_numpy().astype(np.int64)])
+            code = np.concatenate([code, np.full(windows.height, _ASYNC, dtype=np.int64)])
+            steps = np.concatenate([steps, windows["step"].fill_null(-1).to_numpy().astype(np.int64)])
+        self._add_spans(ops)
+        start, end, code, steps = (np.concatenate([old, new]) for old, new in
+                                   zip(self.carry, (start, end, code, steps)))
+        carried = end > high
+        self.carry = (start[carried], end[carried], code[carried], steps[carried])
+        clipped_start, clipped_end = np.maximum(start, low), np.minimum(end, high)
+        useful = clipped_end > clipped_start  # zero-length pieces add nothing to any bucket
+        if not useful.all():
+            clipped_start, clipped_end, code, steps = (a[useful] for a in (clipped_start, clipped_end, code, steps))
+        if not len(clipped_start):
+            return
+        whole, step_values, step_sums = _sweeps(clipped_start, clipped_end, code, steps)
+        self.whole += whole
+        for value, sums in zip(step_values.tolist(), step_sums):
+            if value in self.steps:
+                self.steps[value] = self.steps[value] + sums
+            else:
+                self.steps[value] = sums
+
+    def _add_spans(self, ops: pl.DataFrame) -> None:
+        if not ops.height:
+            return
+        end = pl.col("ts_ns") + pl.col("dur_ns")
+        aggs = (pl.col("ts_ns").min().alias("first"), end.max().alias("last"), pl.col("flops").sum().alias("flops"),
+                pl.col("flops").is_not_null().any().alias("has_flops"))
+        whole = ops.select(*aggs).with_columns(pl.lit(None, dtype=ops.schema["step"]).alias("step"))
+        per_step = ops.filter(pl.col("step").is_not_null()).group_by("step").agg(*aggs)
+        for row in [*whole.to_dicts(), *per_step.to_dicts()]:
+            if row["first"] is None:
+                continue
+            span = _Span(int(row["first"]), int(row["last"]), float(row["flops"] or 0.0), bool(row["has_flops"]))
+            step = None if row["step"] is None else int(row["step"])
+            self.spans[step] = self.spans[step].merge(span) if step in self.spans else span
+
+    def rows(self, trace_id: str, rank: int, peak: float | None) -> list[dict[str, object]]:
+        """The rank's breakdown rows: the whole trace (step None), then each step with ops."""
+        names = list(_STATE_BUCKETS)
+        out = []
+        for step in sorted(self.spans, key=lambda s: (s is not None, s or 0)):
+            span = self.spans[step]
+            found = self.whole if step is None else self.steps.get(step)
+            sums = dict(zip(names, found.tolist())) if found is not None else dict.fromkeys(names, 0)
+            out.append(_row(trace_id, rank, step, span, sums, peak))
+        return out
+
+
+def _row(trace_id: str, rank: int, step: int | None, span: _Span, sums: dict[str, int],
+         peak: float | None) -> dict[str, object]:
+    """One output row from a span and its bucket sums."""
+    length = span.last - span.first
+    flops = span.flops if span.has_flops else None
+    communication = sums["communication_ns"]
+    return {
+        "trace_id": trace_id, "rank": rank, "step": step, "span_ns": length,
+        "busy_ns": sums["busy_ns"], "idle_ns": length - sums["busy_ns"],
+        "compute_ns": sums["compute_ns"], "communication_ns": communication, "memory_ns": sums["memory_ns"],
+        "overlapped_communication_ns": sums["overlapped_communication_ns"],
+        "exposed_communication_ns": communication - sums["overlapped_communication_ns"],
+        "overlap_pct": 100.0 * sums["overlapped_communication_ns"] / communication if communication else None,
+        "compute_only_ns": sums["compute_only_ns"], "communication_only_ns": sums["communication_only_ns"],
+        "memory_only_ns": sums["memory_only_ns"], "compute_communication_ns": sums["compute_communication_ns"],
+        "other_overlap_ns": sums["busy_ns"] - sums["compute_only_ns"] - sums["communication_only_ns"]
+        - sums["memory_only_ns"] - sums["compute_communication_ns"],
+        "async_collective_ns": sums["async_collective_ns"],
+        "exposed_async_collective_ns": sums["exposed_async_collective_ns"],
+        "flops": flops,
+        "flops_utilisation_pct": 100.0 * flops / (peak * 1e12 * length / 1e9)
+        if flops is not None and peak and length > 0 else None,
+    }

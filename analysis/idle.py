@@ -20,6 +20,9 @@ KERNEL_WAIT_NS = 30_000
 COLUMNS = ("trace_id", "rank", "stream", "ops", "op_ns", "gaps", "idle_ns", "host_wait_ns", "kernel_wait_ns",
            "other_ns")
 
+#: Stands for "no earlier op on this stream" in a carry, and for a missing stream number in :func:`idle_window`.
+_NO_END = -(2**63)
+
 
 def idle_sql(device_ops: str, host_ops: str, where: str = "TRUE", kernel_wait_ns: int = KERNEL_WAIT_NS) -> str:
     """SQL for the idle breakdown per (trace, rank, stream) of ``device_ops`` filtered by ``where``."""
@@ -94,11 +97,12 @@ def idle_frame(ops: pl.DataFrame, launches: pl.DataFrame | None = None,
     return _idle_polars(work, kernel_wait_ns)
 
 
-def _one_rank(work: pl.DataFrame, kernel_wait_ns: int) -> pl.DataFrame:
+def _one_rank(work: pl.DataFrame, kernel_wait_ns: int, carry: dict[int, int] | None = None) -> pl.DataFrame:
     """:func:`idle_frame` for one (trace, rank) with no missing times or streams, in numpy.
 
     Sorts by (stream, ts, end) with stable sorts (near-linear on a trace's nearly sorted columns),
     takes each stream's running maximum of the ends in one pass, and sums per stream by segment.
+    ``carry`` (see :func:`idle_window`) gives each stream's latest end before these ops, and is updated.
     """
     stream = work["stream"].to_numpy().astype(np.int64)
     ts = work["ts_ns"].to_numpy().astype(np.int64)
@@ -131,6 +135,16 @@ def _one_rank(work: pl.DataFrame, kernel_wait_ns: int) -> pl.DataFrame:
     prev_end = np.empty_like(end)
     prev_end[1:] = running[:-1]
     prev_end[first] = 0
+    if carry:
+        known = [int(s) in carry for s in stream[starts].tolist()]
+        before = np.array([carry.get(int(s), _NO_END) for s in stream[starts].tolist()], dtype=np.int64)
+        counts = np.diff(np.append(starts, len(order)))
+        running = np.maximum(running, np.repeat(before, counts))
+        prev_end[1:] = running[:-1]
+        prev_end[starts] = np.where(np.array(known, dtype=bool), before, 0)
+        first[starts[np.array(known, dtype=bool)]] = False  # the stream's earlier ops precede these
+    if carry is not None:
+        carry.update(zip(stream[starts].tolist(), running[np.append(starts[1:], len(order)) - 1].tolist()))
     gap = ts - prev_end
     is_gap = ~first & (ts > prev_end)
     host = has_launch & (launch > prev_end)
@@ -150,6 +164,38 @@ def _one_rank(work: pl.DataFrame, kernel_wait_ns: int) -> pl.DataFrame:
         pl.Series("kernel_wait_ns", per_stream(np.where(kernel, gap, 0)), dtype=pl.Int64),
         pl.Series("other_ns", per_stream(np.where(~host & ~kernel, gap, 0)), dtype=pl.Int64),
     ).select(COLUMNS)
+
+
+def idle_window(ops: pl.DataFrame, carry: dict[int, int], kernel_wait_ns: int = KERNEL_WAIT_NS) -> pl.DataFrame:
+    """Idle sums per stream of one (trace, rank)'s ops whose starts fall in one window of time.
+
+    Feed a rank's ops in consecutive windows of start times (every op with the same start in the
+    same window) with the same ``carry`` (each stream's latest end so far, updated here), then add
+    the parts up with :func:`combine_windows`: the result equals :func:`idle_frame` over all of them.
+
+    Args:
+        ops: ``trace_id``, ``rank``, ``stream``, ``ts_ns``, ``end_ns`` and ``launch_ns`` (null if
+            unknown), sync ops already left out; no missing ``ts_ns`` or ``end_ns``.
+    """
+    if not ops.height:
+        return pl.DataFrame(schema={c: ops.schema[c] if c in ops.schema else pl.Int64 for c in COLUMNS})
+    missing = ops["stream"].null_count() > 0
+    if missing:  # a stream of its own, as SQL groups NULL
+        ops = ops.with_columns(pl.col("stream").fill_null(_NO_END))
+    part = _one_rank(ops, kernel_wait_ns, carry)
+    if missing:
+        part = part.with_columns(pl.when(pl.col("stream") != _NO_END).then(pl.col("stream")).alias("stream"))
+    return part
+
+
+def combine_windows(parts: list[pl.DataFrame]) -> pl.DataFrame:
+    """The per-stream rows of :func:`idle_window` parts, added up: :func:`idle_frame`'s rows."""
+    keys = ["trace_id", "rank", "stream"]
+    if not parts:
+        return pl.DataFrame(schema={c: pl.String if c == "trace_id" else pl.Int32 if c == "rank" else pl.Int64
+                                    for c in COLUMNS})
+    frame = pl.concat(parts, how="vertical_relaxed")
+    return frame.group_by(keys).agg(pl.exclude(keys).sum()).sort(keys).select(COLUMNS)
 
 
 def _idle_polars(work: pl.DataFrame, kernel_wait_ns: int) -> pl.DataFrame:

@@ -23,7 +23,6 @@ devices per host, so that ranks do not collide across hosts.
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -36,6 +35,7 @@ from tracelake.warehouse.errors import TraceFormatError
 
 from . import xla_ops
 from .model import ParseOptions, TraceInfo
+from .source import MAX_WHOLE_BYTES
 from .tables import TableWriter, fit_int, write_table
 from .xla_rows import (
     DEVICE_COLUMNS, HOST_COLUMNS, Columns, RowBuilder, as_float, as_int, as_str, as_uint,
@@ -492,18 +492,52 @@ def _host_position(source: Path) -> int:
     return names.index(source.name) if source.name in names else 0
 
 
+#: A gzipped XSpace may expand to this many times its compressed size (protobuf compresses some 5-20 fold)...
+GZIP_MAX_RATIO = 64
+#: ...and in any case to this much (small profiles compress best; the cap on formats read whole); past
+#: both it is taken for a gzip bomb, before it fills the staging disk.
+GZIP_MIN_LIMIT = MAX_WHOLE_BYTES
+
+
+def _gunzip(source: Path, target: Path, name: str) -> None:
+    """Decompress ``source`` into ``target``, up to :data:`GZIP_MAX_RATIO` times its size (or :data:`GZIP_MIN_LIMIT`).
+
+    Raises:
+        TraceFormatError: damaged or truncated gzip data, or more than the limit once decompressed
+            (``target`` is removed then).
+    """
+    limit = max(GZIP_MIN_LIMIT, GZIP_MAX_RATIO * source.stat().st_size)
+    written = 0
+    try:
+        with igzip.open(source, "rb") as compressed, open(target, "wb") as out:
+            while True:
+                try:
+                    block = compressed.read(8 << 20)
+                except (OSError, EOFError) as exc:  # igzip: EOFError when truncated, OSError when damaged
+                    raise TraceFormatError(name, f"damaged gzip data ({exc})",
+                                           where=f"decompressed byte {written:,}") from None
+                if not block:
+                    return
+                written += len(block)
+                if written > limit:
+                    raise TraceFormatError(
+                        name, f"expands to more than {limit >> 20:,} MB ({GZIP_MAX_RATIO}x its compressed size, at "
+                        f"least {GZIP_MIN_LIMIT >> 20:,} MB): a gzip bomb? (ingest it decompressed if it is genuine)",
+                        where=f"decompressed byte {limit:,}")
+                out.write(block)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+
+
 def _open(source: Path, staging: Path, name: str) -> Space:
-    """Open the XSpace, decompressing a gzipped one into the staging directory first."""
+    """Open the XSpace, decompressing a gzipped one into the staging directory first (see :func:`_gunzip`)."""
     with open(source, "rb") as f:
         gzipped = f.read(2) == b"\x1f\x8b"
     if not gzipped:
         return Space(source, name)
     plain = staging / "xplane.pb"
-    try:
-        with igzip.open(source, "rb") as compressed, open(plain, "wb") as out:
-            shutil.copyfileobj(compressed, out, 8 << 20)
-    except (OSError, EOFError) as exc:
-        raise TraceFormatError(name, f"damaged gzip data ({exc})") from None
+    _gunzip(source, plain, name)
     return Space(plain, name)
 
 

@@ -12,7 +12,7 @@ from tracelake.analysis.launches import launch_stats, queue_lengths
 from tracelake.warehouse import Warehouse
 
 
-def _rows(frame: pl.DataFrame, columns: list[str]) -> list[tuple]:  # type: ignore[type-arg]
+def _rows(frame: pl.DataFrame, columns: list[str]) -> list[tuple[object, ...]]:
     return sorted(frame.select(columns).rows())
 
 
@@ -45,28 +45,92 @@ def test_kernel_stats_add_up_to_device_time(sample_warehouse: Warehouse) -> None
     assert counts == 0
 
 
+#: The derived tables computed both in SQL and in numpy/polars.
+_COMPARED = ("breakdown", "kernel_stats", "stream_idle")
+
+
+def _parsed_inputs(wh: Warehouse, job: str, folder: Path) -> Path:
+    """A folder of links to the parsed tables of ``job``'s first trace, as :func:`derived.write_derived` reads."""
+    from tracelake.warehouse import derived
+
+    store = wh.store
+    trace_id = store.job_traces(job)[0]
+    folder.mkdir()
+    for name in derived.INPUTS:
+        (folder / f"{name}.parquet").symlink_to(store.path(name, job, trace_id))
+    return folder
+
+
+def _derive(parsed: Path, out: Path, monkeypatch: pytest.MonkeyPatch, *, sql_max_ops: int) -> dict[str, pl.DataFrame]:
+    from tracelake.warehouse import derived
+
+    monkeypatch.setattr(derived, "SQL_MAX_OPS", sql_max_ops)
+    out.mkdir()
+    derived.write_derived(parsed, out)
+    return {name: pl.read_parquet(out / f"{name}.parquet") for name in _COMPARED}
+
+
+def _assert_same(expected: dict[str, pl.DataFrame], got: dict[str, pl.DataFrame]) -> None:
+    for name, frame in expected.items():
+        keys = [c for c in ("trace_id", "rank", "step", "name", "stream") if c in frame.columns]
+        other = got[name]
+        assert frame.height == other.height > 0, name
+        assert frame.sort(keys, nulls_last=False).equals(other.sort(keys, nulls_last=False)), name
+
+
+@pytest.fixture(scope="module")
+def xla_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Warehouse:
+    """A generated TPU profile (4 chips, steps, async collective windows, FLOPs) ingested as job ``xla``."""
+    from tracelake.sample_traces import generate_xla
+
+    folder = tmp_path_factory.mktemp("xla")
+    trace = folder / "host0.xplane.pb"
+    trace.write_bytes(generate_xla.build(5, 60))
+    wh = Warehouse(folder / "warehouse")
+    report = wh.ingest([trace], job="xla")
+    assert report.ok, [r.error for r in report.failed]
+    return wh
+
+
 @pytest.mark.parametrize("job", ["ddp_straggler", "launch_bound"])
 def test_sql_and_vectorised_derived_tables_are_equal(sample_warehouse: Warehouse, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch, job: str) -> None:
     """Small traces get their derived tables from DuckDB, large ones from numpy/polars: same rows either way."""
+    parsed = _parsed_inputs(sample_warehouse, job, tmp_path / "parsed")
+    sql = _derive(parsed, tmp_path / "sql", monkeypatch, sql_max_ops=10**9)
+    _assert_same(sql, _derive(parsed, tmp_path / "vectorised", monkeypatch, sql_max_ops=0))
+
+
+def _rewrite(parsed: Path, folder: Path, layout: str) -> Path:
+    """``parsed`` with ``device_ops`` rewritten in row groups of 50 rows, in the order ``layout`` names."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    folder.mkdir()
+    for table in parsed.iterdir():
+        shutil.copy(table, folder / table.name)
+    ops = pl.read_parquet(parsed / "device_ops.parquet")
+    if layout == "time order, ranks mixed, row groups backwards":
+        ops = ops.sort("ts_ns")
+        ops = pl.concat([ops[i:i + 50] for i in range(0, ops.height, 50)][::-1])
+    elif layout == "shuffled":
+        ops = ops.sample(fraction=1.0, shuffle=True, seed=7)
+    (folder / "device_ops.parquet").unlink()
+    pq.write_table(ops.to_arrow(), folder / "device_ops.parquet", row_group_size=50)
+    return folder
+
+
+@pytest.mark.parametrize("layout", ["as parsed", "time order, ranks mixed, row groups backwards", "shuffled"])
+@pytest.mark.parametrize("job", ["ddp_straggler", "launch_bound", "xla"])
+def test_derived_tables_in_tiny_windows_equal_sql(sample_warehouse: Warehouse, xla_warehouse: Warehouse,
+                                                  tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: str,
+                                                  layout: str) -> None:
+    """Cut into windows of a few ops, whatever the row order, the windowed analyses still equal SQL exactly."""
     from tracelake.warehouse import derived
 
-    store = sample_warehouse.store
-    trace_id = store.job_traces(job)[0]
-    parsed = tmp_path / "parsed"
-    parsed.mkdir()
-    for name in derived.INPUTS:
-        (parsed / f"{name}.parquet").symlink_to(store.path(name, job, trace_id))
-    results = {}
-    for way, limit in (("sql", 10**9), ("vectorised", 0)):
-        monkeypatch.setattr(derived, "SQL_MAX_OPS", limit)
-        out = tmp_path / way
-        out.mkdir()
-        derived.write_derived(parsed, out)
-        results[way] = {name: pl.read_parquet(out / f"{name}.parquet") for name in ("breakdown", "kernel_stats",
-                                                                                  "stream_idle")}
-    for name, frame in results["sql"].items():
-        keys = [c for c in ("trace_id", "rank", "step", "name", "stream") if c in frame.columns]
-        other = results["vectorised"][name]
-        assert frame.height == other.height > 0, name
-        assert frame.sort(keys, nulls_last=False).equals(other.sort(keys, nulls_last=False)), name
+    wh = xla_warehouse if job == "xla" else sample_warehouse
+    parsed = _rewrite(_parsed_inputs(wh, job, tmp_path / "parsed"), tmp_path / "rewritten", layout)
+    sql = _derive(parsed, tmp_path / "sql", monkeypatch, sql_max_ops=10**9)
+    monkeypatch.setattr(derived, "CHUNK_ROWS", 7)
+    _assert_same(sql, _derive(parsed, tmp_path / "windows", monkeypatch, sql_max_ops=0))

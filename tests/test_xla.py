@@ -175,7 +175,7 @@ def test_big_lines_decode_in_slices_with_the_same_events(monkeypatch: pytest.Mon
             for plane in space.planes:
                 for line in space.lines(plane):
                     seen.setdefault((plane.name, line.name), []).extend(e.offset_ps for e in line.events)
-        path_events[chunk] = sorted((k[0] + "/" + k[1], len(v), v) for k, v in seen.items())  # type: ignore[misc]
+        path_events[chunk] = sorted((k[0] + "/" + k[1], len(v), v) for k, v in seen.items())
     assert path_events[1 << 30] == path_events[2_000]
     assert generate_xla.STEPS * len(generate_xla.OPS) in [n for _, n, _ in path_events[2_000]]
 
@@ -427,3 +427,59 @@ def test_tables_do_not_depend_on_the_read_window(monkeypatch: pytest.MonkeyPatch
     for name in ("device_ops", "collectives", "steps"):
         assert tables[1 << 30][name].num_rows > 0
         assert tables[1 << 30][name].equals(tables[300][name]), name
+
+
+def test_gzipped_xplane_parses_like_the_plain_one(tmp_path: Path, warehouse: Warehouse) -> None:
+    import gzip
+
+    plain = tmp_path / "plain" / "host0.xplane.pb"
+    packed = tmp_path / "packed" / "host0.xplane.pb.gz"
+    for path in (plain, packed):
+        path.parent.mkdir()
+    shutil.copy(TPU_SAMPLE, plain)
+    packed.write_bytes(gzip.compress(TPU_SAMPLE.read_bytes()))
+    for path, job in ((plain, "plain"), (packed, "packed")):
+        report = warehouse.ingest([path], job=job)
+        assert report.ok, [r.error for r in report.failed]
+    counts = dict(warehouse.query("SELECT job, count(*) FROM device_ops WHERE job IN ('plain', 'packed') "
+                                  "GROUP BY 1").rows)
+    assert counts["plain"] == counts["packed"] > 0
+
+
+def test_gzip_bomb_stops_at_the_cap_and_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small .gz that expands far past its size fails before it fills the disk, and leaves nothing behind."""
+    import gzip
+
+    from tracelake.ingest import ParseOptions, xla
+    from tracelake.warehouse.errors import TraceFormatError
+
+    monkeypatch.setattr(xla, "GZIP_MIN_LIMIT", 1 << 20)
+    bomb = tmp_path / "host0.xplane.pb.gz"
+    # a plane header, then 32 MB of zeros: some 32 kB compressed, past 64x that once expanded
+    bomb.write_bytes(gzip.compress(_len_field(1, _len_field(2, b"/device:TPU:0")) + bytes(32 << 20), 9))
+    assert xla.GZIP_MAX_RATIO * bomb.stat().st_size < 32 << 20
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(TraceFormatError) as caught:
+        xla.parse(bomb, staging, ParseOptions(source_name=bomb.name))
+    assert caught.value.source == "host0.xplane.pb.gz"
+    assert "gzip bomb" in str(caught.value), str(caught.value)
+    limit = max(1 << 20, xla.GZIP_MAX_RATIO * bomb.stat().st_size)
+    assert caught.value.where == f"decompressed byte {limit:,}"
+    assert list(staging.iterdir()) == []
+
+
+def test_truncated_gzip_xplane_is_a_format_error(tmp_path: Path) -> None:
+    import gzip
+
+    from tracelake.ingest import ParseOptions, xla
+    from tracelake.warehouse.errors import TraceFormatError
+
+    cut = tmp_path / "host0.xplane.pb.gz"
+    cut.write_bytes(gzip.compress(TPU_SAMPLE.read_bytes())[:-100])
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(TraceFormatError, match="damaged gzip data") as caught:
+        xla.parse(cut, staging, ParseOptions(source_name=cut.name))
+    assert caught.value.source == "host0.xplane.pb.gz"
+    assert list(staging.iterdir()) == []

@@ -11,13 +11,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
-
+import numpy as np
 import polars as pl
 import polars.selectors
+import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracelake.analysis.breakdown import breakdown_frame, breakdown_sql
-from tracelake.analysis.idle import idle_frame, idle_sql
+from tracelake.analysis import breakdown, idle
+from tracelake.analysis.breakdown import breakdown_sql
+from tracelake.analysis.idle import idle_sql
 from tracelake.analysis.launches import launch_stats_sql, queue_lengths_sql
 
 from . import schema
@@ -46,7 +48,7 @@ def write_derived(parsed: Path, out_dir: Path, *, threads: int = 2, memory_limit
         if pq.read_metadata(parsed / "device_ops.parquet").num_rows <= SQL_MAX_OPS:
             _write_in_sql(con, out_dir)
         else:
-            _write_per_rank(parsed, out_dir)
+            _write_per_rank(con, parsed, out_dir)
         _copy(con, schema.LAUNCH_STATS, f"({launch_stats_sql('device_ops', 'host_ops')})", out_dir)
         _copy(con, schema.STREAM_QUEUES, f"({queue_lengths_sql('device_ops', 'host_ops')})", out_dir)
     finally:
@@ -54,8 +56,8 @@ def write_derived(parsed: Path, out_dir: Path, *, threads: int = 2, memory_limit
 
 
 #: Up to this many device ops, ``breakdown``, ``kernel_stats`` and ``stream_idle`` are computed in DuckDB
-#: within the ingest memory limit; past it, per rank in numpy/polars (DuckDB's windows spill for minutes there,
-#: while the vectorised sweep needs memory in proportion to one rank's ops). Tests keep both ways equal.
+#: within the ingest memory limit; past it, rank by rank in windows of time in numpy/polars (DuckDB's windows
+#: spill for minutes there, and its quantiles hold every duration). Tests keep both ways equal.
 SQL_MAX_OPS = 2_000_000
 
 _KERNEL_STATS_SQL = """
@@ -73,65 +75,201 @@ def _write_in_sql(con: duckdb.DuckDBPyConnection, out_dir: Path) -> None:
     _copy(con, schema.STREAM_IDLE, f"({idle_sql('device_ops', 'host_ops')})", out_dir)
 
 
-def _kernel_stats(ops: pl.DataFrame) -> pl.DataFrame:
-    """Per (trace, rank, name): count, total, mean, p50, p95 (linear, like ``quantile_cont``), max; rounded to ns."""
-    dur = pl.col("dur_ns")
+#: Rows of a rank's device ops analysed at once past :data:`SQL_MAX_OPS`: memory follows this, not the trace.
+CHUNK_ROWS = 100_000
 
-    def rounded(value: pl.Expr) -> pl.Expr:  # half away from zero, as DuckDB's round() (durations are >= 0)
-        return (value + 0.5).floor()
-
-    return ops.lazy().filter(pl.col("category") != "sync").group_by("trace_id", "rank", "name").agg(
-        pl.col("category").first(), pl.len().alias("count"), dur.sum().alias("total_ns"),
-        rounded(dur.sum() / pl.len()).alias("mean_ns"),
-        rounded(dur.quantile(0.5, interpolation="linear")).alias("p50_ns"),
-        rounded(dur.quantile(0.95, interpolation="linear")).alias("p95_ns"),
-        dur.max().alias("max_ns"),
-    ).collect()
+#: The device_ops columns the windowed analyses read.
+_WINDOW_COLUMNS = ("trace_id", "rank", "stream", "step", "category", "name", "ts_ns", "dur_ns", "correlation",
+                   "flops")
 
 
-#: The device_ops columns the per-rank analyses read.
-_RANK_COLUMNS = ("trace_id", "rank", "stream", "step", "category", "name", "ts_ns", "dur_ns", "correlation", "flops")
+def _write_per_rank(con: duckdb.DuckDBPyConnection, parsed: Path, out_dir: Path) -> None:
+    """``breakdown``, ``kernel_stats`` and ``stream_idle``, rank by rank in windows of :data:`CHUNK_ROWS` ops.
 
-
-def _rank_frames(path: Path) -> Iterator[tuple[int, pl.DataFrame]]:
-    """Each rank's device ops (only the columns the analyses need), read once, in ascending rank order.
-
-    The rank filter goes into the scan, so only row groups whose statistics allow that rank are decoded
-    (the parsers write ranks in runs); repeated strings are read as categoricals.
+    Each analysis adds up exactly over windows of start times (see :func:`_windows`), so memory follows
+    the window, plus the host launch times (16 bytes each) and the distinct (name, duration) pairs of a rank.
     """
-    ops = pl.scan_parquet(path)
-    for rank in sorted(ops.select(pl.col("rank").unique()).collect()["rank"].drop_nulls().to_list()):
-        yield rank, ops.filter(pl.col("rank") == rank).select(_RANK_COLUMNS).with_columns(
-            pl.col("trace_id", "category", "name").cast(pl.Categorical)).collect()
-
-
-def _write_per_rank(parsed: Path, out_dir: Path) -> None:
-    """``breakdown``, ``kernel_stats`` and ``stream_idle``, one rank at a time (memory follows the largest rank)."""
     windows = pl.read_parquet(parsed / "collectives.parquet", columns=["trace_id", "rank", "step", "ts_ns",
                                                                       "dur_ns", "is_async"])
-    windows = windows.filter(pl.col("is_async").fill_null(False)).drop("is_async")
+    windows = windows.filter(pl.col("is_async").fill_null(False)).drop("is_async").sort("ts_ns")
     devices = pl.read_parquet(parsed / "devices.parquet", columns=["trace_id", "rank", "peak_tflops"])
     peaks = {(str(t), int(r)): float(p) for t, r, p in devices.drop_nulls().iter_rows()}
-    launches = pl.scan_parquet(parsed / "host_ops.parquet").filter(pl.col("correlation").is_not_null()).group_by(
-        "trace_id", "correlation").agg(pl.col("ts_ns").min().alias("launch_ns")).collect()
-    parts: dict[str, list[pl.DataFrame]] = {"breakdown": [], "kernel_stats": [], "stream_idle": []}
-    launches = launches.with_columns(pl.col("trace_id").cast(pl.Categorical))
-    for rank, mine in _rank_frames(parsed / "device_ops.parquet"):
-        parts["kernel_stats"].append(_kernel_stats(mine.select("trace_id", "rank", "category", "name", "dur_ns")))
-        parts["stream_idle"].append(idle_frame(
-            mine.select("trace_id", "rank", "stream", "category", "ts_ns", "dur_ns", "correlation"), launches))
-        parts["breakdown"].append(breakdown_frame(
-            mine.select("trace_id", "rank", "step", "category", "ts_ns", "dur_ns", "flops"),
-            windows.filter(pl.col("rank") == rank), peaks))
-        del mine
-    for name, frames in parts.items():
+    launches = _launch_times(con)
+    keys = con.sql("SELECT DISTINCT trace_id, rank FROM device_ops WHERE trace_id IS NOT NULL "
+                   "AND rank IS NOT NULL ORDER BY ALL").fetchall()
+    rows: list[dict[str, object]] = []
+    idle_parts: list[pl.DataFrame] = []
+    stats_parts: list[pl.DataFrame] = []
+    for trace_id, rank in keys:
+        parts = breakdown.BreakdownParts()
+        carry: dict[int, int] = {}
+        counts = _DurationCounts()
+        mine = windows.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank))
+        for low, high, ops in _windows(parsed / "device_ops.parquet", trace_id, rank, CHUNK_ROWS):
+            parts.add(ops, mine.filter((pl.col("ts_ns") >= low) & (pl.col("ts_ns") < high)), low, high)
+            work = ops.filter(pl.col("category") != "sync")
+            idle_parts.append(idle.idle_window(work.select(
+                "trace_id", "rank", "stream", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
+            ).with_columns(_launch_of(work["correlation"], launches.get(trace_id))), carry))
+            counts.add(work)
+        rows.extend(parts.rows(trace_id, rank, peaks.get((trace_id, rank))))
+        stats_parts.append(counts.kernel_stats(trace_id, rank))
+    results = {"breakdown": breakdown.rows_frame(rows), "stream_idle": idle.combine_windows(idle_parts),
+               "kernel_stats": pl.concat(stats_parts) if stats_parts else None}
+    for name, frame in results.items():
         tbl = schema.table(name)
-        frame = pl.concat(frames).select(tbl.column_names).with_columns(pl.selectors.categorical().cast(pl.String)) \
-            if frames else None
-        if frame is not None and name == "kernel_stats":
-            frame = frame.sort("trace_id", "rank", "name")  # group_by's order is arbitrary
-        arrow = frame.to_arrow().cast(tbl.arrow_schema) if frame is not None else tbl.arrow_schema.empty_table()
-        pq.write_table(arrow, out_dir / f"{name}.parquet", compression="zstd")
+        if frame is None:
+            arrow = tbl.arrow_schema.empty_table()
+        else:
+            frame = frame.select(tbl.column_names).with_columns(pl.selectors.categorical().cast(pl.String))
+            arrow = (frame.sort("trace_id", "rank", "name") if name == "kernel_stats" else frame).to_arrow()
+        pq.write_table(arrow.cast(tbl.arrow_schema), out_dir / f"{name}.parquet", compression="zstd")
+
+
+def _launch_times(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Per trace: correlation ids (sorted) and the start of the first host event carrying each."""
+    table = con.sql("SELECT trace_id, correlation, min(ts_ns) AS launch_ns FROM host_ops "
+                    "WHERE correlation IS NOT NULL AND trace_id IS NOT NULL AND ts_ns IS NOT NULL "
+                    "GROUP BY ALL ORDER BY trace_id, correlation").arrow()
+    frame = pl.DataFrame(table.read_all() if isinstance(table, pa.RecordBatchReader) else table)
+    out = {}
+    for (trace_id,), group in frame.partition_by("trace_id", as_dict=True, maintain_order=True).items():
+        out[str(trace_id)] = (group["correlation"].to_numpy().astype(np.int64),
+                              group["launch_ns"].to_numpy().astype(np.int64))
+    return out
+
+
+def _launch_of(correlation: pl.Series, launches: tuple[np.ndarray, np.ndarray] | None) -> pl.Series:
+    """``launch_ns`` of each op: its correlation's first host event, null where none."""
+    if launches is None or not len(launches[0]) or correlation.null_count() == len(correlation):
+        return pl.Series("launch_ns", [None] * len(correlation), dtype=pl.Int64)
+    keys, times = launches
+    wanted = correlation.fill_null(0).to_numpy().astype(np.int64)
+    at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+    found = (keys[at] == wanted) & correlation.is_not_null().to_numpy()
+    return pl.Series("launch_ns", pa.array(times[at], mask=~found, type=pa.int64()))
+
+
+def _row_groups(meta: pq.FileMetaData, rank: int) -> list[tuple[int, int]]:
+    """(row group, smallest ``ts_ns``) of the row groups that may hold ``rank``'s ops, earliest first.
+
+    A row group without statistics may hold anything and comes first (smallest start unknown).
+    """
+    names = meta.schema.to_arrow_schema().names
+    rank_col, ts_col = names.index("rank"), names.index("ts_ns")
+    found = []
+    for i in range(meta.num_row_groups):
+        group = meta.row_group(i)
+        ranks, ts = group.column(rank_col).statistics, group.column(ts_col).statistics
+        if ranks is not None and ranks.has_min_max and not ranks.min <= rank <= ranks.max:
+            continue
+        found.append((i, int(ts.min) if ts is not None and ts.has_min_max else breakdown.LOWEST))
+    return sorted(found, key=lambda pair: pair[1])
+
+
+def _windows(path: Path, trace_id: str, rank: int, chunk_rows: int) -> Iterator[tuple[int, int, pl.DataFrame]]:
+    """One (trace, rank)'s device ops in consecutive windows ``[low, high)`` of start times, each op once.
+
+    The windows run from :data:`breakdown.LOWEST` to :data:`breakdown.HIGHEST` (the last one may hold no
+    ops), ops with the same start share a window, and each window's ops are in start order. Row
+    groups are read in order of their smallest start (Parquet statistics): once a row group is read,
+    the ops starting before the next one's smallest start are all known. The parsers write each
+    rank's ops nearly in time order, so few are held back; out of order, up to a whole rank is.
+    Ops without a start are left out.
+    """
+    file = pq.ParquetFile(path, read_dictionary=["trace_id", "category", "name"])
+    groups = _row_groups(file.metadata, rank)
+    pending: list[pl.DataFrame] = []
+    held = 0
+    low = breakdown.LOWEST
+    for position, (index, _) in enumerate(groups):
+        part = pl.DataFrame(file.read_row_group(index, columns=list(_WINDOW_COLUMNS))).filter((pl.col("rank") == rank) & (pl.col("trace_id") == trace_id) & pl.col("ts_ns").is_not_null())
+        pending.append(part)
+        held += part.height
+        last = position + 1 == len(groups)
+        high = breakdown.HIGHEST if last else groups[position + 1][1]
+        if last or (held >= chunk_rows and high > low):
+            buffer = pl.concat(pending)
+            ready = buffer if last else buffer.filter(pl.col("ts_ns") < high)
+            pending = [] if last else [buffer.filter(pl.col("ts_ns") >= high)]
+            held = sum(p.height for p in pending)
+            del buffer
+            yield from _cut(ready.sort("ts_ns", maintain_order=True), low, high, chunk_rows)
+            low = high
+    if not groups:
+        yield low, breakdown.HIGHEST, pl.DataFrame(schema=_window_schema(path))
+
+
+def _window_schema(path: Path) -> dict[str, pl.DataType]:
+    return dict(pl.DataFrame(pq.read_schema(path).empty_table().select(list(_WINDOW_COLUMNS))).schema)
+
+
+def _cut(ops: pl.DataFrame, low: int, high: int, chunk_rows: int) -> Iterator[tuple[int, int, pl.DataFrame]]:
+    """``[low, high)`` split into windows of about ``chunk_rows`` of ``ops`` (sorted by start), never within a start."""
+    ts = ops["ts_ns"].to_numpy()
+    done = 0
+    while len(ts) - done > chunk_rows:
+        at = int(np.searchsorted(ts, ts[done + chunk_rows], side="left"))
+        if at <= done:  # one start shared by more than chunk_rows ops: they stay together
+            at = int(np.searchsorted(ts, ts[done + chunk_rows], side="right"))
+            if at >= len(ts):
+                break
+        yield low, int(ts[at]), ops[done:at]
+        low, done = int(ts[at]), at
+    yield low, high, ops[done:]
+
+
+class _DurationCounts:
+    """How many ops of each name took each duration, in one (trace, rank): what exact quantiles need.
+
+    Ops of a name repeat with a few distinct durations, so this stays far smaller than the ops.
+    """
+
+    def __init__(self) -> None:
+        self._parts: list[pl.DataFrame] = []
+        self._merged_rows = 0
+        self._rows = 0
+
+    def add(self, ops: pl.DataFrame) -> None:
+        """Count the (non-sync) ``ops`` (``name``, ``category``, ``dur_ns``)."""
+        part = ops.group_by("name", "category", "dur_ns").agg(pl.len().cast(pl.Int64).alias("n"))
+        self._parts.append(part)
+        self._rows += part.height
+        if self._rows > 2 * self._merged_rows + CHUNK_ROWS:  # merge now and then: linear time overall
+            self._parts = [self._merged()]
+            self._merged_rows = self._rows = self._parts[0].height
+
+    def _merged(self) -> pl.DataFrame:
+        return pl.concat(self._parts).group_by("name", "category", "dur_ns").agg(pl.col("n").sum())
+
+    def kernel_stats(self, trace_id: str, rank: int) -> pl.DataFrame:
+        """:data:`_KERNEL_STATS_SQL`'s rows: count, total, mean, p50, p95 (``quantile_cont``), max per name."""
+        counts = self._merged() if self._parts else pl.DataFrame(
+            schema={"name": pl.String, "category": pl.String, "dur_ns": pl.Int64, "n": pl.Int64})
+        values = counts.filter(pl.col("dur_ns").is_not_null()).sort("name", "dur_ns").with_columns(
+            pl.col("n").cum_sum().over("name").alias("upto"), (pl.col("n").sum().over("name") - 1).alias("last"))
+
+        def quantile(q: float) -> pl.Expr:
+            # linear between the values at floor and ceil of (n - 1) * q, as DuckDB's quantile_cont
+            position = pl.col("last").cast(pl.Float64) * q
+            lower = pl.col("dur_ns").filter(pl.col("upto") > position.floor()).first().cast(pl.Float64)
+            upper = pl.col("dur_ns").filter(pl.col("upto") > position.ceil()).first().cast(pl.Float64)
+            fraction = (position - position.floor()).first()
+            return _rounded(lower + (upper - lower) * fraction)
+
+        per_value = values.group_by("name").agg(
+            (pl.col("dur_ns") * pl.col("n")).sum().alias("total_ns"), quantile(0.5).alias("p50_ns"),
+            quantile(0.95).alias("p95_ns"), pl.col("dur_ns").max().alias("max_ns"))
+        per_name = counts.group_by("name").agg(pl.col("category").first(), pl.col("n").sum().alias("count"))
+        return per_name.join(per_value, on="name", how="left").with_columns(
+            pl.lit(trace_id).alias("trace_id"), pl.lit(rank, dtype=pl.Int32).alias("rank"),
+            _rounded(pl.col("total_ns") / pl.col("count")).alias("mean_ns"),
+        ).sort("name")
+
+
+def _rounded(value: pl.Expr) -> pl.Expr:
+    """Half away from zero, as DuckDB's round() (durations are >= 0)."""
+    return (value + 0.5).floor()
 
 
 def _copy(con: duckdb.DuckDBPyConnection, tbl: schema.Table, source: str, out_dir: Path) -> None:
