@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import msgspec
 
 from tracelake.warehouse.errors import TraceFormatError
@@ -55,48 +56,80 @@ def sniff(head: bytes, filename: str) -> bool:
 
 # -- stage 1: cut into batch files, loaded by DuckDB as they come ----------------------
 
-class _Loader:
-    """Feeds groups of batch files to the normaliser on a background thread, in order.
+#: Groups loaded at once, each on its own connection.
+LOADERS = 2
 
-    DuckDB parses a group on all cores while the next group is cut; at most two
-    groups are on disk at a time.
+
+class _Loader:
+    """Feeds groups of batch files to the normaliser on background threads.
+
+    Two groups load at once, each on its own DuckDB connection, while the next is
+    cut: a load is a chain of statements, several of which use one core only, so
+    one loader alone would leave a core idle. At most four groups are on disk at a
+    time. When loads fail, the error of the earliest group is raised, so the same
+    bad file always gets the same message.
     """
 
-    def __init__(self, normaliser: pytorch_profiler_sql.Normaliser) -> None:
+    def __init__(self, normaliser: pytorch_profiler_sql.Normaliser, workers: int = LOADERS) -> None:
         self._normaliser = normaliser
-        self._queue: queue.Queue[tuple[list[Path], int, set[Path]] | None] = queue.Queue(maxsize=1)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="tracelake-json-loader", daemon=True)
-        self._thread.start()
+        self._queue: queue.Queue[tuple[int, list[tuple[Path, int]], set[Path]] | None] = queue.Queue(maxsize=1)
+        self._errors: dict[int, BaseException] = {}
+        self._lock = threading.Lock()
+        self._groups = 0
+        self._threads = [
+            threading.Thread(target=self._run, args=(normaliser.cursor(),), name=f"tracelake-json-loader-{n}",
+                             daemon=True)
+            for n in range(workers)
+        ]
+        for thread in self._threads:
+            thread.start()
 
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            paths, first, keep = item
-            if self._error is None:
-                try:
-                    self._normaliser.load(paths, first)
-                except BaseException as exc:  # re-raised on the parsing thread by put()/close()
-                    self._error = exc
-            for path in paths:
-                if path not in keep:
-                    path.unlink(missing_ok=True)
+    def _run(self, con: duckdb.DuckDBPyConnection) -> None:
+        try:
+            while (item := self._queue.get()) is not None:
+                group, batches, keep = item
+                earliest = self._earliest_failed()
+                if earliest is None or group < earliest:
+                    try:
+                        self._normaliser.load(con, group, batches)
+                    except BaseException as exc:  # re-raised on the parsing thread by put()/close()
+                        with self._lock:
+                            self._errors[group] = exc
+                for path, _ in batches:
+                    if path not in keep:
+                        path.unlink(missing_ok=True)
+        finally:
+            con.close()
 
-    def put(self, paths: list[Path], first: int, keep: set[Path]) -> None:
-        """Queue one group of batches; blocks while a group is already waiting."""
-        if self._error is not None:
-            raise self._error
-        self._queue.put((paths, first, keep))
+    def put(self, batches: list[tuple[Path, int]], keep: set[Path]) -> None:
+        """Queue one group of (batch file, index of its first event); blocks while a group is already waiting.
+
+        Raises the earliest loading error so far, which stops the cutting.
+        """
+        self._raise_earliest()
+        self._queue.put((self._groups, batches, keep))
+        self._groups += 1
 
     def close(self) -> None:
-        """Wait for every queued group; re-raise the first loading error."""
-        self._queue.put(None)
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
+        """Wait for every queued group; re-raise the earliest loading error."""
+        for _ in self._threads:
+            self._queue.put(None)
+        for thread in self._threads:
+            thread.join()
+        self._raise_earliest()
+
+    def _earliest_failed(self) -> int | None:
+        with self._lock:
+            return min(self._errors) if self._errors else None
+
+    def _raise_earliest(self) -> None:
+        earliest = self._earliest_failed()
+        if earliest is not None:
+            raise self._errors[earliest]
 
 
-#: Batches DuckDB parses in one call (it spreads a call's files over its threads).
-GROUP_BATCHES = 8
+#: Batches per group, parsed by one DuckDB call.
+GROUP_BATCHES = 4
 
 
 def _cut_and_load(
@@ -115,8 +148,7 @@ def _cut_and_load(
     )
     counter_batches: list[Path] = []
     loader = _Loader(normaliser)
-    group: list[Path] = []
-    group_first = 0
+    group: list[tuple[Path, int]] = []
     try:
         for first, events, data in reader.batches():
             if not events:
@@ -125,14 +157,12 @@ def _cut_and_load(
             path.write_bytes(data)
             if _has_counter_event(data):
                 counter_batches.append(path)
-            if not group:
-                group_first = first
-            group.append(path)
+            group.append((path, first))
             if len(group) >= GROUP_BATCHES:
-                loader.put(group, group_first, set(counter_batches))
+                loader.put(group, set(counter_batches))
                 group = []
         if group:
-            loader.put(group, group_first, set(counter_batches))
+            loader.put(group, set(counter_batches))
     finally:
         loader.close()
     return reader, counter_batches

@@ -114,8 +114,11 @@ def _int_arg(name: str) -> str:
 
 
 def _max_object(batch: Path) -> int:
-    """DuckDB's JSON reader buffers this much per thread: no event is larger than its batch."""
-    return max(16 << 20, batch.stat().st_size + 1024)
+    """DuckDB's JSON reader buffers this much per thread: no event is larger than its batch.
+
+    No more than that, as two groups load at once within the ingest memory limit.
+    """
+    return batch.stat().st_size + 1024
 
 
 def _connect(staging: Path, memory_limit: str, threads: int) -> duckdb.DuckDBPyConnection:
@@ -165,9 +168,9 @@ _HOST_PART = f"""
 class Normaliser:
     """Loads groups of event batches into DuckDB as they are cut, then writes the tables.
 
-    :meth:`load` may run on a background thread while the next batches are cut:
-    DuckDB releases the GIL, so JSON parsing in DuckDB and cutting in Python use
-    both cores.
+    :meth:`load` runs on background threads, each with its own connection from
+    :meth:`cursor`, while the next batches are cut: DuckDB releases the GIL, so
+    JSON parsing in DuckDB and cutting in Python use both cores.
     """
 
     def __init__(self, staging: Path, *, memory_limit: str, threads: int, source: str) -> None:
@@ -175,30 +178,37 @@ class Normaliser:
         self.source = source
         self.parts = staging / "parts"
         self.parts.mkdir()
-        self.groups = 0
         self.con = _connect(staging, memory_limit, threads)
         self._columns = _columns_spec()
         for statement in _SETUP:
             self.con.execute(statement)
 
-    def load(self, batches: list[Path], first: int) -> None:
-        """Parse batch files holding events ``first``, ``first + 1``, ... (in order).
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A connection of its own to the normaliser's database, for loading on another thread."""
+        con = self.con.cursor()
+        con.execute("SET enable_progress_bar = false")
+        return con
+
+    def load(self, con: duckdb.DuckDBPyConnection, group: int, batches: list[tuple[Path, int]]) -> None:
+        """Parse group number ``group``: consecutive batch files, each with the index of its first event.
+
+        ``con`` is a connection from :meth:`cursor` used by one thread only (the
+        ``batch`` table is private to it). Numbering the events (``WITH
+        ORDINALITY``) makes the scan sequential; the loaders run two groups at once.
 
         Raises:
             UnreadableValue: DuckDB could not convert a value (the caller locates it).
             TraceFormatError: an event lacks a required field or has a bad one.
         """
-        files = "[" + ", ".join(sql_literal(str(b)) for b in batches) + "]"
-        con = self.con
-        group = self.groups
-        self.groups += 1
+        files = "[" + ", ".join(sql_literal(str(path)) for path, _ in batches) + "]"
+        first = batches[0][1]
         try:
             con.execute(f"""
                 CREATE OR REPLACE TEMP TABLE batch AS
                 SELECT ordinality - 1 + {int(first)} AS event_id, ph, cat, lower(cat) AS lcat, name,
                        pid, tid, ts, dur, args
                 FROM read_json({files}, format = 'array', columns = {self._columns},
-                               maximum_object_size = {max(_max_object(b) for b in batches)}) WITH ORDINALITY
+                               maximum_object_size = {max(_max_object(path) for path, _ in batches)}) WITH ORDINALITY
                 WHERE ph IS NULL OR ph NOT IN ('s', 'f', 'M')
             """)
             _check_batch(con, self.source)
@@ -218,7 +228,6 @@ class Normaliser:
         started = time.perf_counter()
         con = self.con
         try:
-            con.execute("DROP TABLE IF EXISTS batch")
             _narrow(con, self.parts)
             _steps(con)
             _nesting(con)

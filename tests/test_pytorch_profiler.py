@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import REAL_KINETO, SAMPLES
+from tracelake import ingest
 from tracelake.ingest import parse
+from tracelake.ingest.pytorch_profiler import _Loader
 from tracelake.ingest.pytorch_profiler_sql import KIND_BY_CAT
+from tracelake.warehouse.errors import TraceFormatError
 
 DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "cuda_sync": "sync"}
 
@@ -161,3 +166,73 @@ def test_negative_durations_are_clamped(tmp_path: Path) -> None:
     path.write_text(json.dumps(doc))
     ops = parse(path).tables["device_ops"].to_pylist()
     assert ops[0]["dur_ns"] == 0 and ops[0]["ts_ns"] == 10500
+
+
+def _parse_tables(path: Path, staging: Path, batch_bytes: int) -> dict[str, list[dict]]:  # type: ignore[type-arg]
+    staging.mkdir()
+    ingest.parse_into(path, staging, ingest.ParseOptions(source_name=path.name, trace_id="t", batch_bytes=batch_bytes))
+    tables = {}
+    for name in ("device_ops", "host_ops", "collectives", "steps", "counters"):
+        rows = pq.read_table(staging / f"{name}.parquet").to_pylist()
+        key = "event_id" if rows and "event_id" in rows[0] else next(iter(rows[0])) if rows else None
+        tables[name] = sorted(rows, key=lambda r: repr(r[key]) if key else "") if key else rows
+    return tables
+
+
+def test_many_small_batches_loaded_side_by_side_give_the_same_tables(tmp_path: Path) -> None:
+    """Groups of batches load two at a time on separate connections; event ids and every row stay the same."""
+    path = SAMPLES / "ddp_straggler" / "rank-1.json.gz"
+    whole = _parse_tables(path, tmp_path / "whole", 8 << 20)
+    cut = _parse_tables(path, tmp_path / "cut", 2048)  # hundreds of batches, dozens of groups
+    assert whole["device_ops"] and whole["host_ops"] and whole["collectives"]
+    assert cut == whole
+
+
+def test_the_earliest_bad_event_is_reported_when_groups_load_at_once(tmp_path: Path) -> None:
+    """Two groups loading at once may both fail; the message always names the first bad event."""
+    doc = _load(SAMPLES / "ddp_straggler" / "rank-0.json.gz")
+    events = doc["traceEvents"]
+    complete = [i for i, e in enumerate(events) if e.get("ph") == "X"]
+    first = complete[len(complete) // 3]
+    second = next(i for i in complete if i > first + 40)  # a few batches on: the next group, loading beside it
+    for index in (first, second):
+        del events[index]["ts"]
+    path = tmp_path / "rank-0.json"
+    path.write_text(json.dumps(doc))
+    for attempt in range(5):
+        staging = tmp_path / f"staging-{attempt}"
+        staging.mkdir()
+        with pytest.raises(TraceFormatError) as err:
+            ingest.parse_into(path, staging, ingest.ParseOptions(source_name=path.name, batch_bytes=1024))
+        assert f"traceEvents[{first}]" in str(err.value)
+        assert "has no 'ts'" in str(err.value)
+
+
+def test_the_loader_raises_the_earliest_groups_error_whichever_fails_first(tmp_path: Path) -> None:
+    """Group 1 fails at once while group 0 is still loading; group 0's error is the one raised."""
+    class Cursor:
+        def close(self) -> None:
+            pass
+
+    class Failing:
+        loaded: list[int] = []
+
+        def cursor(self) -> Cursor:
+            return Cursor()
+
+        def load(self, con: Cursor, group: int, batches: list[tuple[Path, int]]) -> None:
+            if group == 0:
+                time.sleep(0.3)
+            self.loaded.append(group)
+            raise ValueError(f"group {group}")
+
+    normaliser = Failing()
+    loader = _Loader(normaliser)  # type: ignore[arg-type]
+    for n in range(2):
+        batch = tmp_path / f"b-{n}.json"
+        batch.write_text("[]")
+        loader.put([(batch, n)], keep=set())
+    with pytest.raises(ValueError, match="group 0"):
+        loader.close()
+    assert normaliser.loaded == [1, 0]
+    assert not list(tmp_path.glob("b-*.json"))  # batch files are removed once loaded, failed or not
