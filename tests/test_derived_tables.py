@@ -61,10 +61,10 @@ def _parsed_inputs(wh: Warehouse, job: str, folder: Path) -> Path:
     return folder
 
 
-def _derive(parsed: Path, out: Path, monkeypatch: pytest.MonkeyPatch, *, sql_max_ops: int) -> dict[str, pl.DataFrame]:
+def _derive(parsed: Path, out: Path, monkeypatch: pytest.MonkeyPatch, *, sql: bool) -> dict[str, pl.DataFrame]:
     from tracelake.warehouse import derived
 
-    monkeypatch.setattr(derived, "SQL_MAX_OPS", sql_max_ops)
+    monkeypatch.setattr(derived, "REFERENCE_SQL", sql)
     out.mkdir()
     derived.write_derived(parsed, out)
     return {name: pl.read_parquet(out / f"{name}.parquet") for name in _COMPARED}
@@ -95,10 +95,10 @@ def xla_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Warehouse:
 @pytest.mark.parametrize("job", ["ddp_straggler", "launch_bound"])
 def test_sql_and_vectorised_derived_tables_are_equal(sample_warehouse: Warehouse, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch, job: str) -> None:
-    """Small traces get their derived tables from DuckDB, large ones from numpy/polars: same rows either way."""
+    """Ingest stores the derived tables from numpy/polars; their SQL reference gives the same rows."""
     parsed = _parsed_inputs(sample_warehouse, job, tmp_path / "parsed")
-    sql = _derive(parsed, tmp_path / "sql", monkeypatch, sql_max_ops=10**9)
-    _assert_same(sql, _derive(parsed, tmp_path / "vectorised", monkeypatch, sql_max_ops=0))
+    sql = _derive(parsed, tmp_path / "sql", monkeypatch, sql=True)
+    _assert_same(sql, _derive(parsed, tmp_path / "vectorised", monkeypatch, sql=False))
 
 
 def _rewrite(parsed: Path, folder: Path, layout: str) -> Path:
@@ -131,6 +131,29 @@ def test_derived_tables_in_tiny_windows_equal_sql(sample_warehouse: Warehouse, x
 
     wh = xla_warehouse if job == "xla" else sample_warehouse
     parsed = _rewrite(_parsed_inputs(wh, job, tmp_path / "parsed"), tmp_path / "rewritten", layout)
-    sql = _derive(parsed, tmp_path / "sql", monkeypatch, sql_max_ops=10**9)
+    sql = _derive(parsed, tmp_path / "sql", monkeypatch, sql=True)
     monkeypatch.setattr(derived, "CHUNK_ROWS", 7)
-    _assert_same(sql, _derive(parsed, tmp_path / "windows", monkeypatch, sql_max_ops=0))
+    _assert_same(sql, _derive(parsed, tmp_path / "windows", monkeypatch, sql=False))
+
+
+_SAMPLE_FILES = sorted(
+    p for p in (Path(__file__).resolve().parents[1] / "sample_traces").rglob("*")
+    if p.is_file() and p.suffix not in (".py", ".md") and p.parent.name != "__pycache__"
+)
+
+
+@pytest.mark.parametrize("sample", _SAMPLE_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_sample_format_gets_the_same_derived_tables_both_ways(sample: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every format, those without device ops (NCCL records) included: windowed rows equal the SQL reference."""
+    from tracelake import ingest
+
+    parsed = tmp_path / "parsed"
+    parsed.mkdir()
+    ingest.parse_into(sample, parsed, ingest.ParseOptions(source_name=sample.name, trace_id="0" * 20))
+    sql = _derive(parsed, tmp_path / "sql", monkeypatch, sql=True)
+    windowed = _derive(parsed, tmp_path / "windowed", monkeypatch, sql=False)
+    for name, frame in sql.items():
+        keys = [c for c in ("trace_id", "rank", "step", "name", "stream") if c in frame.columns]
+        assert frame.schema == windowed[name].schema, name
+        assert frame.sort(keys, nulls_last=False).equals(windowed[name].sort(keys, nulls_last=False)), name
