@@ -3,7 +3,7 @@
 Run it from the repository root with the dev virtualenv::
 
     python benchmarks/parse_nccl_log.py                # ~200 MB log, best of 3 runs
-    python benchmarks/parse_nccl_log.py --size-mb 1000 --runs 1
+    python benchmarks/parse_nccl_log.py --size-mb 600 --runs 1   # peak RSS should match 200 MB's
 
 What it measures: the sample log of ``sample_traces/generate_nccl.py`` (4 ranks on 2
 nodes, inits, transports, COLL lines, a WARN) is grown to about ``--size-mb`` MB by
@@ -16,8 +16,13 @@ between them, as long jobs write. Then, each in its own child process:
 
 The two alternate ``--runs`` times and the fastest run of each is kept; tracelake's
 CPU seconds (user + system, all threads) are shown too, which a busy machine inflates
-less than the wall time. Read the ratio: the machines are shared and noisy. Nothing is
-asserted.
+less than the wall time. The parser scans chunks of the log on the ingest's threads
+(``TRACELAKE_THREADS``, default 2), so its CPU seconds exceed its wall time where the
+cores are free. Read the ratio: the machines are shared and noisy. Nothing is asserted.
+
+Peak RSS is the child's whole process (the libraries it imports included). The parser
+writes COLL rows out in parts as it reads and holds only the small facts they are
+joined with, so peak RSS should stay about the same as ``--size-mb`` grows.
 """
 
 from __future__ import annotations

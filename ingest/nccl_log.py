@@ -3,9 +3,9 @@ and ``collectives``.
 
 Lines read ``[timestamp ]host:pid:tid [cudaDev] NCCL INFO <msg>``, possibly behind a
 launcher prefix (``[1,0]<stdout>:``, ``host: ``), ranks interleaved. The log is read in
-chunks of 16 MB; polars splits each into lines and picks each message kind's lines by a
-literal marker (the rare kinds' markers at once), then matches them with one regular
-expression (Rust, vectorised), except COLL lines, most of a log, which are cut at
+chunks of :data:`CHUNK_BYTES`; polars splits each into lines and picks each message kind's
+lines by a literal marker (the rare kinds' markers at once), then matches them with one
+regular expression (Rust, vectorised), except COLL lines, most of a log, which are cut at
 literal markers instead (:func:`coll_fields`); Python never touches a line:
 
 - communicator init (``comm 0x.. rank R nranks N cudaDev D [nvmlDev M] busId B
@@ -20,24 +20,38 @@ literal markers instead (:func:`coll_fields`); Python never touches a line:
   the algorithm, protocol and channels of the COLL rows of that process, op and size;
 - ``NCCL version``, WARN lines (counted, the first few kept as warnings).
 
+Chunks are scanned on the ingest's threads (polars works without the GIL) and taken in
+log order. Memory stays flat in the size of the log: a chunk's COLL rows are typed at
+once and written, :data:`PART_ROWS` at a time, as Arrow files in the staging directory;
+only the small facts they are joined with (communicators, TUNING choices, the first
+warnings) are held whole. Once the log is read, each part is joined with them and
+appended to ``collectives.parquet`` as one row group (:func:`_write_collectives`), since
+an init or TUNING line may come after the COLL lines it describes.
+
 Lines of anything else are skipped and counted; a file without any NCCL line is an error.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+import shutil
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 
+from tracelake.warehouse import schema
 from tracelake.warehouse.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
 from .nccl_ops import PER_RANK_SHARE, collective_name
 from .source import iter_chunks
-from .tables import write_table
+from .tables import arrow_table, write_table
 
 FORMAT = "nccl_log"
 
@@ -76,15 +90,113 @@ def sniff(head: bytes, filename: str) -> bool:
     return b" NCCL INFO " in head or b" NCCL WARN " in head or b"NCCL version " in head
 
 
+#: Bytes of the log read and scanned at a time. Larger chunks spread polars' per-call costs over more lines,
+#: but every buffer a chunk needs is allocated afresh (and its pages faulted in) each time; on a 200 MB log
+#: 8 MB took the least CPU (4 MB more per call, 16 MB more page faults), and a chunk in flight takes a few
+#: tens of MB.
+CHUNK_BYTES = 8 << 20
+#: COLL rows held before they are written as one part; each part becomes one row group of ``collectives``.
+PART_ROWS = 1 << 17
+#: The most chunks scanned at once: each takes a few tens of MB while in flight.
+SCAN_THREADS = 4
+
+
+class _Parts:
+    """COLL rows (:func:`_coll_rows`) of the chunks read so far, in log order: the last ones held, the others
+    written to ``folder`` as Arrow IPC files of about ``part_rows`` rows.
+
+    Uncompressed, as they are read back once, mapped from the page cache: about 130 bytes a row, half
+    the log's size on disk while it is parsed (lz4 would take a tenth of that for some 4% more CPU).
+    """
+
+    def __init__(self, folder: Path, part_rows: int) -> None:
+        self.folder = folder
+        self.part_rows = part_rows
+        self.rows = 0
+        self._held: list[pl.DataFrame] = []
+        self._held_rows = 0
+        self._files: list[Path] = []
+
+    def add(self, rows: pl.DataFrame) -> None:
+        """Append one chunk's rows; write what is held once it reaches ``part_rows``."""
+        if not rows.height:
+            return
+        self._held.append(rows)
+        self._held_rows += rows.height
+        self.rows += rows.height
+        if self._held_rows >= self.part_rows:
+            self.folder.mkdir(exist_ok=True)
+            path = self.folder / f"part-{len(self._files):06d}.arrow"
+            pl.concat(self._held, rechunk=False).write_ipc(path, compression="uncompressed")
+            self._files.append(path)
+            self._held, self._held_rows = [], 0
+
+    def __iter__(self) -> Iterator[pl.DataFrame]:
+        """Every part in log order (the written ones read back), a row group's worth at a time."""
+        for path in self._files:
+            with pa.memory_map(str(path)) as source:  # mapped, not copied: read once, from the page cache
+                yield pl.DataFrame(pa.ipc.open_file(source).read_all())
+        if self._held:
+            yield pl.concat(self._held, rechunk=False)
+
+    def remove(self) -> None:
+        """Delete the written parts."""
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 class _State:
-    def __init__(self) -> None:
-        self.found: dict[str, list[pl.DataFrame]] = {
-            "init": [], "nodes": [], "channel": [], "coll": [], "tuning": [], "warn": []}
+    """What the scan keeps between chunks: the rare kinds' rows, the version, counts; COLL rows go to ``parts``."""
+
+    def __init__(self, parts: _Parts) -> None:
+        self.found: dict[str, list[pl.DataFrame]] = {"init": [], "nodes": [], "channel": []}
+        #: One row per (host, pid, op, bytes): the last TUNING line's choice (a log tuned per call has many).
+        self.choices: pl.DataFrame | None = None
+        #: The first WARN lines (host, pid, msg), at most :data:`_KEEP_WARNINGS`.
+        self.warnings: pl.DataFrame | None = None
+        self.parts = parts
+        self.matched = dict.fromkeys(_KINDS, 0)
         self.version: str | None = None
         self.lines = 0
 
+    def merge(self, found: _Found) -> None:
+        """Take in the next chunk's lines."""
+        self.lines += found.lines
+        self.version = self.version or found.version
+        for kind, rows in found.kinds.items():
+            self.matched[kind] += rows.height
+            if not rows.height:
+                continue
+            if kind == "coll":
+                self.parts.add(rows)
+            elif kind == "tuning":
+                self.keep_tuning(rows)
+            elif kind == "warn":
+                self.keep_warnings(rows)
+            else:
+                self.found[kind].append(rows)
+
+    def keep_tuning(self, tuning: pl.DataFrame) -> None:
+        """Fold a chunk's TUNING lines into :attr:`choices` (later lines win, as they would over the whole log)."""
+        found = tuning.select(
+            "host", _i64("pid"), pl.col("op").alias("tuned_op"),
+            _i64("bytes").alias("tuned_bytes"), pl.col("algo").alias("algorithm"),
+            pl.col("proto").alias("protocol"),
+            (_i32("hi") - _i32("lo") + 1).alias("channels"),
+        )
+        if self.choices is not None:
+            found = pl.concat([self.choices, found])
+        self.choices = found.unique(_TUNED, keep="last", maintain_order=True)
+
+    def keep_warnings(self, warn: pl.DataFrame) -> None:
+        """Keep the first WARN lines, up to what the trace's warnings show."""
+        found = warn.select("host", "pid", "msg").head(_KEEP_WARNINGS)
+        if self.warnings is not None:
+            found = pl.concat([self.warnings, found]).head(_KEEP_WARNINGS)
+        self.warnings = found
+
 
 _KINDS = {"init": _INIT, "nodes": _NODES, "channel": _CHANNEL, "coll": _COLL, "tuning": _TUNING, "warn": _WARN}
+_TUNED = ["host", "pid", "tuned_op", "tuned_bytes"]
 
 
 #: The markers of every kind but COLL, and of the version line: lines holding none are COLL lines or not NCCL's.
@@ -92,25 +204,79 @@ _KINDS = {"init": _INIT, "nodes": _NODES, "channel": _CHANNEL, "coll": _COLL, "t
 _RARE = "|".join(re.escape(marker) for marker in [*(v[0] for k, v in _KINDS.items() if k != "coll"), "NCCL version"])
 
 
-def _scan(text: str, state: _State) -> None:
-    # polars splits the lines (in Rust: several times faster than str.split and a list of Python strings)
-    lines = pl.Series("line", [text], dtype=pl.String).str.split("\n").explode()
-    state.lines += int((lines.str.len_bytes() > 0).sum())
+def _texts(source: Path, options: ParseOptions, chunk_bytes: int) -> Iterator[list[str]]:
+    """The log's text a chunk at a time, whole lines only (one or two strings, to be split into lines).
+
+    A line cut by the chunk's end is finished with the next chunk's first line; bytes are decoded
+    once, without copying the chunk first.
+    """
+    pending = b""
+    for chunk in iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name, chunk_bytes=chunk_bytes):
+        cut = chunk.rfind(b"\n") + 1
+        if not cut:
+            pending += chunk
+            continue
+        start = chunk.find(b"\n") + 1 if pending else 0
+        texts = [(pending + chunk[:start]).decode("utf-8", "replace")] if pending else []
+        texts.append(str(memoryview(chunk)[start:cut], "utf-8", "replace"))
+        pending = chunk[cut:]
+        yield texts
+    if pending:
+        yield [pending.decode("utf-8", "replace")]
+
+
+@dataclass
+class _Found:
+    """What one chunk holds: its non-empty lines, the version line's version, each kind's well-formed lines
+    (COLL lines as typed rows, :func:`_coll_rows`; the others as their pattern's groups)."""
+
+    lines: int
+    version: str | None = None
+    kinds: dict[str, pl.DataFrame] = field(default_factory=dict)
+
+
+def _scan(texts: list[str]) -> _Found:
+    """Find every kind's lines in one chunk's text (:func:`_texts`); runs on a worker thread."""
+    # polars splits the lines (in Rust: several times faster than str.split and a list of Python strings);
+    # str.isascii() reads a flag CPython keeps, so knowing that byte offsets index characters is free
+    lines = pl.Series("line", texts, dtype=pl.String).str.split("\n").explode()
+    found = _Found(int((lines.str.len_bytes() > 0).sum()))
     rare = lines.filter(lines.str.contains(_RARE))
-    if state.version is None:
-        for line in rare.filter(rare.str.contains("NCCL version", literal=True)):
-            if found := _VERSION.search(line):
-                state.version = found.group("version")
-                break
+    for line in rare.filter(rare.str.contains("NCCL version", literal=True)):
+        if version := _VERSION.search(line):
+            found.version = version.group("version")
+            break
     for kind, (marker, pattern) in _KINDS.items():
         candidates = lines if kind == "coll" else rare
         picked = candidates.filter(candidates.str.contains(marker, literal=True))
-        if picked.len():
-            if kind == "coll":  # most of a log: cut into fields instead of one regex with 14 captures
-                state.found[kind].append(_coll_rows(picked))
-                continue
-            groups = picked.str.extract_groups(pattern).struct.unnest()
-            state.found[kind].append(groups.filter(pl.col("host").is_not_null()))
+        if not picked.len():
+            continue
+        if kind == "coll":  # most of a log: cut into fields instead of one regex with 14 captures
+            found.kinds[kind] = _coll_rows(picked, all(text.isascii() for text in texts))
+        else:
+            found.kinds[kind] = picked.str.extract_groups(pattern).struct.unnest().filter(pl.col("host").is_not_null())
+    return found
+
+
+def _scan_all(source: Path, options: ParseOptions, chunk_bytes: int, state: _State) -> None:
+    """Scan the log's chunks on ``options.threads`` threads, at most :data:`SCAN_THREADS` (polars runs
+    without the GIL), merged in log order.
+
+    At most that many chunks are in flight, plus the one being read, so memory stays bounded.
+    """
+    workers = min(max(1, options.threads), SCAN_THREADS)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tracelake-nccl-log") as pool:
+        running: deque[Future[_Found]] = deque()
+        try:
+            for texts in _texts(source, options, chunk_bytes):
+                running.append(pool.submit(_scan, texts))
+                while len(running) >= workers:
+                    state.merge(running.popleft().result())
+            while running:
+                state.merge(running.popleft().result())
+        finally:
+            for future in running:
+                future.cancel()
 
 
 _TS = r"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?)\]"
@@ -139,19 +305,21 @@ def _cut(column: str, separator: str, first: str, rest: str) -> pl.Expr:
     return pl.col(column).str.splitn(separator, 2).struct.rename_fields([first, rest])
 
 
-def _coll_split(lines: pl.Series) -> tuple[pl.DataFrame, pl.DataFrame]:
+def _coll_split(lines: pl.Series, ascii: bool = False) -> tuple[pl.DataFrame, pl.DataFrame]:
     """COLL lines cut into ``prefix`` (the origin's key), ``ts``, ``op``, ``opcount`` and ``tail``, with the
-    captures of each distinct prefix (``_ORIGIN``; column ``key``: the prefix)."""
+    captures of each distinct prefix (``_ORIGIN``; column ``key``: the prefix). ``ascii``: the lines are
+    known to be ASCII (else they are checked)."""
     frame = lines.rename("line").to_frame().select(_cut("line", " NCCL INFO ", "prefix", "message")).unnest("line")
     frame = frame.select("prefix", _cut("message", ": opCount ", "op", "after")).unnest("message")
     frame = frame.select("prefix", "op", _cut("after", " ", "opcount", "tail")).unnest("after")
     # The first timestamp (as _TS extracts it), and as the origin's key the prefix without it: _ORIGIN's
     # match lies after any timestamp (it holds no "[" but at its end), so it is the same in what follows.
     prefix, rest = pl.col("prefix"), pl.col("rest")
-    if not frame["prefix"].str.contains(_TS_FIND).any():  # NCCL's default: no timestamps on INFO lines
+    found = frame["prefix"].str.find(_TS_FIND)  # the one pass of the regex over every line
+    if found.null_count() == found.len():  # NCCL's default: no timestamps on INFO lines
         frame = frame.with_columns(pl.lit(None, dtype=pl.String).alias("ts"))
-    elif (lines.str.len_bytes() == lines.str.len_chars()).all():  # ASCII: find's byte offsets index characters
-        frame = frame.with_columns(prefix.str.slice(prefix.str.find(_TS_FIND) + 1).alias("rest"))
+    elif ascii or (lines.str.len_bytes() == lines.str.len_chars()).all():  # find's byte offsets index characters
+        frame = frame.with_columns(prefix.str.slice(found + 1).alias("rest"))
         closing = rest.str.find("]", literal=True)
         frame = frame.with_columns(rest.str.head(closing).alias("ts"),
                                    pl.coalesce(rest.str.slice(closing + 1), prefix).alias("prefix")).drop("rest")
@@ -205,14 +373,14 @@ def coll_fields(lines: pl.Series) -> pl.DataFrame:
     return _coll_join(*_coll_split(lines)).select(_COLL_COLUMNS)
 
 
-def _coll_rows(lines: pl.Series) -> pl.DataFrame:
+def _coll_rows(lines: pl.Series, ascii: bool = False) -> pl.DataFrame:
     """COLL lines as typed columns (what :func:`_collectives` needs; the numbers of :func:`coll_fields`, cast once).
 
-    A chunk's rows are kept until the end of the log, so they are made small at once: numbers
+    A chunk's rows wait in a part until the end of the log, so they are made small at once: numbers
     and names are converted on the distinct prefixes and message ends, per line only the timestamp
-    and the opCount.
+    and the opCount. ``ascii``: the lines are known to be ASCII.
     """
-    frame, origins = _coll_split(lines)
+    frame, origins = _coll_split(lines, ascii)
     origins = origins.select("key", "host", _i64("pid"))
     names = {name: collective_name(name) for name in frame["op"].unique().drop_nulls().to_list()}
     code = _i64("dtype")
@@ -253,37 +421,42 @@ def _i64(name: str) -> pl.Expr:
     return pl.col(name).cast(pl.Int64, strict=False)
 
 
-def _frame(state: _State, kind: str) -> pl.DataFrame:
-    frames = [f for f in state.found[kind] if f.height]
-    return pl.concat(frames) if frames else pl.DataFrame()
-
-
-def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
+def parse(source: Path, staging: Path, options: ParseOptions, *, chunk_bytes: int = CHUNK_BYTES,
+          part_rows: int = PART_ROWS) -> TraceInfo:
     """Parse one NCCL debug log (any number of ranks interleaved).
+
+    Args:
+        source, staging, options: As for every parser (:data:`ParseFunction`).
+        chunk_bytes: Bytes read and scanned at a time (tests make it small to cross chunk ends).
+        part_rows: COLL rows held before they are written out as one part.
 
     Raises:
         TraceFormatError: no NCCL line in the file.
     """
-    state = _State()
-    pending = ""
-    for chunk in iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name, chunk_bytes=16 << 20):
-        text = pending + chunk.decode("utf-8", "replace")
-        cut = text.rfind("\n") + 1
-        pending = text[cut:]
-        _scan(text[:cut], state)
-    if pending:
-        _scan(pending, state)
-    frames = {kind: _frame(state, kind) for kind in _KINDS}
-    recognised = sum(f.height for f in frames.values())
-    if not recognised and state.version is None:
-        raise TraceFormatError(options.source_name, f"no NCCL INFO/WARN lines in {state.lines:,} lines")
-    comms = _communicators(frames["init"], frames["nodes"])
-    write_table(staging, "communicators", {c: comms[c].to_arrow() for c in _COMM_COLUMNS if c in comms.columns},
-                trace_id=options.trace_id)
-    write_table(staging, "comm_channels", _channels(frames["channel"], comms), trace_id=options.trace_id)
-    write_table(staging, "collectives", _collectives(frames["coll"], comms, frames["tuning"]),
-                trace_id=options.trace_id)
+    state = _State(_Parts(staging / "nccl_log_collectives", part_rows))
+    try:
+        _scan_all(source, options, chunk_bytes, state)
+        recognised = sum(state.matched.values())
+        if not recognised and state.version is None:
+            raise TraceFormatError(options.source_name, f"no NCCL INFO/WARN lines in {state.lines:,} lines")
+        comms = _communicators(_frame(state, "init"), _frame(state, "nodes"))
+        write_table(staging, "communicators", {c: comms[c].to_arrow() for c in _COMM_COLUMNS if c in comms.columns},
+                    trace_id=options.trace_id)
+        write_table(staging, "comm_channels", _channels(_frame(state, "channel"), comms), trace_id=options.trace_id)
+        _write_collectives(staging, options.trace_id, state.parts, comms, state.choices)
+        return _info(source, state, comms, recognised)
+    finally:
+        state.parts.remove()
 
+
+def _frame(state: _State, kind: str) -> pl.DataFrame:
+    """Every line of a kind held whole (init, nNodes, transport lines: a few per communicator), as one frame."""
+    frames = state.found[kind]
+    return pl.concat(frames) if frames else pl.DataFrame()
+
+
+def _info(source: Path, state: _State, comms: pl.DataFrame, recognised: int) -> TraceInfo:
+    """The trace's facts: ranks, world size, version, host, warnings."""
     info = TraceInfo(format=FORMAT, event_count=recognised, uncompressed_bytes=source.stat().st_size)
     ranks = sorted(r for r in comms["rank"].to_list() if r is not None) if comms.height else []
     info.rank = ranks[0] if ranks else 0
@@ -294,11 +467,11 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     info.backend = "nccl"
     hosts = sorted(h for h in comms["host"].to_list() if h) if comms.height else []
     info.host = hosts[0] if hosts else None
-    warn = frames["warn"]
-    for row in warn.head(_KEEP_WARNINGS).iter_rows(named=True):
-        info.warnings.append(f"NCCL WARN on {row['host']}:{row['pid']}: {str(row['msg']).strip()}")
-    if warn.height > _KEEP_WARNINGS:
-        info.warnings.append(f"{warn.height - _KEEP_WARNINGS} more NCCL WARN lines")
+    if state.warnings is not None:
+        for row in state.warnings.iter_rows(named=True):
+            info.warnings.append(f"NCCL WARN on {row['host']}:{row['pid']}: {str(row['msg']).strip()}")
+    if state.matched["warn"] > _KEEP_WARNINGS:
+        info.warnings.append(f"{state.matched['warn'] - _KEEP_WARNINGS} more NCCL WARN lines")
     if recognised < state.lines:
         info.warnings.append(f"recognised {recognised:,} of {state.lines:,} lines (the rest is not NCCL "
                              "output tracelake reads)")
@@ -347,50 +520,82 @@ def _channels(channel: pl.DataFrame, comms: pl.DataFrame) -> dict[str, pa.Array]
     return {c: out[c].to_arrow() for c in out.columns}
 
 
-def _collectives(coll: pl.DataFrame, comms: pl.DataFrame, tuning: pl.DataFrame) -> dict[str, pa.Array]:
-    """COLL rows (:func:`_coll_rows`) as ``collectives`` rows; a TUNING line of the same process, op and size gives
-    the algorithm, protocol and channel count (NCCL prints it on the ranks that tune, usually rank 0)."""
-    if not coll.height:
-        return {}
-    frame = coll
-    if comms.height:
-        frame = frame.join(comms.select(*_KEY, "rank", pl.col("nranks").alias("comm_nranks"),
-                                        *(["comm_id"] if "comm_id" in comms.columns else [])),
-                           on=_KEY, how="left")
-    for name, dtype in (("rank", pl.Int32), ("comm_nranks", pl.Int32), ("comm_id", pl.String)):
-        if name not in frame.columns:
-            frame = frame.with_columns(pl.lit(None, dtype=dtype).alias(name))
-    if tuning.height:
-        choices = tuning.select(
-            "host", _i64("pid"), pl.col("op").alias("tuned_op"),
-            _i64("bytes").alias("tuned_bytes"), pl.col("algo").alias("algorithm"),
-            pl.col("proto").alias("protocol"),
-            (_i32("hi") - _i32("lo") + 1).alias("channels"),
-        ).unique(["host", "pid", "tuned_op", "tuned_bytes"], keep="last")
-    else:
-        choices = None
-    nranks = pl.coalesce(pl.col("nranks"), pl.col("comm_nranks"))
+#: ``collectives``' Parquet encodings: the columns that count up are delta-coded (a dictionary of distinct
+#: values would only be built to be dropped), the rest, which repeat, dictionary-coded; zstd at its fastest
+#: level, as the encodings leave it little to do. Min/max statistics (a fifth of the writing time when kept
+#: for every column) only where readers skip row groups by them: rank and time (``derived``), ids.
+_COUNTING = ("event_id", "seq", "ts_ns")
+_WRITER_OPTIONS = {
+    "compression": "zstd", "compression_level": 1,
+    "use_dictionary": [c for c in schema.table("collectives").column_names if c not in _COUNTING],
+    "column_encoding": dict.fromkeys(_COUNTING, "DELTA_BINARY_PACKED"),
+    "write_statistics": [*_COUNTING, "rank"],
+}
+
+
+def _write_collectives(staging: Path, trace_id: str, parts: _Parts, comms: pl.DataFrame,
+                       choices: pl.DataFrame | None) -> None:
+    """``collectives.parquet`` from the COLL rows in ``parts``, one row group per part, joined with what the
+    init and TUNING lines say (see :func:`_collectives`)."""
+    if not parts.rows:
+        write_table(staging, "collectives", {}, trace_id=trace_id)
+        return
+    lookup = _comm_lookup(comms)
+    first = 0
+    # Arrow encodes a row group without the GIL: on a second thread, while the next part is joined
+    with pq.ParquetWriter(staging / "collectives.parquet", schema.table("collectives").arrow_schema,
+                          **_WRITER_OPTIONS) as writer, ThreadPoolExecutor(max_workers=1) as pool:
+        written: Future[None] | None = None
+        for part in parts:
+            out = _collectives(part, lookup, choices, first)
+            first += out.height
+            table = arrow_table("collectives", dict(zip(out.columns, out.to_arrow().columns)), trace_id=trace_id)
+            if written is not None:
+                written.result()
+            written = pool.submit(writer.write_table, table)
+        if written is not None:
+            written.result()
+
+
+def _comm_lookup(comms: pl.DataFrame) -> pl.DataFrame:
+    """Per (host, pid, comm): the rank, the communicator's size and its commId (null where no line said)."""
+    columns = {"rank": pl.Int32, "nranks": pl.Int32, "comm_id": pl.String}
+    return comms.with_columns(
+        pl.lit(None, dtype=dtype).alias(name) for name, dtype in columns.items() if name not in comms.columns
+    ).select(pl.col("host").cast(pl.String), pl.col("pid").cast(pl.Int64), pl.col("comm").cast(pl.String),
+             "rank", pl.col("nranks").alias("comm_nranks"), "comm_id")
+
+
+def _collectives(coll: pl.DataFrame, lookup: pl.DataFrame, choices: pl.DataFrame | None, first: int) -> pl.DataFrame:
+    """COLL rows (:func:`_coll_rows`) as ``collectives`` rows, ``event_id`` counted from ``first``.
+
+    The rank, group size and process group come from the init lines of the same (host, pid,
+    comm) (``lookup``, :func:`_comm_lookup`); a TUNING line of the same process, op and size
+    (``choices``) gives the algorithm, protocol and channel count (NCCL prints it on the
+    ranks that tune, usually rank 0).
+    """
+    frame = coll.join(lookup, on=_KEY, how="left", maintain_order="left")
     count, size, root = pl.col("count"), pl.col("size"), pl.col("root")
-    message = count * size * pl.when(pl.col("collective").is_in(list(PER_RANK_SHARE))).then(
-        nranks.cast(pl.Int64)).otherwise(1)
-    frame = frame.with_columns(message.alias("message_bytes"))
-    if choices is not None:
+    nranks = pl.coalesce(pl.col("nranks"), pl.col("comm_nranks"))
+    if choices is not None and choices.height:
         # TUNING prints the bytes of one rank's buffer: count x element size
         frame = frame.with_columns((count * size).alias("buffer_bytes")).join(
-            choices, left_on=["host", "pid", "op", "buffer_bytes"],
-            right_on=["host", "pid", "tuned_op", "tuned_bytes"], how="left")
-    for name, dtype in (("algorithm", pl.String), ("protocol", pl.String), ("channels", pl.Int32)):
-        if name not in frame.columns:
-            frame = frame.with_columns(pl.lit(None, dtype=dtype).alias(name))
-    out = frame.select(
-        pl.int_range(pl.len(), dtype=pl.Int64).alias("event_id"),
+            choices, left_on=["host", "pid", "op", "buffer_bytes"], right_on=_TUNED, how="left",
+            maintain_order="left")
+    else:
+        frame = frame.with_columns(pl.lit(None, dtype=pl.String).alias("algorithm"),
+                                   pl.lit(None, dtype=pl.String).alias("protocol"),
+                                   pl.lit(None, dtype=pl.Int32).alias("channels"))
+    message = count * size * pl.when(pl.col("collective").is_in(list(PER_RANK_SHARE))).then(
+        nranks.cast(pl.Int64)).otherwise(1)
+    return frame.select(
+        pl.int_range(first, first + pl.len(), dtype=pl.Int64).alias("event_id"),
         "rank", "collective",
         pl.coalesce("comm_id", "comm").alias("process_group"),
-        nranks.alias("group_size"), "seq", "dtype", count.alias("in_nelems"), "message_bytes",
+        nranks.alias("group_size"), "seq", "dtype", count.alias("in_nelems"), message.alias("message_bytes"),
         pl.when(pl.col("collective") == "send").then(pl.col("rank"))
         .when(pl.col("collective").is_in(["recv", "broadcast"])).then(root).alias("src_rank"),
         pl.when(pl.col("collective") == "send").then(root)
         .when(pl.col("collective") == "recv").then(pl.col("rank")).alias("dst_rank"),
         "ts_ns", "stream", pl.lit(False).alias("is_async"), "algorithm", "protocol", "channels",
     )
-    return {c: out[c].to_arrow() for c in out.columns}
