@@ -21,8 +21,9 @@ less than the wall time. The parser scans chunks of the log on the ingest's thre
 cores are free. Read the ratio: the machines are shared and noisy. Nothing is asserted.
 
 Peak RSS is the child's whole process (the libraries it imports included). The parser
-writes COLL rows out in parts as it reads and holds only the small facts they are
-joined with, so peak RSS should stay about the same as ``--size-mb`` grows.
+writes COLL rows out in parts as it reads (lz4-compressed Arrow files in the staging
+directory, a few bytes a row) and holds only the small facts they are joined with, so
+peak RSS should stay about the same as ``--size-mb`` grows.
 """
 
 from __future__ import annotations

@@ -22,10 +22,10 @@ literal markers instead (:func:`coll_fields`); Python never touches a line:
 
 Chunks are scanned on the ingest's threads (polars works without the GIL) and taken in
 log order. Memory stays flat in the size of the log: a chunk's COLL rows are typed at
-once and written, :data:`PART_ROWS` at a time, as Arrow files in the staging directory;
+once and handed to :mod:`.nccl_log_writer`, which stages them in compressed Arrow parts;
 only the small facts they are joined with (communicators, TUNING choices, the first
 warnings) are held whole. Once the log is read, each part is joined with them and
-appended to ``collectives.parquet`` as one row group (:func:`_write_collectives`), since
+appended to ``collectives.parquet`` (:func:`.nccl_log_writer.write_collectives`), since
 an init or TUNING line may come after the COLL lines it describes.
 
 Lines of anything else are skipped and counted; a file without any NCCL line is an error.
@@ -34,7 +34,6 @@ Lines of anything else are skipped and counted; a file without any NCCL line is 
 from __future__ import annotations
 
 import re
-import shutil
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -43,15 +42,14 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from tracelake.warehouse import schema
 from tracelake.warehouse.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
-from .nccl_ops import PER_RANK_SHARE, collective_name
+from .nccl_log_writer import COMM_KEY, PART_ROWS, TUNING_KEY, Parts, write_collectives
+from .nccl_ops import collective_name
 from .source import iter_chunks
-from .tables import arrow_table, write_table
+from .tables import write_table
 
 FORMAT = "nccl_log"
 
@@ -95,59 +93,14 @@ def sniff(head: bytes, filename: str) -> bool:
 #: 8 MB took the least CPU (4 MB more per call, 16 MB more page faults), and a chunk in flight takes a few
 #: tens of MB.
 CHUNK_BYTES = 8 << 20
-#: COLL rows held before they are written as one part; each part becomes one row group of ``collectives``.
-PART_ROWS = 1 << 17
 #: The most chunks scanned at once: each takes a few tens of MB while in flight.
 SCAN_THREADS = 4
-
-
-class _Parts:
-    """COLL rows (:func:`_coll_rows`) of the chunks read so far, in log order: the last ones held, the others
-    written to ``folder`` as Arrow IPC files of about ``part_rows`` rows.
-
-    Uncompressed, as they are read back once, mapped from the page cache: about 130 bytes a row, half
-    the log's size on disk while it is parsed (lz4 would take a tenth of that for some 4% more CPU).
-    """
-
-    def __init__(self, folder: Path, part_rows: int) -> None:
-        self.folder = folder
-        self.part_rows = part_rows
-        self.rows = 0
-        self._held: list[pl.DataFrame] = []
-        self._held_rows = 0
-        self._files: list[Path] = []
-
-    def add(self, rows: pl.DataFrame) -> None:
-        """Append one chunk's rows; write what is held once it reaches ``part_rows``."""
-        if not rows.height:
-            return
-        self._held.append(rows)
-        self._held_rows += rows.height
-        self.rows += rows.height
-        if self._held_rows >= self.part_rows:
-            self.folder.mkdir(exist_ok=True)
-            path = self.folder / f"part-{len(self._files):06d}.arrow"
-            pl.concat(self._held, rechunk=False).write_ipc(path, compression="uncompressed")
-            self._files.append(path)
-            self._held, self._held_rows = [], 0
-
-    def __iter__(self) -> Iterator[pl.DataFrame]:
-        """Every part in log order (the written ones read back), a row group's worth at a time."""
-        for path in self._files:
-            with pa.memory_map(str(path)) as source:  # mapped, not copied: read once, from the page cache
-                yield pl.DataFrame(pa.ipc.open_file(source).read_all())
-        if self._held:
-            yield pl.concat(self._held, rechunk=False)
-
-    def remove(self) -> None:
-        """Delete the written parts."""
-        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 class _State:
     """What the scan keeps between chunks: the rare kinds' rows, the version, counts; COLL rows go to ``parts``."""
 
-    def __init__(self, parts: _Parts) -> None:
+    def __init__(self, parts: Parts) -> None:
         self.found: dict[str, list[pl.DataFrame]] = {"init": [], "nodes": [], "channel": []}
         #: One row per (host, pid, op, bytes): the last TUNING line's choice (a log tuned per call has many).
         self.choices: pl.DataFrame | None = None
@@ -185,7 +138,7 @@ class _State:
         )
         if self.choices is not None:
             found = pl.concat([self.choices, found])
-        self.choices = found.unique(_TUNED, keep="last", maintain_order=True)
+        self.choices = found.unique(TUNING_KEY, keep="last", maintain_order=True)
 
     def keep_warnings(self, warn: pl.DataFrame) -> None:
         """Keep the first WARN lines, up to what the trace's warnings show."""
@@ -196,7 +149,6 @@ class _State:
 
 
 _KINDS = {"init": _INIT, "nodes": _NODES, "channel": _CHANNEL, "coll": _COLL, "tuning": _TUNING, "warn": _WARN}
-_TUNED = ["host", "pid", "tuned_op", "tuned_bytes"]
 
 
 #: The markers of every kind but COLL, and of the version line: lines holding none are COLL lines or not NCCL's.
@@ -374,7 +326,8 @@ def coll_fields(lines: pl.Series) -> pl.DataFrame:
 
 
 def _coll_rows(lines: pl.Series, ascii: bool = False) -> pl.DataFrame:
-    """COLL lines as typed columns (what :func:`_collectives` needs; the numbers of :func:`coll_fields`, cast once).
+    """COLL lines as typed columns (what :func:`.nccl_log_writer.write_collectives` needs; the numbers of
+    :func:`coll_fields`, cast once).
 
     A chunk's rows wait in a part until the end of the log, so they are made small at once: numbers
     and names are converted on the distinct prefixes and message ends, per line only the timestamp
@@ -433,7 +386,7 @@ def parse(source: Path, staging: Path, options: ParseOptions, *, chunk_bytes: in
     Raises:
         TraceFormatError: no NCCL line in the file.
     """
-    state = _State(_Parts(staging / "nccl_log_collectives", part_rows))
+    state = _State(Parts(staging / "nccl_log_collectives", part_rows))
     try:
         _scan_all(source, options, chunk_bytes, state)
         recognised = sum(state.matched.values())
@@ -443,7 +396,7 @@ def parse(source: Path, staging: Path, options: ParseOptions, *, chunk_bytes: in
         write_table(staging, "communicators", {c: comms[c].to_arrow() for c in _COMM_COLUMNS if c in comms.columns},
                     trace_id=options.trace_id)
         write_table(staging, "comm_channels", _channels(_frame(state, "channel"), comms), trace_id=options.trace_id)
-        _write_collectives(staging, options.trace_id, state.parts, comms, state.choices)
+        write_collectives(staging, options.trace_id, state.parts, comms, state.choices)
         return _info(source, state, comms, recognised)
     finally:
         state.parts.remove()
@@ -480,7 +433,6 @@ def _info(source: Path, state: _State, comms: pl.DataFrame, recognised: int) -> 
 
 _COMM_COLUMNS = ("rank", "comm", "comm_id", "nranks", "nodes", "local_ranks", "local_rank", "cuda_dev", "nvml_dev",
                  "bus_id", "host", "pid")
-_KEY = ["host", "pid", "comm"]
 
 
 def _communicators(init: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
@@ -488,19 +440,19 @@ def _communicators(init: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     parts = []
     if init.height:
         parts.append(init.select(
-            *_KEY, _i32("rank"), _i32("nranks"), _i32("cuda").alias("cuda_dev"), _i32("nvml").alias("nvml_dev"),
+            *COMM_KEY, _i32("rank"), _i32("nranks"), _i32("cuda").alias("cuda_dev"), _i32("nvml").alias("nvml_dev"),
             pl.col("bus").alias("bus_id"), pl.col("commid").alias("comm_id"),
-        ).unique(_KEY, keep="last", maintain_order=True))
+        ).unique(COMM_KEY, keep="last", maintain_order=True))
     if nodes.height:
         parts.append(nodes.select(
-            *_KEY, _i32("rank"), _i32("nranks"), _i32("nodes"), _i32("local_ranks"), _i32("local_rank"),
-        ).unique(_KEY, keep="last", maintain_order=True))
+            *COMM_KEY, _i32("rank"), _i32("nranks"), _i32("nodes"), _i32("local_ranks"), _i32("local_rank"),
+        ).unique(COMM_KEY, keep="last", maintain_order=True))
     if not parts:
         return pl.DataFrame(schema={"host": pl.String, "pid": pl.String, "comm": pl.String, "rank": pl.Int32,
                                     "nranks": pl.Int32})
     comms = parts[0]
     if len(parts) == 2:
-        comms = comms.join(parts[1], on=_KEY, how="full", coalesce=True, suffix="_n").with_columns(
+        comms = comms.join(parts[1], on=COMM_KEY, how="full", coalesce=True, suffix="_n").with_columns(
             pl.coalesce("rank", "rank_n").alias("rank"), pl.coalesce("nranks", "nranks_n").alias("nranks"),
         ).drop("rank_n", "nranks_n")
     return comms.with_columns(_i64("pid")).sort("rank", "comm", nulls_last=True)
@@ -518,84 +470,3 @@ def _channels(channel: pl.DataFrame, comms: pl.DataFrame) -> dict[str, pa.Array]
         _i32("channel"), _i32("src").alias("src_rank"), _i32("dst").alias("dst_rank"), "transport", "direction",
     )
     return {c: out[c].to_arrow() for c in out.columns}
-
-
-#: ``collectives``' Parquet encodings: the columns that count up are delta-coded (a dictionary of distinct
-#: values would only be built to be dropped), the rest, which repeat, dictionary-coded; zstd at its fastest
-#: level, as the encodings leave it little to do. Min/max statistics (a fifth of the writing time when kept
-#: for every column) only where readers skip row groups by them: rank and time (``derived``), ids.
-_COUNTING = ("event_id", "seq", "ts_ns")
-_WRITER_OPTIONS = {
-    "compression": "zstd", "compression_level": 1,
-    "use_dictionary": [c for c in schema.table("collectives").column_names if c not in _COUNTING],
-    "column_encoding": dict.fromkeys(_COUNTING, "DELTA_BINARY_PACKED"),
-    "write_statistics": [*_COUNTING, "rank"],
-}
-
-
-def _write_collectives(staging: Path, trace_id: str, parts: _Parts, comms: pl.DataFrame,
-                       choices: pl.DataFrame | None) -> None:
-    """``collectives.parquet`` from the COLL rows in ``parts``, one row group per part, joined with what the
-    init and TUNING lines say (see :func:`_collectives`)."""
-    if not parts.rows:
-        write_table(staging, "collectives", {}, trace_id=trace_id)
-        return
-    lookup = _comm_lookup(comms)
-    first = 0
-    # Arrow encodes a row group without the GIL: on a second thread, while the next part is joined
-    with pq.ParquetWriter(staging / "collectives.parquet", schema.table("collectives").arrow_schema,
-                          **_WRITER_OPTIONS) as writer, ThreadPoolExecutor(max_workers=1) as pool:
-        written: Future[None] | None = None
-        for part in parts:
-            out = _collectives(part, lookup, choices, first)
-            first += out.height
-            table = arrow_table("collectives", dict(zip(out.columns, out.to_arrow().columns)), trace_id=trace_id)
-            if written is not None:
-                written.result()
-            written = pool.submit(writer.write_table, table)
-        if written is not None:
-            written.result()
-
-
-def _comm_lookup(comms: pl.DataFrame) -> pl.DataFrame:
-    """Per (host, pid, comm): the rank, the communicator's size and its commId (null where no line said)."""
-    columns = {"rank": pl.Int32, "nranks": pl.Int32, "comm_id": pl.String}
-    return comms.with_columns(
-        pl.lit(None, dtype=dtype).alias(name) for name, dtype in columns.items() if name not in comms.columns
-    ).select(pl.col("host").cast(pl.String), pl.col("pid").cast(pl.Int64), pl.col("comm").cast(pl.String),
-             "rank", pl.col("nranks").alias("comm_nranks"), "comm_id")
-
-
-def _collectives(coll: pl.DataFrame, lookup: pl.DataFrame, choices: pl.DataFrame | None, first: int) -> pl.DataFrame:
-    """COLL rows (:func:`_coll_rows`) as ``collectives`` rows, ``event_id`` counted from ``first``.
-
-    The rank, group size and process group come from the init lines of the same (host, pid,
-    comm) (``lookup``, :func:`_comm_lookup`); a TUNING line of the same process, op and size
-    (``choices``) gives the algorithm, protocol and channel count (NCCL prints it on the
-    ranks that tune, usually rank 0).
-    """
-    frame = coll.join(lookup, on=_KEY, how="left", maintain_order="left")
-    count, size, root = pl.col("count"), pl.col("size"), pl.col("root")
-    nranks = pl.coalesce(pl.col("nranks"), pl.col("comm_nranks"))
-    if choices is not None and choices.height:
-        # TUNING prints the bytes of one rank's buffer: count x element size
-        frame = frame.with_columns((count * size).alias("buffer_bytes")).join(
-            choices, left_on=["host", "pid", "op", "buffer_bytes"], right_on=_TUNED, how="left",
-            maintain_order="left")
-    else:
-        frame = frame.with_columns(pl.lit(None, dtype=pl.String).alias("algorithm"),
-                                   pl.lit(None, dtype=pl.String).alias("protocol"),
-                                   pl.lit(None, dtype=pl.Int32).alias("channels"))
-    message = count * size * pl.when(pl.col("collective").is_in(list(PER_RANK_SHARE))).then(
-        nranks.cast(pl.Int64)).otherwise(1)
-    return frame.select(
-        pl.int_range(first, first + pl.len(), dtype=pl.Int64).alias("event_id"),
-        "rank", "collective",
-        pl.coalesce("comm_id", "comm").alias("process_group"),
-        nranks.alias("group_size"), "seq", "dtype", count.alias("in_nelems"), message.alias("message_bytes"),
-        pl.when(pl.col("collective") == "send").then(pl.col("rank"))
-        .when(pl.col("collective").is_in(["recv", "broadcast"])).then(root).alias("src_rank"),
-        pl.when(pl.col("collective") == "send").then(root)
-        .when(pl.col("collective") == "recv").then(pl.col("rank")).alias("dst_rank"),
-        "ts_ns", "stream", pl.lit(False).alias("is_async"), "algorithm", "protocol", "channels",
-    )

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tracelake.ingest import ParseOptions, TraceInfo, nccl_log
+from tracelake.ingest.nccl_log_writer import Parts
 from tracelake.sample_traces import generate_nccl
 
 TABLES = ("communicators", "comm_channels", "collectives")
@@ -141,3 +142,19 @@ def test_the_parts_are_removed_when_the_log_is_not_nccl(tmp_path: Path) -> None:
     with pytest.raises(nccl_log.TraceFormatError, match="train.log: no NCCL INFO/WARN lines in 100 lines"):
         nccl_log.parse(path, staging, ParseOptions(source_name="train.log"), chunk_bytes=64, part_rows=1)
     assert not any(staging.iterdir())
+
+
+def test_parts_are_written_compressed_and_read_back_as_they_were(tmp_path: Path) -> None:
+    """Staged COLL rows take a few bytes each on disk (uncompressed: over 100) and come back unchanged."""
+    lines = pl.Series([PREFIX + f"AllReduce: opCount {seq:x} sendbuff 0x7f00{seq:04x} recvbuff 0x2 count 1024 "
+                                f"datatype 9 op 0 root 0 comm 0x55d0c0a0beef0123 stream 0x9" for seq in range(20_000)])
+    rows = nccl_log._coll_rows(lines)
+    parts = Parts(tmp_path / "parts", part_rows=5_000)
+    for start in range(0, rows.height, 2_500):
+        parts.add(rows.slice(start, 2_500))
+    files = sorted((tmp_path / "parts").iterdir())
+    assert len(files) == 4 and parts.rows == rows.height
+    assert sum(f.stat().st_size for f in files) < 10 * rows.height
+    assert pl.concat(list(parts)).equals(rows)
+    parts.remove()
+    assert not (tmp_path / "parts").exists()

@@ -22,7 +22,7 @@ class Settings:
     home: Path = Path("~/.tracelake")
     #: Memory DuckDB may use while normalising one trace at ingest (DuckDB size string).
     ingest_memory_limit: str = "200MB"
-    #: Threads DuckDB uses per ingest and per query connection.
+    #: Threads DuckDB uses per ingest and per query connection; the NCCL log parser's scan threads (at most 4).
     threads: int = 2
     #: Bytes of JSON decoded per batch while streaming a trace; bounds parser memory.
     parse_batch_bytes: int = 8 << 20
@@ -101,7 +101,8 @@ def _convert(name: str, raw: str, type_: object) -> object:
 SETTINGS_DOC: dict[str, str] = {
     "home": "Warehouse directory (default `~/.tracelake`); `--home` overrides it.",
     "ingest_memory_limit": "DuckDB memory limit while normalising one trace (default `200MB`; it spills to disk past it).",
-    "threads": "DuckDB threads per ingest and per query (default 2).",
+    "threads": "DuckDB threads per ingest and per query (default 2); the NCCL debug log parser also scans its "
+    "chunks on this many threads (at most 4).",
     "parse_batch_bytes": "Bytes of JSON decoded per batch while streaming a trace (default 8 MiB).",
     "link_peaks": "Bus bandwidth per link type, GB/s, e.g. `nvlink=450,pcie=50,ib=50,socket=12.5` (the defaults).",
     "tokens": "API bearer tokens with scopes, `tokenA:read,write;tokenB:read` (scopes `read`, `write`, `admin`); "
