@@ -8,6 +8,7 @@ shell, the API and fleet reports read them without recomputing.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -37,6 +38,20 @@ def write_derived(parsed: Path, out_dir: Path, *, threads: int = 2, memory_limit
     directory, or a folder of links to a stored trace's files); writes
     ``<table>.parquet`` for each table in :data:`schema.DERIVED_TABLES`.
     """
+    with _connect(parsed, out_dir, threads, memory_limit) as con:
+        _copy(con, schema.LAUNCH_STATS, f"({launch_stats_sql('device_ops', 'host_ops')})", out_dir)
+        _copy(con, schema.STREAM_QUEUES, f"({queue_lengths_sql('device_ops', 'host_ops')})", out_dir)
+    # A fresh connection: DuckDB's memory from the joins above goes back before polars needs its own.
+    with _connect(parsed, out_dir, threads, memory_limit) as con:
+        if REFERENCE_SQL:
+            _write_in_sql(con, out_dir)
+        else:
+            _write_per_rank(con, parsed, out_dir)
+
+
+@contextmanager
+def _connect(parsed: Path, out_dir: Path, threads: int, memory_limit: str) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB connection within the ingest's limits, with a view of each table in :data:`INPUTS`."""
     con = duckdb.connect(config={
         "threads": threads, "memory_limit": memory_limit, "temp_directory": str(out_dir / "duckdb_tmp"),
         "preserve_insertion_order": False,
@@ -45,12 +60,7 @@ def write_derived(parsed: Path, out_dir: Path, *, threads: int = 2, memory_limit
         con.execute("SET enable_progress_bar = false")
         for name in INPUTS:
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({sql_literal(str(parsed / f'{name}.parquet'))})")
-        if REFERENCE_SQL:
-            _write_in_sql(con, out_dir)
-        else:
-            _write_per_rank(con, parsed, out_dir)
-        _copy(con, schema.LAUNCH_STATS, f"({launch_stats_sql('device_ops', 'host_ops')})", out_dir)
-        _copy(con, schema.STREAM_QUEUES, f"({queue_lengths_sql('device_ops', 'host_ops')})", out_dir)
+        yield con
     finally:
         con.close()
 
