@@ -72,7 +72,7 @@ class Steps:
         start, dur, step = windows[i]
         return step if ts_ns < start + dur else None
 
-    def steps_of(self, rank: int, ts_ns: np.ndarray) -> np.ndarray:
+    def steps_of(self, rank: int | None, ts_ns: np.ndarray) -> np.ndarray:
         """:meth:`step_at` for many times at once; -1 outside every step."""
         windows = self.windows.get(rank) if rank in self.windows else self.windows.get(None)
         if not windows:

@@ -4,7 +4,7 @@ The file is memory-mapped and split with :mod:`.protowire`: planes, then each
 plane's header (everything but its lines) and the byte ranges of its lines.
 Lines are read in windows of at most :data:`LINE_CHUNK_BYTES` (see
 :meth:`Space.batches`): the events of a window are located and decoded as arrays
-by :mod:`.xspace_events`, or, for the lines that need every stat of every event,
+by :mod:`.xspace_events` (their stats too, by name: :meth:`EventBatch.stats`), or
 by protobuf's C decoder (:meth:`Space.lines`). Memory follows the window, not
 the file: windows are read with ``pread``, and the pages of the memory map that
 walking tags and line headers touched are unmapped as each line is done (see
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +30,9 @@ from tracelake.warehouse.errors import TraceFormatError
 
 from . import protowire, xspace_events
 from .xplane_proto import HloProto, XLine, XPlaneHeader, XSpace
-from .xspace_events import EventFields
+from .xspace_events import (
+    STAT_BYTES, STAT_DOUBLE, STAT_INT64, STAT_NONE, STAT_REF, STAT_STR, EventFields, StatFields,
+)
 
 #: Lines are read in windows of at most this many bytes (more only for a single bigger event). Decoding a
 #: window takes about 100x its size in transient arrays and Arrow columns (1 MB: ~70,000 TPU ops); beyond
@@ -94,8 +97,8 @@ class Plane:
             out[name] = value
         return out
 
-    def _unknown(self, metadata_id: int) -> None:
-        self.unknown_stat_ids[metadata_id] = self.unknown_stat_ids.get(metadata_id, 0) + 1
+    def _unknown(self, metadata_id: int, count: int = 1) -> None:
+        self.unknown_stat_ids[metadata_id] = self.unknown_stat_ids.get(metadata_id, 0) + count
 
     def stats(self) -> dict[str, object]:
         """The plane's own stats by name (see :meth:`named_stats`)."""
@@ -151,6 +154,20 @@ class EventBatch:
             raise TraceFormatError(self.source, f"line {self._name()!r}: damaged event ({exc})",
                                    where=f"byte {self.base + exc.offset}") from None
 
+    def stats(self, plane: Plane, fields: EventFields) -> BatchStats:
+        """The events' stats (``fields.stats``) decoded in bulk, by name (see :class:`BatchStats`).
+
+        Raises:
+            TraceFormatError: a damaged stat, with its byte offset in the file.
+        """
+        who, starts, ends = fields.stats
+        try:
+            decoded = xspace_events.stat_fields(self.data, who, starts, ends)
+        except protowire.WireError as exc:
+            raise TraceFormatError(self.source, f"line {self._name()!r}: damaged event stat ({exc})",
+                                   where=f"byte {self.base + exc.offset}") from None
+        return BatchStats(plane, self, decoded, len(self))
+
     def xline(self) -> Any:
         """The run as a protobuf ``XLine`` (header and these events), for code that wants event objects.
 
@@ -166,6 +183,110 @@ class EventBatch:
     def _name(self) -> str:
         return str(self.header.name) if self.header is not None else "?"
 
+
+
+class BatchStats:
+    """The stats of a run of events by name, as arrays: the bulk counterpart of :meth:`Plane.named_stats`.
+
+    Same rules: per event the last stat of a name wins; stats whose metadata id the
+    plane does not declare are left out, a reference to an undeclared id reads None
+    (both counted by :meth:`count_unknown`, once the caller has used the run).
+    """
+
+    def __init__(self, plane: Plane, batch: EventBatch, fields: StatFields, events: int) -> None:
+        self.plane = plane
+        self.batch = batch
+        self.fields = fields
+        self.events = events
+        self._ids: dict[str, list[int]] = {}
+        for metadata_id, name in plane.stat_names.items():
+            self._ids.setdefault(name, []).append(metadata_id)
+
+    def last(self, name: str) -> np.ndarray:
+        """Per event, the index (in :attr:`fields`) of its last stat called ``name``; -1 where it has none."""
+        out = np.full(self.events, -1, dtype=np.int64)
+        ids = self._ids.get(name)
+        if not ids or not len(self.fields.metadata_id):
+            return out
+        sel = np.flatnonzero(np.isin(self.fields.metadata_id, np.array(ids, dtype=np.int64)))
+        if len(sel):
+            event = self.fields.event[sel]
+            last = np.r_[event[1:] != event[:-1], True]  # stats are in file order, so grouped by event
+            out[event[last]] = sel[last]
+        return out
+
+    def values(self, stats: np.ndarray) -> tuple[list[object], np.ndarray]:
+        """The distinct values of ``stats`` (indices in :attr:`fields`, -1: none) as :func:`stat_value` gives them,
+        and each one's index among them (-1 for -1).
+
+        Raises:
+            UnicodeDecodeError: a string value that is not UTF-8 (protobuf rejects the whole line then).
+        """
+        codes = np.full(len(stats), -1, dtype=np.int64)
+        have = np.flatnonzero(stats >= 0)
+        kind = self.fields.kind[stats[have]]
+        textual = (kind == STAT_STR) | (kind == STAT_BYTES)
+        numeric = have[~textual]
+        objects: list[object] = []
+        if len(numeric):
+            chosen = stats[numeric]
+            pairs = np.stack([self.fields.kind[chosen].astype(np.uint64), self.fields.value[chosen]])
+            unique, inverse = np.unique(pairs, axis=1, return_inverse=True)
+            objects = [self._number(int(k), int(v))
+                       for k, v in zip(unique[0].tolist(), unique[1].tolist(), strict=True)]
+            codes[numeric] = inverse.reshape(-1)
+        seen: dict[tuple[int, bytes], int] = {}
+        data = self.batch.data
+        for i in have[textual].tolist():
+            stat = int(stats[i])
+            k = int(self.fields.kind[stat])
+            raw = data[self.fields.start[stat]: self.fields.end[stat]].tobytes()
+            code = seen.get((k, raw))
+            if code is None:
+                code = seen[(k, raw)] = len(objects)
+                objects.append(raw.decode("utf-8") if k == STAT_STR else raw)
+            codes[i] = code
+        return objects, codes
+
+    def _number(self, kind: int, value: int) -> object:
+        if kind == STAT_NONE:
+            return None
+        if kind == STAT_DOUBLE:
+            return struct.unpack("<d", value.to_bytes(8, "little"))[0]
+        if kind == STAT_INT64:
+            return value - (1 << 64) if value >= 1 << 63 else value
+        if kind == STAT_REF:
+            return self.plane.stat_names.get(value)
+        return value  # STAT_UINT64
+
+    def check_strings(self) -> None:
+        """Raise if a string value is not UTF-8, as protobuf, which rejects the whole line then, does.
+
+        Raises:
+            UnicodeDecodeError: the first such string.
+        """
+        strings = np.flatnonzero(self.fields.kind == STAT_STR)
+        if not len(strings):
+            return
+        data = self.batch.data
+        high = np.flatnonzero(data >= 0x80)  # ASCII is UTF-8: only strings with high bytes need a look
+        start, end = self.fields.start[strings], self.fields.end[strings]
+        for i in np.flatnonzero(np.searchsorted(high, start) < np.searchsorted(high, end)).tolist():
+            data[start[i]: end[i]].tobytes().decode("utf-8")
+
+    def count_unknown(self) -> None:
+        """Count the stats of undeclared metadata ids, and the references to undeclared ids, in the plane."""
+        names = self.plane.stat_names
+        mid = self.fields.metadata_id
+        if not len(mid):
+            return
+        declared = np.isin(mid, np.array(list(names), dtype=np.int64))
+        for metadata_id, n in zip(*np.unique(mid[~declared], return_counts=True), strict=True):
+            self.plane._unknown(int(metadata_id), int(n))
+        refs = self.fields.value[declared & (self.fields.kind == STAT_REF)]
+        for ref, n in zip(*np.unique(refs, return_counts=True), strict=True):
+            if int(ref) not in names:
+                self.plane._unknown(int(ref), int(n))
 
 class Space:
     """An open ``.xplane.pb``: hostnames and planes; lines decoded on demand.

@@ -345,3 +345,68 @@ def event_fields(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Even
         num_occurrences=np.where(occurrences_last, occurrences, 0),
         stats=scanned.ranges[_XEVENT_STATS],
     )
+
+
+_XSTAT_METADATA_ID = 1
+#: ``XStat.value``'s oneof members by field number: double, uint64, int64, string, bytes, reference.
+STAT_DOUBLE, STAT_UINT64, STAT_INT64, STAT_STR, STAT_BYTES, STAT_REF = 2, 3, 4, 5, 6, 7
+STAT_NONE = 0
+
+
+@dataclass
+class StatFields:
+    """Many ``XStat`` s decoded at once (see :func:`stat_fields`), one entry per stat, in file order.
+
+    ``kind`` is the field number of the value the stat holds (``STAT_*``; :data:`STAT_NONE`
+    when it holds none); ``value`` the raw 64 bits of an integer, reference or double value;
+    ``start``/``end`` the bytes of a string or bytes value (relative to the window).
+    """
+
+    event: np.ndarray
+    metadata_id: np.ndarray
+    kind: np.ndarray
+    value: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+
+def stat_fields(data: np.ndarray, event: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> StatFields:
+    """Decode ``XStat`` bodies (``data[starts[i]:ends[i]]``, padded; ``event[i]`` the event each belongs to).
+
+    The value is a oneof: of the value fields, the one written last wins, as in protobuf.
+
+    Raises:
+        WireError: damaged stat bytes (see :func:`scan_fields`).
+    """
+    n = len(starts)
+    scanned = scan_fields(
+        data, starts, ends, varint_fields=(_XSTAT_METADATA_ID, STAT_UINT64, STAT_INT64, STAT_REF),
+        fixed64_fields=(STAT_DOUBLE,), len_fields=(STAT_STR, STAT_BYTES),
+    )
+    kinds = (STAT_DOUBLE, STAT_UINT64, STAT_INT64, STAT_STR, STAT_BYTES, STAT_REF)
+    written = np.full((len(kinds), n), -1, dtype=np.int64)
+    value_start = np.zeros(n, dtype=np.int64)
+    value_end = np.zeros(n, dtype=np.int64)
+    for row, number in enumerate(kinds):
+        if number in (STAT_STR, STAT_BYTES):
+            who, start, end = scanned.ranges[number]
+            if len(who):
+                last = np.r_[who[1:] != who[:-1], True]  # ranges are in file order: the last one per stat
+                written[row, who[last]] = start[last]
+        else:
+            written[row] = scanned.written_at[number]
+    latest = np.argmax(written, axis=0)
+    kind = np.where(written.max(axis=0, initial=-1) >= 0, np.array(kinds, dtype=np.int64)[latest], STAT_NONE)
+    value = np.zeros(n, dtype=np.uint64)
+    for k in (STAT_DOUBLE, STAT_UINT64, STAT_INT64, STAT_REF):
+        sel = kind == k
+        value[sel] = scanned.values[k][sel]
+    for k in (STAT_STR, STAT_BYTES):
+        who, start, end = scanned.ranges[k]
+        if len(who):
+            last = np.r_[who[1:] != who[:-1], True]
+            who, start, end = who[last], start[last], end[last]
+            mine = kind[who] == k
+            value_start[who[mine]], value_end[who[mine]] = start[mine], end[mine]
+    return StatFields(event=event, metadata_id=scanned.values[_XSTAT_METADATA_ID].view(np.int64), kind=kind,
+                      value=value, start=value_start, end=value_end)

@@ -186,6 +186,118 @@ def test_committed_xla_sample_matches_its_generator() -> None:
     assert TPU_SAMPLE.read_bytes() == generate_xla.build()
 
 
+
+def test_generated_gpu_xplane_counts_stream_kernels_once(tmp_path: Path, warehouse: Warehouse) -> None:
+    """GPU planes: the kernels on the ``Stream #`` lines are the device ops; the derived ``XLA Ops`` and
+    ``XLA Modules`` lines repeat them and are not counted again."""
+    from tracelake.sample_traces import generate_xla
+
+    steps, kernels, gpus = 3, 10, 2
+    path = tmp_path / "host0.xplane.pb"
+    path.write_bytes(generate_xla.build_gpu(steps, kernels, gpus))
+    per_line: dict[tuple[int, str], int] = {}
+    with Space(path, path.name) as space:
+        for plane in space.planes:
+            device = re.match(r"^/device:GPU:(\d+)$", plane.name)
+            for line in space.lines(plane):
+                if device:
+                    key = (int(device.group(1)), "stream" if line.name.startswith("Stream #") else line.name)
+                    per_line[key] = per_line.get(key, 0) + len(line.events)
+    per_step = kernels + generate_xla.GEMMS + len(generate_xla.GPU_FIXED)
+    for gpu in range(gpus):
+        assert per_line[(gpu, "stream")] == per_line[(gpu, "XLA Ops")] == steps * per_step
+        assert per_line[(gpu, "XLA Modules")] == steps
+
+    result = warehouse.ingest_file(path, job="gpu")
+    assert result.ok, result.error
+    ours = dict(warehouse.query("SELECT device, count(*) FROM device_ops GROUP BY 1").rows)
+    assert ours == primary_op_counts(path) == {gpu: per_line[(gpu, "stream")] for gpu in range(gpus)}
+    kinds = warehouse.query("SELECT kind, category, count(*) FROM device_ops GROUP BY ALL ORDER BY ALL").rows
+    assert kinds == [("kernel", "communication", gpus * steps), ("kernel", "compute", gpus * steps * (per_step - 2)),
+                     ("memcpy", "memory", gpus * steps)]
+    # per-event stats reach the rows: hlo_op (as long_name), module, program, correlation; steps from the host
+    row = warehouse.query("SELECT long_name, hlo_module, program_id, correlation, step FROM device_ops "
+                          "WHERE device = 1 ORDER BY ts_ns LIMIT 1").rows
+    first_launch = generate_xla.correlation_id(1, gpus, 0)
+    assert row == [("cublas-gemm.0", generate_xla.GPU_MODULE, generate_xla.GPU_PROGRAM, first_launch, 0)]
+    # each kernel's launch call on the host carries the same correlation id, unique across GPUs
+    launches = warehouse.query("SELECT count(*), count(DISTINCT correlation) FROM host_ops "
+                               "WHERE name LIKE 'cu%'").rows
+    assert launches == [(sum(ours.values()),) * 2]
+    steps_rows = warehouse.query("SELECT rank, count(*), sum(device_op_count) FROM steps GROUP BY 1 ORDER BY 1").rows
+    assert steps_rows == [(gpu, steps, steps * per_step) for gpu in range(gpus)]
+    assert warehouse.query("SELECT count(*) FROM collectives").rows == [(gpus * steps,)]
+
+
+def _gpu_stream_with_every_kind_of_stat(path: Path) -> Path:
+    """A GPU plane whose events carry stats of every value kind, repeated, undeclared, and references to undeclared
+    ids, on a stream line with a relative and one with an absolute timestamp."""
+    from tracelake.ingest.xplane_proto import XSpaceWhole
+
+    rng = random.Random(7)
+    space = XSpaceWhole(hostnames=["host0"])
+    plane = space.planes.add(id=1, name="/device:GPU:0")
+    names = ["correlation_id", "hlo_op", "hlo_module", "program_id", "hlo_category", "kernel_details",
+             "all-reduce.3", "jit_f", "fusion.2", "77", "hlo_op"]
+    for i, name in enumerate(names, 1):
+        plane.stat_metadata[i].id, plane.stat_metadata[i].name = i, name
+    for i, name in enumerate(["gemm", "ncclKernel_AllReduce", "Memcpy HtoD", "memset32", "fusion_kernel"], 1):
+        plane.event_metadata[i].id, plane.event_metadata[i].name = i, name
+    plane.event_metadata[5].display_name = "fusion_display"
+    for line_id, name, ts in ((3, "Stream #3(Compute)", 5), (4, "Stream #5", 1_700_000_000_000_000_000)):
+        line = plane.lines.add(id=line_id, name=name, timestamp_ns=ts)
+        for _ in range(300):
+            event = line.events.add(metadata_id=rng.choice([1, 2, 3, 4, 5, 9]), offset_ps=rng.randrange(10**12),
+                                    duration_ps=rng.choice([-5, 0, 10**6, rng.randrange(10**9)]))
+            for _ in range(rng.randrange(9)):
+                stat = event.stats.add(metadata_id=rng.choice([1, 2, 3, 4, 5, 11, 99, 6]))
+                kind = rng.randrange(7)
+                if kind == 0:
+                    stat.uint64_value = rng.choice([0, 5, 2**63 + 5, 2**64 - 1])
+                elif kind == 1:
+                    stat.int64_value = rng.choice([-3, 0, 42, -(2**63)])
+                elif kind == 2:
+                    stat.double_value = rng.choice([1.5, float("nan"), 3.0, 1e30])
+                elif kind == 3:
+                    stat.str_value = rng.choice(["all-reduce.1", "fusion.2", "", "123", " 7 ", "psum.3", "copy"])
+                elif kind == 4:
+                    stat.bytes_value = rng.choice([b"fusion.9", b"\xff\xfe", b"", b"55"])
+                elif kind == 5:
+                    stat.ref_value = rng.choice([7, 8, 9, 10, 200, 1])  # 200: undeclared
+                # kind 6: a stat without a value
+    path.write_bytes(space.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("window", [1 << 20, 300])
+def test_gpu_streams_decode_in_bulk_as_one_by_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  window: int) -> None:
+    """The bulk decoding of GPU stream lines gives the tables (and warnings) the protobuf path gives."""
+    from tracelake import ingest
+    from tracelake.ingest import xla, xspace
+    from tracelake.sample_traces import generate_xla
+    from tracelake.warehouse.errors import TraceFormatError
+
+    monkeypatch.setattr(xspace, "LINE_CHUNK_BYTES", window)
+    monkeypatch.setattr(xla, "FLUSH_ROWS", 500)
+    generated = tmp_path / "gen" / "host0.xplane.pb"
+    generated.parent.mkdir()
+    generated.write_bytes(generate_xla.build_gpu(4, 60, 2))
+    odd = _gpu_stream_with_every_kind_of_stat(tmp_path / "host0.xplane.pb")
+
+    def refuse(*_: object) -> None:
+        raise TraceFormatError("test", "the bulk path is off")
+
+    for path in [generated, odd, *[p for p in real_xplanes() if "mi300" in str(p)]]:
+        bulk = ingest.parse(path)
+        with monkeypatch.context() as m:
+            m.setattr(xla._Parser, "_gpu_columns", refuse)
+            one_by_one = ingest.parse(path)
+        assert bulk.info.warnings == one_by_one.info.warnings and bulk.info.event_count == one_by_one.info.event_count
+        for name, table in one_by_one.tables.items():
+            assert table.equals(bulk.tables[name]), (path, name)
+        assert bulk.tables["device_ops"].num_rows > 0
+
 # -- the vectorised event decoder (ingest/xspace_events.py) against protobuf's own decoding ----------------------
 
 def _varint(value: int) -> bytes:
