@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -41,26 +40,21 @@ from .model import ParseOptions, TraceInfo
 from .source import MAX_WHOLE_BYTES
 from .tables import ColumnValues, TableWriter, fit_int
 from .xla_rows import (
-    DEVICE_COLUMNS, HOST_COLUMNS, Columns, RowBuilder, as_float, as_int, as_str, as_uint,
+    DEVICE_COLUMNS, HOST_COLUMNS, Columns, as_float, as_int, as_str, as_uint,
 )
+from .xla_gpu import MAX_NS, STREAM_LINE, GpuStreams, StreamRows, event_stats, steps_array
 from .xla_writer import BackgroundWriter
-from .xspace import BatchStats, EventBatch, Plane, Space
-from .xspace_events import STAT_INT64, STAT_NONE, STAT_UINT64
+from .xspace import EventBatch, Plane, Space
 
 FORMAT = "xla"
 
 _DEVICE_PLANE = re.compile(r"^/device:(TPU|GPU):(\d+)$")
-_STREAM_LINE = re.compile(r"^Stream #(\d+)")
 #: Rows buffered before a part of ``device_ops`` is written.
 FLUSH_ROWS = 200_000
 #: Host rows buffered (as Python lists) before a part is written to the scratch file.
 HOST_FLUSH_ROWS = 50_000
 #: Where host rows wait for their steps, under the staging directory.
 _HOST_SCRATCH = "host_ops.unstepped"
-#: Line timestamps below this (about 1973 in epoch ns) are relative to the profile start.
-_RELATIVE_BEFORE_NS = 10**17
-#: Line origins (ns) must lie within this of zero (year 2116), so that ns plus ps stays within 64 bits.
-_MAX_NS = 1 << 62
 
 
 def sniff(head: bytes, filename: str) -> bool:
@@ -90,12 +84,7 @@ class _Op:
     message_bytes: int | None
 
 
-def _steps_array(steps: np.ndarray) -> pa.Array:
-    """Step numbers with -1 (outside every step) as null."""
-    return pa.array(steps, mask=steps < 0, type=pa.int64())
-
-
-class _Parser(RowBuilder):
+class _Parser(GpuStreams):
     def __init__(self, space: Space, staging: Path, options: ParseOptions) -> None:
         super().__init__(staging, options, FORMAT, space.size)
         self.space = space
@@ -126,7 +115,7 @@ class _Parser(RowBuilder):
                 self.host_planes.append(plane)
             elif plane.name == "Task Environment":
                 start = plane.stats().get("profile_start_time")
-                if isinstance(start, int) and 0 <= start < _MAX_NS:
+                if isinstance(start, int) and 0 <= start < MAX_NS:
                     self.time_base = start
         # One xplane per host: ranks continue across the hosts of a run folder, in file-name order.
         offset = self.host_position * len(self.device_planes)
@@ -139,13 +128,6 @@ class _Parser(RowBuilder):
                 self.source, f"an XSpace with no device planes and no host planes (planes: {names}): nothing to analyse"
             )
 
-    def _origin_ns(self, line: Any) -> int:
-        ts = int(line.timestamp_ns)
-        origin = ts + self.time_base if ts < _RELATIVE_BEFORE_NS else ts
-        if not -_MAX_NS < origin < _MAX_NS:  # picoseconds added to it would not fit 64-bit nanoseconds
-            raise TraceFormatError(self.source, f"line {str(line.name)!r}: timestamp_ns {ts} is out of range "
-                                   "(not nanoseconds since the epoch or the profile start)")
-        return origin
 
     # ---- steps: device Steps lines, then host step annotations
     def read_device_steps(self) -> None:
@@ -160,7 +142,7 @@ class _Parser(RowBuilder):
                         by_name[event.metadata_id] = fit_int(int(digits.group(1))) if digits else None
                     named = by_name[event.metadata_id]
                     if event.stats or named is None:
-                        step = _step_number("", _event_stats(plane, event), n) if event.stats else n
+                        step = _step_number("", event_stats(plane, event), n) if event.stats else n
                         step = named if step == n and named is not None else step
                     else:
                         step = named
@@ -216,7 +198,7 @@ class _Parser(RowBuilder):
                 part = source.read_row_group(group, columns=list(HOST_COLUMNS))
                 columns: dict[str, ColumnValues] = {name: part.column(name) for name in HOST_COLUMNS}
                 ts = part.column("ts_ns").to_numpy()
-                columns["step"] = _steps_array(self.steps.steps_of(None, ts))
+                columns["step"] = steps_array(self.steps.steps_of(None, ts))
                 out.write(columns)
                 del part, columns
 
@@ -234,7 +216,7 @@ class _Parser(RowBuilder):
             name = str(md.display_name or md.name) if md is not None else ""
             ts = (origin + event.offset_ps) // 1000
             dur = max(event.duration_ps // 1000, 0)
-            stats = _event_stats(plane, event) if event.stats else {}
+            stats = event_stats(plane, event) if event.stats else {}
             event_id = self._event_id()
             self._extent(ts, ts + dur)
             if "hlo_op" in stats and "device_ordinal" in stats:
@@ -277,7 +259,7 @@ class _Parser(RowBuilder):
     # ---- device planes
     def read_devices(self, device_ops: BackgroundWriter) -> None:
         """Device planes line by line: TPU op lines and GPU streams as arrays, the rest only counted."""
-        rows = _StreamRows()
+        rows = StreamRows()
         for plane, kind, index in self.device_planes:
             self.devices[index] = _device_row(plane, kind, index, self.local_index.get(index, index))
             for batch in self.space.batches(plane):
@@ -286,7 +268,7 @@ class _Parser(RowBuilder):
                     self._tpu_ops(plane, index, batch, device_ops)
                 elif kind == "tpu" and name == "Async XLA Ops":
                     self._tpu_async(plane, index, batch)
-                elif kind == "gpu" and _STREAM_LINE.match(name):
+                elif kind == "gpu" and STREAM_LINE.match(name):
                     self._gpu_stream(plane, index, batch, rows)
                 else:
                     self.events += len(batch)
@@ -297,7 +279,7 @@ class _Parser(RowBuilder):
         self._number_collectives()
         self._flush_streams(rows, device_ops)
 
-    def _flush_streams(self, rows: _StreamRows, device_ops: BackgroundWriter) -> None:
+    def _flush_streams(self, rows: StreamRows, device_ops: BackgroundWriter) -> None:
         """Write the buffered GPU stream rows, after making collectives of their communication kernels."""
         self._collectives_of(rows.communication)
         for part in rows.parts:
@@ -347,7 +329,7 @@ class _Parser(RowBuilder):
             "name": per_op([o.name for o in ops], pa.string()),
             "ts_ns": pa.array(ts),
             "dur_ns": pa.array(dur),
-            "step": _steps_array(steps),
+            "step": steps_array(steps),
             "hlo_module": per_op([o.module for o in ops], pa.string()),
             "program_id": per_op([o.program for o in ops], pa.uint64()),
             "hlo_category": per_op([o.hlo_category for o in ops], pa.string()),
@@ -442,190 +424,11 @@ class _Parser(RowBuilder):
             "kernel_event_id": pa.nulls(len(rows), pa.int64()) if is_async else pa.array(first_id + rows),
             "kernel_name": pa.array([o.name for o in ops], type=pa.string()).take(take),
             "stream": pa.array(np.full(len(rows), stream, dtype=np.int64)),
-            "step": _steps_array(steps[rows]),
+            "step": steps_array(steps[rows]),
             "is_async": pa.array(np.full(len(rows), is_async, dtype=bool)),
         })
 
-    def _gpu_stream(self, plane: Plane, index: int, batch: EventBatch, rows: _StreamRows) -> None:
-        """A run of a GPU ``Stream #`` line: decoded in bulk (:meth:`_gpu_columns`), or, where that fails
-        (damaged or unusual data), through protobuf (:meth:`_gpu_ops`), which decodes it or says what is wrong."""
-        try:
-            decoded = self._gpu_columns(plane, index, batch)
-        except (TraceFormatError, UnicodeDecodeError):
-            one_by_one = Columns(DEVICE_COLUMNS)
-            self._gpu_ops(plane, index, batch.xline(), one_by_one)
-            rows.add_lists(one_by_one.take())
-            return
-        if decoded is not None:
-            rows.add(*decoded)
-
-    def _gpu_columns(
-        self, plane: Plane, index: int, batch: EventBatch
-    ) -> tuple[dict[str, pa.Array], np.ndarray, dict[str, list[object]]] | None:
-        """The device op rows of a run of a GPU stream, as :meth:`_gpu_ops` makes them: Arrow arrays (strings
-        dictionary-encoded), which rows are communication kernels, and those rows as lists (for the collectives).
-
-        Per event only integers are read in bulk (ids, times, and the stats as
-        metadata id, kind and value); the strings an event refers to (its kernel
-        name, ``hlo_op``, ``hlo_module``...) are looked at once per distinct combination.
-        None if the run is empty. Nothing is changed (ids, steps, counts) unless it succeeds.
-
-        Raises:
-            TraceFormatError, UnicodeDecodeError: data the bulk decoder does not take.
-        """
-        origin = self._origin_ns(batch.header)
-        n = len(batch)
-        if not n:
-            return None
-        fields = batch.fields()
-        stats = batch.stats(plane, fields)
-        stats.check_strings()
-        named = {key: stats.values(stats.last(key))
-                 for key in ("hlo_module", "hlo_op", "program_id", "hlo_category")}
-        correlation, has_correlation = self._gpu_correlations(stats, stats.last("correlation_id"))
-        kinds, which_kind = np.unique(fields.metadata_id, return_inverse=True)
-        keys = np.stack([which_kind.reshape(-1)] + [codes for _, codes in named.values()])
-        combos, which = np.unique(keys, axis=1, return_inverse=True)
-        which = which.reshape(-1)
-        kernel_names = [self._kernel_name(plane, int(k)) for k in kinds.tolist()]
-        ops = [self._gpu_op(kernel_names[c[0]], *(values[code] if code >= 0 else None
-                                                 for (values, _), code in zip(named.values(), c[1:], strict=True)))
-               for c in combos.T.tolist()]
-        ts = origin + fields.offset_ps // 1000  # whole ns: floor((origin * 1000 + ps) / 1000)
-        dur = np.maximum(fields.duration_ps // 1000, 0)
-        steps = self.steps.steps_of(index, ts)
-        match = _STREAM_LINE.match(str(batch.header.name))
-        stream = int(match.group(1)) if match else int(batch.header.id)
-
-        stats.count_unknown()
-        self.events += n
-        first_id = self.next_id
-        self.next_id += n
-        self._extent(int(ts.min()), int((ts + dur).max()))
-        self.steps.count_many(index, steps, ts, ts + dur)
-        take = pa.array(which.astype(np.int32, copy=False))
-
-        def per_op(i: int, kind: pa.DataType = pa.string()) -> pa.Array:
-            # Strings stay dictionary-encoded until the writer thread casts them (as for TPU ops).
-            values = pa.array([op[i] for op in ops], type=kind)
-            return pa.DictionaryArray.from_arrays(take, values) if kind == pa.string() else values.take(take)
-
-        table = {
-            "event_id": pa.array(np.arange(first_id, first_id + n, dtype=np.int64)),
-            "rank": pa.array(np.full(n, index, dtype=np.int32)),
-            "device": pa.array(np.full(n, self.local_index.get(index, index), dtype=np.int32)),
-            "stream": pa.array(np.full(n, stream, dtype=np.int64)),
-            "kind": per_op(0), "category": per_op(1), "name": per_op(2),
-            "ts_ns": pa.array(ts), "dur_ns": pa.array(dur),
-            "correlation": pa.array(correlation, mask=~has_correlation, type=pa.int64()),
-            "step": _steps_array(steps),
-            "hlo_module": per_op(3), "program_id": per_op(4, pa.uint64()), "hlo_category": per_op(5),
-            "long_name": per_op(6),
-        }
-        communication = np.flatnonzero(np.array([op[1] == "communication" for op in ops], dtype=bool)[which])
-        comm_rows = {name: table[name].take(pa.array(communication)).to_pylist()
-                     for name in _COLLECTIVE_INPUTS}
-        return table, communication, comm_rows
-
-    def _kernel_name(self, plane: Plane, metadata_id: int) -> str:
-        md = plane.header.event_metadata.get(metadata_id)
-        return str(md.display_name or md.name) if md is not None else ""
-
-    def _gpu_op(
-        self, name: str, module_stat: object, hlo_op_stat: object, program_stat: object, category_stat: object,
-    ) -> tuple[str, str, str, str | None, int | None, str | None, str | None]:
-        """What a kernel's name and stats make of it: (kind, category, name, module, program, hlo_category, hlo_op)."""
-        module = as_str(module_stat)
-        hlo_op = as_str(hlo_op_stat)
-        program = as_uint(program_stat)
-        hlo_category = as_str(category_stat)
-        if hlo_category is None and hlo_op is not None:
-            hlo_category = (self.opcodes.get((program, hlo_op)) if program is not None else None) \
-                or self.opcodes_by_module.get((module or "", hlo_op)) or xla_ops.opcode_of(hlo_op)
-        return (xla_ops.gpu_kind(name), xla_ops.category(hlo_category, name, gpu_kernel=True), name, module, program,
-                hlo_category, hlo_op)
-
-    @staticmethod
-    def _gpu_correlations(stats: BatchStats, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each event's ``correlation_id`` as :func:`as_int` reads it, and whether it has one: integers in bulk,
-        the rare others (doubles, strings, references) one by one."""
-        kind = np.where(last >= 0, stats.fields.kind[last], STAT_NONE)
-        raw = stats.fields.value[last]
-        signed = (kind == STAT_INT64) | ((kind == STAT_UINT64) & (raw < np.uint64(1 << 63)))
-        values = np.where(signed, raw, np.uint64(0)).view(np.int64)
-        valid = signed.copy()
-        others = np.flatnonzero((last >= 0) & ~signed & (kind != STAT_UINT64) & (kind != STAT_NONE))
-        if len(others):
-            objects, codes = stats.values(last[others])
-            converted = [as_int(v) for v in objects]
-            for i, code in zip(others.tolist(), codes.tolist(), strict=True):
-                if converted[code] is not None:
-                    values[i], valid[i] = converted[code], True
-        return values, valid
-
-    def _gpu_ops(self, plane: Plane, index: int, line: Any, rows: Columns) -> None:
-        """A GPU stream's events one by one through protobuf (see :meth:`_gpu_stream`)."""
-        origin = self._origin_ns(line) * 1000
-        match = _STREAM_LINE.match(str(line.name))
-        stream = int(match.group(1)) if match else int(line.id)
-        for event in line.events:
-            self.events += 1
-            md = plane.header.event_metadata.get(event.metadata_id)
-            name = str(md.display_name or md.name) if md is not None else ""
-            stats = _event_stats(plane, event)
-            module = as_str(stats.get("hlo_module"))
-            hlo_op = as_str(stats.get("hlo_op"))
-            program = as_uint(stats.get("program_id"))
-            hlo_category = as_str(stats.get("hlo_category"))
-            if hlo_category is None and hlo_op is not None:
-                hlo_category = (self.opcodes.get((program, hlo_op)) if program is not None else None) \
-                    or self.opcodes_by_module.get((module or "", hlo_op)) or xla_ops.opcode_of(hlo_op)
-            ts = (origin + event.offset_ps) // 1000
-            dur = max(event.duration_ps // 1000, 0)
-            kind = xla_ops.gpu_kind(name)
-            category = xla_ops.category(hlo_category, name, gpu_kernel=True)
-            self._device_row(rows, self._event_id(), index, self.local_index.get(index, index), stream, kind,
-                             category, name, ts, dur,
-                             as_int(stats.get("correlation_id")), module, program, hlo_category,
-                             hlo_op, None, None)
-
     # ---- the small tables and the trace facts
-#: The device op columns :meth:`RowBuilder._collectives_of` reads.
-_COLLECTIVE_INPUTS = ("event_id", "rank", "category", "name", "ts_ns", "dur_ns", "step", "stream", "hlo_module",
-                      "program_id", "hlo_category", "long_name")
-
-
-class _StreamRows:
-    """GPU stream rows waiting to be written, and their communication kernels as lists.
-
-    Collectives are made (and numbered) from the communication rows when the rows
-    are written, every :data:`FLUSH_ROWS` rows, as when every row was held as lists.
-    """
-
-    def __init__(self) -> None:
-        self.parts: list[Mapping[str, ColumnValues]] = []
-        self.rows = 0
-        self.communication = Columns(DEVICE_COLUMNS)
-
-    def add(self, part: Mapping[str, ColumnValues], communication: np.ndarray, lists: dict[str, list[object]]) -> None:
-        """Buffer a part; ``lists`` are its ``communication`` rows (indices) in the :data:`_COLLECTIVE_INPUTS`."""
-        self.parts.append(part)
-        self.rows += len(part["event_id"])
-        data = self.communication.data
-        for name in DEVICE_COLUMNS:
-            data[name].extend(lists[name] if name in lists else [None] * len(communication))
-
-    def add_lists(self, part: dict[str, list[object]]) -> None:
-        """Buffer a part of column lists."""
-        rows = [i for i, c in enumerate(part["category"]) if c == "communication"]
-        self.add(part, np.array(rows, dtype=np.int64), {k: [part[k][i] for i in rows] for k in DEVICE_COLUMNS})
-
-    def clear(self) -> None:
-        self.parts = []
-        self.rows = 0
-        self.communication.take()
-
-
 def _device_row(plane: Plane, kind: str, rank: int, index: int) -> dict[str, object]:
     stats = plane.stats()
     row: dict[str, object] = {"rank": rank, "device": index, "kind": kind}
@@ -643,10 +446,6 @@ def _device_row(plane: Plane, kind: str, rank: int, index: int) -> dict[str, obj
     major, minor = stats.get("compute_cap_major"), stats.get("compute_cap_minor")
     row["compute_capability"] = f"{major}.{minor}" if major is not None and minor is not None else None
     return row
-
-
-def _event_stats(plane: Plane, event: Any) -> dict[str, object]:
-    return plane.named_stats(event.stats)
 
 
 def _unknown_stats(space: Space) -> str | None:
