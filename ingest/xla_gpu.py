@@ -45,6 +45,7 @@ class GpuStreams(RowBuilder):
     local_index: dict[int, int]
 
     def _origin_ns(self, line: Any) -> int:
+        """The epoch ns a line's event offsets count from (TPU lines too); relative times get the profile start."""
         ts = int(line.timestamp_ns)
         origin = ts + self.time_base if ts < RELATIVE_BEFORE_NS else ts
         if not -MAX_NS < origin < MAX_NS:  # picoseconds added to it would not fit 64-bit nanoseconds
@@ -227,6 +228,7 @@ class StreamRows:
         self.add(part, np.array(rows, dtype=np.int64), {k: [part[k][i] for i in rows] for k in DEVICE_COLUMNS})
 
     def clear(self) -> None:
+        """Forget the buffered parts (they have been written)."""
         self.parts = []
         self.rows = 0
         self.communication.take()
@@ -238,4 +240,5 @@ def steps_array(steps: np.ndarray) -> pa.Array:
 
 
 def event_stats(plane: Plane, event: Any) -> dict[str, object]:
+    """A protobuf event's stats by name."""
     return plane.named_stats(event.stats)
