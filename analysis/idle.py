@@ -78,7 +78,8 @@ def idle_breakdown(
 
 def idle_frame(ops: pl.DataFrame, launches: pl.DataFrame | None = None,
                kernel_wait_ns: int = KERNEL_WAIT_NS) -> pl.DataFrame:
-    """:func:`idle_sql`'s rows from frames, in polars (what ingest stores; a test keeps the two equal).
+    """:func:`idle_sql`'s rows from frames, in polars (ingest stores the same sums window by window,
+    :func:`idle_window`; tests keep all three equal).
 
     ``ops``: device ops (``trace_id``, ``rank``, ``stream``, ``category``, ``ts_ns``,
     ``dur_ns``, ``correlation``); ``launches``: the first host event per (``trace_id``,

@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
 import pyarrow.ipc
-import pyarrow.parquet as pq
 
 from tracelake.warehouse import schema
 
 from .nccl_ops import PER_RANK_SHARE
-from .tables import arrow_table, write_table
+from .tables import BackgroundWriter, TableWriter
 
 #: COLL rows held before they are written as one part; each part becomes one row group of ``collectives``.
 PART_ROWS = 1 << 17
@@ -106,24 +104,15 @@ def write_collectives(staging: Path, trace_id: str, parts: Parts, comms: pl.Data
         comms: One row per (host, pid, comm) with what its init lines say (rank, nranks, comm_id where given).
         choices: The TUNING choices, one row per :data:`TUNING_KEY` (None: no TUNING line).
     """
-    if not parts.rows:
-        write_table(staging, "collectives", {}, trace_id=trace_id)
-        return
     lookup = _comm_lookup(comms)
     first = 0
-    # Arrow encodes a row group without the GIL: on a second thread, while the next part is joined
-    with pq.ParquetWriter(staging / "collectives.parquet", schema.table("collectives").arrow_schema,
-                          **_WRITER_OPTIONS) as writer, ThreadPoolExecutor(max_workers=1) as pool:
-        written: Future[None] | None = None
+    # one part queued at a time: Arrow encodes it on the writer thread while the next part is joined
+    with BackgroundWriter(TableWriter(staging, "collectives", trace_id=trace_id, **_WRITER_OPTIONS),
+                          pending=1) as writer:
         for part in parts:
             out = _collectives(part, lookup, choices, first)
             first += out.height
-            table = arrow_table("collectives", dict(zip(out.columns, out.to_arrow().columns)), trace_id=trace_id)
-            if written is not None:
-                written.result()
-            written = pool.submit(writer.write_table, table)
-        if written is not None:
-            written.result()
+            writer.write(dict(zip(out.columns, out.to_arrow().columns)))
 
 
 def _comm_lookup(comms: pl.DataFrame) -> pl.DataFrame:

@@ -8,6 +8,7 @@ so each file has exactly the declared columns and types.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeAlias
@@ -76,12 +77,13 @@ def write_table(staging: Path, table: str, columns: Mapping[str, ColumnValues], 
 class TableWriter:
     """Writes ``<table>.parquet`` in parts (one row group per :meth:`write`), for tables too big to hold."""
 
-    def __init__(self, staging: Path, table: str, *, trace_id: str) -> None:
+    def __init__(self, staging: Path, table: str, *, trace_id: str, **options: Any) -> None:
+        """``options``: ``pyarrow.parquet.ParquetWriter``'s (encodings, statistics...); zstd unless they say."""
         self.table = table
         self.trace_id = trace_id
         self.rows = 0
         self._writer = pq.ParquetWriter(
-            staging / f"{table}.parquet", schema.table(table).arrow_schema, compression="zstd"
+            staging / f"{table}.parquet", schema.table(table).arrow_schema, **{"compression": "zstd", **options}
         )
 
     def write(self, columns: Mapping[str, ColumnValues]) -> None:
@@ -96,6 +98,59 @@ class TableWriter:
         self._writer.close()
 
     def __enter__(self) -> TableWriter:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+#: Parts a :class:`BackgroundWriter` holds handed over but not yet written, at most, unless told otherwise.
+PENDING = 4
+
+
+class BackgroundWriter:
+    """A :class:`TableWriter` whose :meth:`write` returns at once; errors surface at the next call or at close.
+
+    Encoding and compressing a Parquet part takes about as long as making the rows it
+    holds; Arrow does it without the GIL, so a writer thread overlaps the two on a
+    second core. Parts are written in the order given (one worker), and at most
+    ``pending`` wait at a time, so memory stays bounded.
+    """
+
+    def __init__(self, writer: TableWriter, pending: int = PENDING) -> None:
+        self._writer = writer
+        self._limit = pending
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tracelake-table-writer")
+        self._pending: list[Future[None]] = []
+
+    @property
+    def rows(self) -> int:
+        """Rows written so far (waits for the parts handed over)."""
+        self._wait(0)
+        return self._writer.rows
+
+    def write(self, columns: Mapping[str, ColumnValues]) -> None:
+        """Queue one part (column lists or Arrow arrays), waiting while ``pending`` parts are queued."""
+        self._wait(self._limit - 1)
+        self._pending.append(self._pool.submit(self._writer.write, columns))
+
+    def _wait(self, keep: int) -> None:
+        while len(self._pending) > keep:
+            self._pending.pop(0).result()  # re-raises the writer's error here
+
+    def close(self) -> None:
+        """Write what is queued and finish the file."""
+        try:
+            self._wait(0)
+        finally:
+            for future in self._pending:
+                future.cancel()
+            self._pool.shutdown(wait=True)
+            self._writer.close()
+
+    def __enter__(self) -> BackgroundWriter:
         return self
 
     def __exit__(

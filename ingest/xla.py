@@ -37,13 +37,12 @@ from tracelake.warehouse.errors import TraceFormatError
 
 from . import xla_ops
 from .model import ParseOptions, TraceInfo
-from .source import MAX_WHOLE_BYTES
-from .tables import ColumnValues, TableWriter, fit_int
+from .source import MAX_WHOLE_BYTES, is_gzip
+from .tables import BackgroundWriter, ColumnValues, TableWriter, fit_int
 from .xla_rows import (
     DEVICE_COLUMNS, HOST_COLUMNS, Columns, as_float, as_int, as_str, as_uint,
 )
 from .xla_gpu import MAX_NS, STREAM_LINE, GpuStreams, StreamRows, event_stats, steps_array
-from .xla_writer import BackgroundWriter
 from .xspace import EventBatch, Plane, Space
 
 FORMAT = "xla"
@@ -524,9 +523,7 @@ def _gunzip(source: Path, target: Path, name: str) -> None:
 
 def _open(source: Path, staging: Path, name: str) -> Space:
     """Open the XSpace, decompressing a gzipped one into the staging directory first (see :func:`_gunzip`)."""
-    with open(source, "rb") as f:
-        gzipped = f.read(2) == b"\x1f\x8b"
-    if not gzipped:
+    if not is_gzip(source):
         return Space(source, name)
     plain = staging / "xplane.pb"
     _gunzip(source, plain, name)
