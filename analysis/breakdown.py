@@ -192,8 +192,13 @@ def _states(code: np.ndarray, is_start: np.ndarray) -> np.ndarray:
 
 
 def _bucket_sums(per_state: np.ndarray) -> np.ndarray:
-    """(keys, 16) time per state -> (keys, buckets) integer sums (exact: integral values far below 2**53)."""
-    return np.rint(per_state @ _BUCKET_MASKS.T.astype(np.float64)).astype(np.int64)
+    """(keys, 16) time per state -> (keys, buckets) integer sums (exact: integral values far below 2**53).
+
+    Column sums, not a matrix product: that would wake OpenBLAS's threads, which then spin on the
+    cores the ingest needs.
+    """
+    sums = np.stack([per_state[:, mask].sum(axis=1) for mask in _BUCKET_MASKS], axis=1)
+    return np.rint(sums).astype(np.int64).reshape(len(per_state), len(_BUCKET_MASKS))
 
 
 def _sweeps(start: np.ndarray, end: np.ndarray, code: np.ndarray,

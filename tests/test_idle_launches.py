@@ -161,3 +161,59 @@ def test_stored_idle_equals_the_sql_on_many_streams_ranks_and_ties() -> None:
         launches = host.group_by("trace_id", "correlation").agg(pl.col("ts_ns").min().alias("launch_ns"))
         got = idle_frame(device, launches)
         assert got.rows() == expected.rows(), trial
+
+
+def test_launch_parts_in_windows_equal_the_sql_on_random_timelines() -> None:
+    """LaunchParts (what ingest stores), fed a rank's ops in random pieces, equals launch_stats and queue_lengths.
+
+    The timelines have ties, zero durations, launches after the op's start, null streams, ops no host
+    call launched, and host ids carried by several events (the call is the first by start, then duration).
+    """
+    import random
+
+    import numpy as np
+
+    from tracelake.analysis.launches import LaunchParts, launch_calls, launch_stats_sql, queue_lengths_sql
+
+    rng = random.Random(11)
+    for trial in range(40):
+        n, calls = rng.randint(1, 60), rng.randint(1, 12)
+        device = pl.DataFrame({
+            "trace_id": ["t"] * n, "rank": [2] * n, "stream": [rng.choice([None, 3, 7]) for _ in range(n)],
+            "kind": [rng.choice(["kernel", "kernel", "memcpy", "sync"]) for _ in range(n)],
+            "category": [rng.choice(["compute", "memory", "communication", "sync"]) for _ in range(n)],
+            "ts_ns": [rng.randint(0, 30) * 100 for _ in range(n)],
+            "dur_ns": [rng.choice([0, 100, rng.randint(1, 20) * 100]) for _ in range(n)],
+            "correlation": [rng.choice([None, *range(calls + 3)]) for _ in range(n)],
+        }, schema={"trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "kind": pl.String,
+                   "category": pl.String, "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64})
+        events = [(rng.randrange(calls), rng.randint(0, 30) * 100, rng.choice([None, 0, rng.randint(1, 9) * 100]))
+                  for _ in range(calls + rng.randint(0, 4))]
+        host = pl.DataFrame({"trace_id": ["t"] * len(events), "correlation": [e[0] for e in events],
+                             "ts_ns": [e[1] for e in events], "dur_ns": [e[2] for e in events]},
+                            schema={"trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64,
+                                    "dur_ns": pl.Int64})
+        con = duckdb.connect()
+        con.register("d", device.to_arrow())
+        con.register("h", host.to_arrow())
+        keys, starts, durations = launch_calls(*(host[c].fill_null(0).to_numpy().astype(np.int64)
+                                                 for c in ("correlation", "ts_ns", "dur_ns")))
+        found = {int(k): (int(s), int(d)) for k, s, d in zip(keys, starts, durations, strict=True)}
+        ops = device.with_columns(
+            pl.col("correlation").map_elements(lambda c: found.get(c, (None, None))[0], return_dtype=pl.Int64)
+            .alias("launch_ns"),
+            pl.col("correlation").map_elements(lambda c: found.get(c, (None, None))[1], return_dtype=pl.Int64)
+            .alias("call_ns"))
+        parts = LaunchParts()
+        ops = ops.sample(fraction=1.0, shuffle=True, seed=trial)
+        cuts = sorted(rng.sample(range(n + 1), min(3, n + 1)))
+        for low, high in zip([0, *cuts], [*cuts, n], strict=True):
+            parts.add(ops[low:high])
+        stats = con.sql(launch_stats_sql("d", "h")).pl()
+        got = parts.stats("t", 2)
+        assert got.height == stats.height, trial
+        if stats.height:
+            assert got.row(0) == stats.cast(got.schema).row(0), trial  # type: ignore[arg-type]
+        queues = con.sql(queue_lengths_sql("d", "h")).pl()
+        got_queues = parts.queues("t", 2)
+        assert got_queues.rows() == queues.cast(got_queues.schema).rows(), trial  # type: ignore[arg-type]

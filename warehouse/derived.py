@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from tracelake.analysis import breakdown, idle
 from tracelake.analysis.breakdown import breakdown_sql
 from tracelake.analysis.idle import idle_sql
-from tracelake.analysis.launches import launch_stats_sql, queue_lengths_sql
+from tracelake.analysis.launches import LaunchParts, launch_calls, launch_stats_sql, queue_lengths_sql
 
 from . import schema
 from .schema import sql_literal
@@ -38,10 +38,6 @@ def write_derived(parsed: Path, out_dir: Path, *, threads: int = 2, memory_limit
     directory, or a folder of links to a stored trace's files); writes
     ``<table>.parquet`` for each table in :data:`schema.DERIVED_TABLES`.
     """
-    with _connect(parsed, out_dir, threads, memory_limit) as con:
-        _copy(con, schema.LAUNCH_STATS, f"({launch_stats_sql('device_ops', 'host_ops')})", out_dir)
-        _copy(con, schema.STREAM_QUEUES, f"({queue_lengths_sql('device_ops', 'host_ops')})", out_dir)
-    # A fresh connection: DuckDB's memory from the joins above goes back before polars needs its own.
     with _connect(parsed, out_dir, threads, memory_limit) as con:
         if REFERENCE_SQL:
             _write_in_sql(con, out_dir)
@@ -65,10 +61,10 @@ def _connect(parsed: Path, out_dir: Path, threads: int, memory_limit: str) -> It
         con.close()
 
 
-#: ``breakdown``, ``kernel_stats`` and ``stream_idle`` are computed rank by rank in windows of time in
-#: numpy/polars: at 100,000 ops that takes about 60% of DuckDB's time, at millions DuckDB's windows spill for
-#: minutes under the ingest memory limit and its quantiles hold every duration. Their SQL (the readable
-#: reference) runs instead when this is True; tests keep both ways equal.
+#: The derived tables are computed rank by rank in windows of time in numpy/polars: at 100,000 ops that
+#: takes about 60% of DuckDB's time, at millions DuckDB's windows spill for minutes under the ingest memory
+#: limit, its quantiles hold every duration, and its joins of every op with its host call ran out of memory.
+#: Their SQL (the readable reference) runs instead when this is True; tests keep both ways equal.
 REFERENCE_SQL = False
 
 _KERNEL_STATS_SQL = """
@@ -84,49 +80,61 @@ def _write_in_sql(con: duckdb.DuckDBPyConnection, out_dir: Path) -> None:
     _copy(con, schema.BREAKDOWN, f"({breakdown_sql('device_ops', async_windows, 'devices')})", out_dir)
     _copy(con, schema.KERNEL_STATS, f"({_KERNEL_STATS_SQL})", out_dir)
     _copy(con, schema.STREAM_IDLE, f"({idle_sql('device_ops', 'host_ops')})", out_dir)
+    _copy(con, schema.LAUNCH_STATS, f"({launch_stats_sql('device_ops', 'host_ops')})", out_dir)
+    _copy(con, schema.STREAM_QUEUES, f"({queue_lengths_sql('device_ops', 'host_ops')})", out_dir)
 
 
 #: Rows of a rank's device ops analysed at once: memory follows this, not the trace.
 CHUNK_ROWS = 100_000
 
 #: The device_ops columns the windowed analyses read.
-_WINDOW_COLUMNS = ("trace_id", "rank", "stream", "step", "category", "name", "ts_ns", "dur_ns", "correlation",
-                   "flops")
+_WINDOW_COLUMNS = ("trace_id", "rank", "stream", "step", "kind", "category", "name", "ts_ns", "dur_ns",
+                   "correlation", "flops")
 
 
 def _write_per_rank(con: duckdb.DuckDBPyConnection, parsed: Path, out_dir: Path) -> None:
-    """``breakdown``, ``kernel_stats`` and ``stream_idle``, rank by rank in windows of :data:`CHUNK_ROWS` ops.
+    """Every derived table, rank by rank in windows of :data:`CHUNK_ROWS` ops.
 
     Each analysis adds up exactly over windows of start times (see :func:`_windows`), so memory follows
-    the window, plus the host launch times (16 bytes each) and the distinct (name, duration) pairs of a rank.
+    the window, plus the host launch calls (24 bytes each), the distinct (name, duration) pairs of a rank
+    and what :class:`LaunchParts` keeps of each launched op.
     """
     windows = pl.read_parquet(parsed / "collectives.parquet", columns=["trace_id", "rank", "step", "ts_ns",
                                                                       "dur_ns", "is_async"])
     windows = windows.filter(pl.col("is_async").fill_null(False)).drop("is_async").sort("ts_ns")
     devices = pl.read_parquet(parsed / "devices.parquet", columns=["trace_id", "rank", "peak_tflops"])
     peaks = {(str(t), int(r)): float(p) for t, r, p in devices.drop_nulls().iter_rows()}
-    launches = _launch_times(con)
+    launches = _launch_times(parsed / "host_ops.parquet")
     keys = con.sql("SELECT DISTINCT trace_id, rank FROM device_ops WHERE trace_id IS NOT NULL "
                    "AND rank IS NOT NULL ORDER BY ALL").fetchall()
     rows: list[dict[str, object]] = []
     idle_parts: list[pl.DataFrame] = []
     stats_parts: list[pl.DataFrame] = []
+    launch_parts: list[pl.DataFrame] = []
+    queue_parts: list[pl.DataFrame] = []
     for trace_id, rank in keys:
         parts = breakdown.BreakdownParts()
         carry: dict[int, int] = {}
         counts = _DurationCounts()
+        launched = LaunchParts()
         mine = windows.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank))
         for low, high, ops in _windows(parsed / "device_ops.parquet", trace_id, rank, CHUNK_ROWS):
             parts.add(ops, mine.filter((pl.col("ts_ns") >= low) & (pl.col("ts_ns") < high)), low, high)
+            ops = ops.with_columns(_launch_of(ops["correlation"], launches.get(trace_id)))
+            launched.add(ops)
             work = ops.filter(pl.col("category") != "sync")
             idle_parts.append(idle.idle_window(work.select(
                 "trace_id", "rank", "stream", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
-            ).with_columns(_launch_of(work["correlation"], launches.get(trace_id))), carry))
+                "launch_ns"), carry))
             counts.add(work)
         rows.extend(parts.rows(trace_id, rank, peaks.get((trace_id, rank))))
         stats_parts.append(counts.kernel_stats(trace_id, rank))
+        launch_parts.append(launched.stats(trace_id, rank))
+        queue_parts.append(launched.queues(trace_id, rank))
     results = {"breakdown": breakdown.rows_frame(rows), "stream_idle": idle.combine_windows(idle_parts),
-               "kernel_stats": pl.concat(stats_parts) if stats_parts else None}
+               "kernel_stats": pl.concat(stats_parts) if stats_parts else None,
+               "launch_stats": pl.concat(launch_parts) if launch_parts else None,
+               "stream_queues": pl.concat(queue_parts) if queue_parts else None}
     for name, frame in results.items():
         tbl = schema.table(name)
         if frame is None:
@@ -137,28 +145,38 @@ def _write_per_rank(con: duckdb.DuckDBPyConnection, parsed: Path, out_dir: Path)
         pq.write_table(arrow.cast(tbl.arrow_schema), out_dir / f"{name}.parquet", compression="zstd")
 
 
-def _launch_times(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per trace: correlation ids (sorted) and the start of the first host event carrying each."""
-    table = con.sql("SELECT trace_id, correlation, min(ts_ns) AS launch_ns FROM host_ops "
-                    "WHERE correlation IS NOT NULL AND trace_id IS NOT NULL AND ts_ns IS NOT NULL "
-                    "GROUP BY ALL ORDER BY trace_id, correlation").arrow()
-    frame = pl.DataFrame(table.read_all() if isinstance(table, pa.RecordBatchReader) else table)
-    out = {}
-    for (trace_id,), group in frame.partition_by("trace_id", as_dict=True, maintain_order=True).items():
-        out[str(trace_id)] = (group["correlation"].to_numpy().astype(np.int64),
-                              group["launch_ns"].to_numpy().astype(np.int64))
-    return out
+#: Per trace: correlation ids (sorted), and the start and duration of the host call carrying each.
+_Launches = tuple[np.ndarray, ...]
 
 
-def _launch_of(correlation: pl.Series, launches: tuple[np.ndarray, np.ndarray] | None) -> pl.Series:
-    """``launch_ns`` of each op: its correlation's first host event, null where none."""
+def _launch_times(host_ops: Path) -> dict[str, _Launches]:
+    """The host calls of :func:`launch_calls`, per trace: read a row group at a time, 24 bytes per call kept."""
+    file = pq.ParquetFile(host_ops, read_dictionary=["trace_id"])
+    rows = file.metadata.num_rows
+    columns = ("correlation", "ts_ns", "dur_ns")
+    calls: dict[str, tuple[list[np.ndarray], int]] = {}  # per trace: arrays for all rows, rows filled
+    for group in range(file.num_row_groups):
+        part = pl.DataFrame(file.read_row_group(group, columns=["trace_id", *columns])).filter(
+            pl.col("correlation").is_not_null() & pl.col("ts_ns").is_not_null() & pl.col("trace_id").is_not_null())
+        for (trace_id,), mine in part.partition_by("trace_id", as_dict=True).items():
+            arrays, filled = calls.setdefault(str(trace_id), ([np.empty(rows, np.int64) for _ in columns], 0))
+            for array, column in zip(arrays, columns, strict=True):
+                array[filled:filled + mine.height] = mine[column].fill_null(0).to_numpy()
+            calls[str(trace_id)] = (arrays, filled + mine.height)
+        del part
+    return {trace_id: launch_calls(*(array[:filled] for array in arrays)) for trace_id, (arrays, filled) in calls.items()}
+
+
+def _launch_of(correlation: pl.Series, launches: _Launches | None) -> list[pl.Series]:
+    """``launch_ns`` and ``call_ns`` of each op: of its correlation's host call, null where none."""
     if launches is None or not len(launches[0]) or correlation.null_count() == len(correlation):
-        return pl.Series("launch_ns", [None] * len(correlation), dtype=pl.Int64)
-    keys, times = launches
+        return [pl.Series(name, [None] * len(correlation), dtype=pl.Int64) for name in ("launch_ns", "call_ns")]
+    keys, starts, durations = launches
     wanted = correlation.fill_null(0).to_numpy().astype(np.int64)
     at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
-    found = (keys[at] == wanted) & correlation.is_not_null().to_numpy()
-    return pl.Series("launch_ns", pa.array(times[at], mask=~found, type=pa.int64()))
+    missing = ~((keys[at] == wanted) & correlation.is_not_null().to_numpy())
+    return [pl.Series(name, pa.array(values[at], mask=missing, type=pa.int64()))
+            for name, values in (("launch_ns", starts), ("call_ns", durations))]
 
 
 def _row_groups(meta: pq.FileMetaData, rank: int) -> list[tuple[int, int]]:
