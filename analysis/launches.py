@@ -136,7 +136,7 @@ def launch_calls(correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray)
     Returns:
         The distinct correlation ids, sorted, with the ``launch_ns`` and ``call_ns`` of each one's call.
     """
-    if (correlation[1:] > correlation[:-1]).all():  # launch calls in id order, as the parsers mostly write them
+    if (correlation[1:] > correlation[:-1]).all():  # distinct and in order already: nothing to sort
         return correlation, ts_ns, dur_ns
     order = np.argsort(correlation, kind="stable")
     ids = correlation[order]

@@ -83,18 +83,21 @@ def _assert_same(expected: dict[str, pl.DataFrame], got: dict[str, pl.DataFrame]
         assert_frame_equal(frame.sort(keys, nulls_last=False), other.sort(keys, nulls_last=False), check_exact=True)
 
 
+def _xplane_warehouse(folder: Path, xplane: bytes, job: str) -> Warehouse:
+    trace = folder / "host0.xplane.pb"
+    trace.write_bytes(xplane)
+    wh = Warehouse(folder / "warehouse")
+    report = wh.ingest([trace], job=job)
+    assert report.ok, [r.error for r in report.failed]
+    return wh
+
+
 @pytest.fixture(scope="module")
 def xla_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Warehouse:
     """A generated TPU profile (4 chips, steps, async collective windows, FLOPs) ingested as job ``xla``."""
     from tracelake.sample_traces import generate_xla
 
-    folder = tmp_path_factory.mktemp("xla")
-    trace = folder / "host0.xplane.pb"
-    trace.write_bytes(generate_xla.build(5, 60))
-    wh = Warehouse(folder / "warehouse")
-    report = wh.ingest([trace], job="xla")
-    assert report.ok, [r.error for r in report.failed]
-    return wh
+    return _xplane_warehouse(tmp_path_factory.mktemp("xla"), generate_xla.build(5, 60), "xla")
 
 
 @pytest.fixture(scope="module")
@@ -102,13 +105,7 @@ def xla_gpu_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Warehouse:
     """A generated JAX-on-GPU profile (kernels on streams, each launched by a host call) ingested as ``xla_gpu``."""
     from tracelake.sample_traces import generate_xla
 
-    folder = tmp_path_factory.mktemp("xla_gpu")
-    trace = folder / "host0.xplane.pb"
-    trace.write_bytes(generate_xla.build_gpu(4, 40))
-    wh = Warehouse(folder / "warehouse")
-    report = wh.ingest([trace], job="xla_gpu")
-    assert report.ok, [r.error for r in report.failed]
-    return wh
+    return _xplane_warehouse(tmp_path_factory.mktemp("xla_gpu"), generate_xla.build_gpu(4, 40), "xla_gpu")
 
 
 @pytest.mark.parametrize("job", ["ddp_straggler", "launch_bound"])
