@@ -10,6 +10,7 @@ Mapping (FORMATS.md section 2):
 - ``/host:CPU``: every line is a thread -> ``host_ops`` (with nesting per line); on the
   CPU back-end, events carrying ``hlo_op`` and ``device_ordinal`` are the XLA ops ->
   ``device_ops``. Events with a ``step_num`` stat are steps when no device gives them.
+  See :mod:`.xla_host`.
 - ``/host:metadata``: HLO protos, for opcodes when an op has no ``hlo_category``.
 - ``Task Environment``: ``profile_start_time``; line times relative to it are made absolute.
 
@@ -23,14 +24,11 @@ devices per host, so that ranks do not collide across hosts.
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from isal import igzip
 
 from tracelake.warehouse.errors import TraceFormatError
@@ -38,11 +36,10 @@ from tracelake.warehouse.errors import TraceFormatError
 from . import xla_ops
 from .model import ParseOptions, TraceInfo
 from .source import MAX_WHOLE_BYTES, is_gzip
-from .tables import BackgroundWriter, ColumnValues, TableWriter, fit_int
-from .xla_rows import (
-    DEVICE_COLUMNS, HOST_COLUMNS, Columns, as_float, as_int, as_str, as_uint,
-)
-from .xla_gpu import MAX_NS, STREAM_LINE, GpuStreams, StreamRows, event_stats, steps_array
+from .tables import BackgroundWriter, TableWriter, fit_int
+from .xla_gpu import MAX_NS, STREAM_LINE, StreamRows, event_stats, steps_array
+from .xla_host import HostLines
+from .xla_rows import as_float, as_int, as_str, as_uint
 from .xspace import EventBatch, Plane, Space
 
 FORMAT = "xla"
@@ -50,10 +47,6 @@ FORMAT = "xla"
 _DEVICE_PLANE = re.compile(r"^/device:(TPU|GPU):(\d+)$")
 #: Rows buffered before a part of ``device_ops`` is written.
 FLUSH_ROWS = 200_000
-#: Host rows buffered (as Python lists) before a part is written to the scratch file.
-HOST_FLUSH_ROWS = 50_000
-#: Where host rows wait for their steps, under the staging directory.
-_HOST_SCRATCH = "host_ops.unstepped"
 
 
 def sniff(head: bytes, filename: str) -> bool:
@@ -83,7 +76,7 @@ class _Op:
     message_bytes: int | None
 
 
-class _Parser(GpuStreams):
+class _Parser(HostLines):
     def __init__(self, space: Space, staging: Path, options: ParseOptions) -> None:
         super().__init__(staging, options, FORMAT, space.size)
         self.space = space
@@ -147,113 +140,6 @@ class _Parser(GpuStreams):
                         step = named
                     ts = (origin + event.offset_ps) // 1000
                     self.steps.add(index, step, ts, event.duration_ps // 1000)
-
-    # ---- host planes
-    def read_hosts(self, device_ops: BackgroundWriter) -> None:
-        """Host planes: ``host_ops`` written in parts as the lines are read, XLA ops of the CPU back-end held.
-
-        A host row's step is known only once every host step annotation is, so the
-        parts go to a scratch file first and get their steps when copied into place
-        (see :meth:`_write_host_steps`): memory follows a part, not the file.
-        """
-        rows = Columns(HOST_COLUMNS)
-        cpu_ops = Columns(DEVICE_COLUMNS)
-        host_steps = not self.steps.windows
-        scratch = self.staging / _HOST_SCRATCH
-        scratch.mkdir(exist_ok=True)
-        try:
-            with TableWriter(scratch, "host_ops", trace_id=self.options.trace_id) as unstepped:
-                for plane in self.host_planes:
-                    pid = plane.stats().get("process_id")
-                    for line in self.space.lines(plane):
-                        self._host_line(plane, line, pid if isinstance(pid, int) else None, rows, cpu_ops,
-                                        host_steps)
-                        if len(rows) >= HOST_FLUSH_ROWS:
-                            unstepped.write(rows.take())
-                unstepped.write(rows.take())
-            self.steps.finish()
-            self._write_host_steps(scratch / "host_ops.parquet")
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        # Host step annotations are only all known now: assign steps and count device ops per step again.
-        self.steps.device.clear()
-        ranks_of = cast(list[int], cpu_ops.data["rank"])
-        ranks = sorted(set(ranks_of))
-        durations = cast(list[int], cpu_ops.data["dur_ns"])
-        for i, ts in enumerate(cast(list[int], cpu_ops.data["ts_ns"])):
-            step = self.steps.step_at(ranks_of[i], ts)
-            cpu_ops.data["step"][i] = step
-            self.steps.count(ranks_of[i], step, ts, ts + durations[i])
-        self._collectives_of(cpu_ops)
-        device_ops.write(cpu_ops.take())
-        for rank in ranks:
-            self.devices.setdefault(rank, {"rank": rank, "device": rank, "kind": "cpu", "name": "XLA CPU device"})
-
-    def _write_host_steps(self, unstepped: Path) -> None:
-        """Copy the host rows of ``unstepped`` into ``host_ops``, a row group at a time, each with its step."""
-        with TableWriter(self.staging, "host_ops", trace_id=self.options.trace_id) as out:
-            source = pq.ParquetFile(unstepped)
-            for group in range(source.num_row_groups):
-                part = source.read_row_group(group, columns=list(HOST_COLUMNS))
-                columns: dict[str, ColumnValues] = {name: part.column(name) for name in HOST_COLUMNS}
-                ts = part.column("ts_ns").to_numpy()
-                columns["step"] = steps_array(self.steps.steps_of(None, ts))
-                out.write(columns)
-                del part, columns
-
-    def _host_line(
-        self, plane: Plane, line: Any, pid: int | None, rows: Columns, cpu_ops: Columns, host_steps: bool
-    ) -> None:
-        origin = self._origin_ns(line) * 1000
-        thread = str(line.name).rsplit("/", 1)[0] or str(line.name)
-        order = sorted(range(len(line.events)), key=lambda i: (line.events[i].offset_ps, -line.events[i].duration_ps))
-        stack: list[tuple[int, int]] = []  # (end_ns, event_id) of open events
-        for i in order:
-            event = line.events[i]
-            self.events += 1
-            md = plane.header.event_metadata.get(event.metadata_id)
-            name = str(md.display_name or md.name) if md is not None else ""
-            ts = (origin + event.offset_ps) // 1000
-            dur = max(event.duration_ps // 1000, 0)
-            stats = event_stats(plane, event) if event.stats else {}
-            event_id = self._event_id()
-            self._extent(ts, ts + dur)
-            if "hlo_op" in stats and "device_ordinal" in stats:
-                self._cpu_op(plane, event_id, name, ts, dur, stats, line, cpu_ops)
-                continue
-            if host_steps and "step_num" in stats:
-                step = as_int(stats["step_num"])
-                if step is not None:
-                    self.steps.add(None, step, ts, dur)
-            while stack and stack[-1][0] <= ts:  # touching is not nesting
-                stack.pop()
-            data = rows.data
-            data["event_id"].append(event_id)
-            data["rank"].append(self.host_rank)
-            data["pid"].append(pid)
-            data["tid"].append(int(line.id))
-            data["cat"].append(thread)
-            data["name"].append(name)
-            data["ts_ns"].append(ts)
-            data["dur_ns"].append(dur)
-            data["depth"].append(len(stack))
-            data["parent_id"].append(stack[-1][1] if stack else None)
-            data["correlation"].append(as_int(stats.get("correlation_id")))
-            data["step"].append(None)
-            stack.append((ts + dur, event_id))
-
-    def _cpu_op(
-        self, plane: Plane, event_id: int, name: str, ts: int, dur: int, stats: dict[str, object], line: Any,
-        out: Columns,
-    ) -> None:
-        rank = as_int(stats.get("device_ordinal")) or 0
-        module = as_str(stats.get("hlo_module"))
-        hlo_op = as_str(stats.get("hlo_op")) or name
-        opcode = self.opcodes_by_module.get((module or "", hlo_op)) or xla_ops.opcode_of(hlo_op)
-        hlo_category = as_str(stats.get("hlo_category")) or opcode
-        self._device_row(out, event_id, rank, rank, int(line.id), "xla_op", xla_ops.category(hlo_category, name),
-                         name, ts, dur, None, module, as_uint(stats.get("program_id")), hlo_category, None,
-                         as_float(stats.get("flops")), as_int(stats.get("bytes_accessed")))
 
     # ---- device planes
     def read_devices(self, device_ops: BackgroundWriter) -> None:

@@ -156,6 +156,8 @@ class GpuStreams(RowBuilder):
     def _gpu_correlations(stats: BatchStats, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Each event's ``correlation_id`` as :func:`as_int` reads it, and whether it has one: integers in bulk,
         the rare others (doubles, strings, references) one by one."""
+        if not (last >= 0).any():  # no event has one (and maybe no event has stats at all)
+            return np.zeros(len(last), dtype=np.int64), np.zeros(len(last), dtype=bool)
         kind = np.where(last >= 0, stats.fields.kind[last], STAT_NONE)
         raw = stats.fields.value[last]
         signed = (kind == STAT_INT64) | ((kind == STAT_UINT64) & (raw < np.uint64(1 << 63)))

@@ -138,6 +138,9 @@ class EventBatch:
     header_bytes: bytes = b""
     #: The last run of its line.
     last: bool = False
+    #: Its line came in one window (:data:`LINE_CHUNK_BYTES`): the line's runs, if several, are split only by
+    #: header fields written between events; :meth:`Space.lines` decodes such a line as one ``XLine``.
+    whole: bool = False
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -168,14 +171,16 @@ class EventBatch:
                                    where=f"byte {self.base + exc.offset}") from None
         return BatchStats(plane, self, decoded, len(self))
 
-    def xline(self) -> Any:
-        """The run as a protobuf ``XLine`` (header and these events), for code that wants event objects.
+    def xline(self, *more: EventBatch) -> Any:
+        """The run as a protobuf ``XLine`` (header and these events), for code that wants event objects;
+        with ``more`` (later runs of the same line), their events follow.
 
         Raises:
             TraceFormatError: the events are not valid XEvent data.
         """
+        events = b"".join(run.data[: run.stop].tobytes() for run in (self, *more))
         try:
-            return XLine.FromString(self.header_bytes + self.data[: self.stop].tobytes())
+            return XLine.FromString(self.header_bytes + events)
         except DecodeError as exc:
             raise TraceFormatError(self.source, f"line {self._name()!r} is not valid XLine data ({exc})",
                                    where=f"byte {self.base}") from None
@@ -408,6 +413,7 @@ class Space:
                     if not whole and held:  # a big line: the run before goes out with the header so far
                         yield from self._with_header(plane, held, bytes(header), start)
                         held = []
+                    batch.whole = whole
                     held.append(batch)
                     self._release(batch.base, pos)
                     continue
@@ -418,7 +424,7 @@ class Space:
             except protowire.WireError as exc:
                 raise self._error(f"plane {plane.name!r}: damaged line ({exc})", exc.offset) from None
         self._release(start, end)
-        empty = EventBatch(self.source, start, _NO_BYTES, _NO_EVENTS, _NO_EVENTS, 0)
+        empty = EventBatch(self.source, start, _NO_BYTES, _NO_EVENTS, _NO_EVENTS, 0, whole=whole)
         held = held or [empty]
         held[-1].last = True
         yield from self._with_header(plane, held, bytes(header), start)
