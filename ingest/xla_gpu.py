@@ -92,8 +92,7 @@ class GpuStreams(RowBuilder):
         correlation, has_correlation = self._gpu_correlations(stats, stats.last("correlation_id"))
         kinds, which_kind = np.unique(fields.metadata_id, return_inverse=True)
         keys = np.stack([which_kind.reshape(-1)] + [codes for _, codes in named.values()])
-        combos, which = np.unique(keys, axis=1, return_inverse=True)
-        which = which.reshape(-1)
+        combos, which = _distinct_columns(keys)
         kernel_names = [self._kernel_name(plane, int(k)) for k in kinds.tolist()]
         ops = [self._gpu_op(kernel_names[c[0]], *(values[code] if code >= 0 else None
                                                  for (values, _), code in zip(named.values(), c[1:], strict=True)))
@@ -234,6 +233,21 @@ class StreamRows:
         self.parts = []
         self.rows = 0
         self.communication.take()
+
+
+def _distinct_columns(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, axis=1, return_inverse=True)`` (the inverse flat) for rows of integer codes from -1 up, about
+    10x faster: each column's codes are packed into one int64 (mixed radix, which keeps their order) when that fits,
+    and only those are sorted."""
+    sizes = keys.max(axis=1).astype(np.int64) + 2  # codes run from -1
+    if float(np.prod(sizes.astype(np.float64))) >= 2.0**62:
+        combos, which = np.unique(keys, axis=1, return_inverse=True)
+        return combos, which.reshape(-1)
+    packed = np.zeros(keys.shape[1], dtype=np.int64)
+    for row, size in zip(keys, sizes.tolist(), strict=True):
+        packed = packed * size + (row.astype(np.int64) + 1)
+    _, first, which = np.unique(packed, return_index=True, return_inverse=True)
+    return keys[:, first], which.reshape(-1)
 
 
 def steps_array(steps: np.ndarray) -> pa.Array:

@@ -595,3 +595,19 @@ def test_truncated_gzip_xplane_is_a_format_error(tmp_path: Path) -> None:
         xla.parse(cut, staging, ParseOptions(source_name=cut.name))
     assert caught.value.source == "host0.xplane.pb.gz"
     assert list(staging.iterdir()) == []
+
+
+def test_distinct_columns_equal_numpy_unique_by_column() -> None:
+    """The packed distinct-combination search of GPU stream rows gives np.unique(axis=1)'s answer, also past int64."""
+    import numpy as np
+
+    from tracelake.ingest.xla_gpu import _distinct_columns
+
+    rng = np.random.default_rng(4)
+    for case in range(300):
+        n = int(rng.integers(1, 200))
+        high = 2**14 if case % 10 == 0 else int(rng.integers(1, 12))  # every tenth: too many to pack
+        keys = np.stack([rng.integers(0 if row == 0 else -1, high, n) for row in range(5)])
+        combos, which = _distinct_columns(keys)
+        expected, inverse = np.unique(keys, axis=1, return_inverse=True)
+        assert np.array_equal(combos, expected) and np.array_equal(which, inverse.reshape(-1)), case
