@@ -38,6 +38,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import varint
+
 from fuzz import targets
 from fuzz.targets import TARGETS, Target
 from tracelake import ingest
@@ -273,17 +275,10 @@ def mutated_xspace(draw: st.DrawFn) -> bytes:
         else:  # a field of any number and wire type, with a big or negative varint
             tag = draw(st.integers(1, 40)) << 3 | draw(st.sampled_from([0, 1, 2, 5, 3, 7]))
             value = draw(st.sampled_from([0, 1, 2**31 - 1, 2**32, 2**63, 2**64 - 1]))
-            data = data[:start] + _varint(tag) + _varint(value) + data[start:]
+            data = data[:start] + varint(tag) + varint(value) + data[start:]
     return data
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | (0x80 if value else 0))
-        if not value:
-            return bytes(out)
 
 
 def test_protobuf_mutations(workdir: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REAL_TRACES, ROOT
+from conftest import REAL_TRACES, ROOT, len_field, varint
 from tracelake.ingest import detect, xla_ops
 from tracelake.ingest.xspace import Space, stat_value
 from tracelake.warehouse import Warehouse
@@ -300,18 +300,8 @@ def test_gpu_streams_decode_in_bulk_as_one_by_one(tmp_path: Path, monkeypatch: p
 
 # -- the vectorised event decoder (ingest/xspace_events.py) against protobuf's own decoding ----------------------
 
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # negative int64s are 10-byte varints
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | 0x80 if value else byte)
-        if not value:
-            return bytes(out)
 
 
-def _len_field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 def _random_value(rng: random.Random) -> int:
@@ -329,43 +319,43 @@ def _random_event(rng: random.Random, stat_ids: list[int]) -> bytes:
     fields: list[bytes] = []
     for number in (1, 2, 3, 5):
         for _ in range(rng.choice([0, 1, 1, 1, 2])):  # absent, once, or twice (the last one counts)
-            fields.append(_varint(number << 3) + _varint(_random_value(rng)))
+            fields.append(varint(number << 3) + varint(_random_value(rng)))
     for _ in range(rng.choice([0, 0, 1, 3])):
-        stat = _varint(1 << 3) + _varint(rng.choice(stat_ids))
+        stat = varint(1 << 3) + varint(rng.choice(stat_ids))
         kind = rng.randrange(4)
         if kind == 0:
-            stat += _varint(4 << 3) + _varint(_random_value(rng))
+            stat += varint(4 << 3) + varint(_random_value(rng))
         elif kind == 1:
-            stat += _varint(2 << 3 | 1) + struct.pack("<d", rng.random())
+            stat += varint(2 << 3 | 1) + struct.pack("<d", rng.random())
         elif kind == 2:
-            stat += _len_field(6, bytes(rng.choice([0x22, 0x05, 0x08, 0xFF, 0x41]) for _ in range(rng.randrange(30))))
+            stat += len_field(6, bytes(rng.choice([0x22, 0x05, 0x08, 0xFF, 0x41]) for _ in range(rng.randrange(30))))
         else:
-            stat += _varint(7 << 3) + _varint(rng.choice(stat_ids))
-        fields.append(_len_field(4, stat))
+            stat += varint(7 << 3) + varint(rng.choice(stat_ids))
+        fields.append(len_field(4, stat))
     for _ in range(rng.choice([0, 0, 1, 2])):  # unknown fields: skipped
         kind = rng.randrange(4)
         number = rng.choice([6, 9, 15, 16, 2000])
         if kind == 0:
-            fields.append(_varint(number << 3) + _varint(_random_value(rng)))
+            fields.append(varint(number << 3) + varint(_random_value(rng)))
         elif kind == 1:  # a fake event tag and length inside, so that a false event chain starts here
-            fields.append(_len_field(number, b"\x22\x03\x08\x01\x22" * rng.randrange(4) + bytes(rng.randrange(9))))
+            fields.append(len_field(number, b"\x22\x03\x08\x01\x22" * rng.randrange(4) + bytes(rng.randrange(9))))
         elif kind == 2:
-            fields.append(_varint(number << 3 | 1) + bytes([0x22]) * 8)
+            fields.append(varint(number << 3 | 1) + bytes([0x22]) * 8)
         else:
-            fields.append(_varint(number << 3 | 5) + bytes([0x22, 0x02, 0x22, 0x00]))
+            fields.append(varint(number << 3 | 5) + bytes([0x22, 0x02, 0x22, 0x00]))
     rng.shuffle(fields)
     return b"".join(fields)
 
 
 def _random_line(rng: random.Random, events: int) -> bytes:
     """An XLine: header fields before, between and after events; some events empty (zero length)."""
-    parts = [_varint(1 << 3) + _varint(rng.randrange(1 << 20)), _len_field(2, b"XLA Ops"),
-             _varint(3 << 3) + _varint(rng.randrange(1 << 40))]
+    parts = [varint(1 << 3) + varint(rng.randrange(1 << 20)), len_field(2, b"XLA Ops"),
+             varint(3 << 3) + varint(rng.randrange(1 << 40))]
     for i in range(events):
-        parts.append(_len_field(4, b"" if rng.random() < 0.05 else _random_event(rng, [1, 2, 3])))
+        parts.append(len_field(4, b"" if rng.random() < 0.05 else _random_event(rng, [1, 2, 3])))
         if i % 97 == 50:
-            parts.append(_varint(9 << 3) + _varint(rng.randrange(1 << 30)))  # duration_ps between events
-    parts.append(_len_field(11, b"XLA Ops"))
+            parts.append(varint(9 << 3) + varint(rng.randrange(1 << 30)))  # duration_ps between events
+    parts.append(len_field(11, b"XLA Ops"))
     return b"".join(parts)
 
 
@@ -378,9 +368,9 @@ def _space_with_line(tmp_path: Path, line: bytes) -> Path:
         header.stat_metadata[sid].id = sid
         header.stat_metadata[sid].name = f"stat{sid}"
     header.event_metadata[1].name = "op"
-    plane = header.SerializeToString() + _len_field(3, line)
+    plane = header.SerializeToString() + len_field(3, line)
     path = tmp_path / "random.xplane.pb"
-    path.write_bytes(_len_field(1, plane))
+    path.write_bytes(len_field(1, plane))
     return path
 
 
@@ -442,13 +432,13 @@ def test_varints_of_every_length_match_protobuf() -> None:
     from tracelake.ingest import xspace_events
 
     values = [0, 0x22, *[(1 << 7 * k) - 1 for k in range(1, 10)], *[1 << 7 * k for k in range(1, 9)], -1, -(1 << 40)]
-    data = b"".join(_varint(v) for v in values)
+    data = b"".join(varint(v) for v in values)
     buf = xspace_events.padded(np.frombuffer(data, dtype=np.uint8))
-    starts = np.cumsum([0] + [len(_varint(v)) for v in values[:-1]])
+    starts = np.cumsum([0] + [len(varint(v)) for v in values[:-1]])
     decoded, after, ok = xspace_events.varints(buf, starts, len(data))
     assert decoded.view(np.int64).tolist() == values and ok.all()
     assert after.tolist() == [*starts[1:].tolist(), len(data)]
-    assert sorted({len(_varint(v)) for v in values}) == list(range(1, 11))
+    assert sorted({len(varint(v)) for v in values}) == list(range(1, 11))
 
 
 @pytest.mark.parametrize(("damage", "reason", "offset"), [
@@ -464,8 +454,8 @@ def test_damaged_events_name_the_file_and_byte(
 ) -> None:
     from tracelake.warehouse.errors import TraceFormatError
 
-    good = _len_field(4, b"\x08\x01\x10\x02\x18\x03")
-    line = _len_field(2, b"XLA Ops") + good * 3
+    good = len_field(4, b"\x08\x01\x10\x02\x18\x03")
+    line = len_field(2, b"XLA Ops") + good * 3
     path = _space_with_line(tmp_path, line + damage)
     at = path.read_bytes().index(line + damage) + len(line) + offset
     with Space(path, path.name) as space, pytest.raises(TraceFormatError) as caught:
@@ -568,7 +558,7 @@ def test_gzip_bomb_stops_at_the_cap_and_names_the_file(tmp_path: Path, monkeypat
     monkeypatch.setattr(xla, "GZIP_MIN_LIMIT", 1 << 20)
     bomb = tmp_path / "host0.xplane.pb.gz"
     # a plane header, then 32 MB of zeros: some 32 kB compressed, past 64x that once expanded
-    bomb.write_bytes(gzip.compress(_len_field(1, _len_field(2, b"/device:TPU:0")) + bytes(32 << 20), 9))
+    bomb.write_bytes(gzip.compress(len_field(1, len_field(2, b"/device:TPU:0")) + bytes(32 << 20), 9))
     assert xla.GZIP_MAX_RATIO * bomb.stat().st_size < 32 << 20
     staging = tmp_path / "staging"
     staging.mkdir()

@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 
-from conftest import REAL_TRACES, ROOT
+from conftest import REAL_TRACES, ROOT, len_field, varint
 from tracelake import ingest
 from tracelake.ingest import xla_host, xspace
 from tracelake.warehouse.errors import TraceFormatError
@@ -108,18 +108,8 @@ def test_cpu_backend_ops_stay_on_the_one_by_one_path(tmp_path: Path, monkeypatch
 
 # -- hand-made host lines -------------------------------------------------------------------------------------
 
-def _varint(value: int) -> bytes:
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | 0x80 if value else byte)
-        if not value:
-            return bytes(out)
 
 
-def _len_field(number: int, payload: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
 #: The host plane's stat metadata: id -> name ("77": a name a reference can point at).
@@ -148,9 +138,9 @@ def _space(lines: list[bytes], extra_host_lines: list[Any] | None = None) -> byt
     for mid, name in ((1, "cuLaunchKernel"), (2, "train"), (3, "fusion.1"), (4, "outer")):
         host.event_metadata[mid].id, host.event_metadata[mid].name = mid, name
     host.event_metadata[4].display_name = "outer_display"
-    plane = host.SerializeToString() + b"".join(_len_field(3, line) for line in lines)
-    plane += b"".join(_len_field(3, line.SerializeToString()) for line in extra_host_lines or [])
-    return space.SerializeToString() + _len_field(1, plane)
+    plane = host.SerializeToString() + b"".join(len_field(3, line) for line in lines)
+    plane += b"".join(len_field(3, line.SerializeToString()) for line in extra_host_lines or [])
+    return space.SerializeToString() + len_field(1, plane)
 
 
 def _line(tid: int, events: list[tuple[int, int]], timestamp_ns: int = 0, name: str = "") -> Any:
@@ -219,12 +209,12 @@ def test_a_line_split_across_windows(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 def test_header_fields_between_events_keep_the_line_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A small line whose events are split by a header field is still sorted and nested as one line."""
-    head = _varint(1 << 3) + _varint(5) + _len_field(2, b"Host Threads/5")
-    late = _len_field(4, _varint(1 << 3) + _varint(4) + _varint(2 << 3) + _varint(50_000) + _varint(3 << 3)
-                      + _varint(1_000))
-    early = _len_field(4, _varint(1 << 3) + _varint(2) + _varint(2 << 3) + _varint(0) + _varint(3 << 3)
-                       + _varint(100_000))
-    line = head + late + _varint(9 << 3) + _varint(7) + early  # XLine.duration_ps (field 9) between the events
+    head = varint(1 << 3) + varint(5) + len_field(2, b"Host Threads/5")
+    late = len_field(4, varint(1 << 3) + varint(4) + varint(2 << 3) + varint(50_000) + varint(3 << 3)
+                      + varint(1_000))
+    early = len_field(4, varint(1 << 3) + varint(2) + varint(2 << 3) + varint(0) + varint(3 << 3)
+                       + varint(100_000))
+    line = head + late + varint(9 << 3) + varint(7) + early  # XLine.duration_ps (field 9) between the events
     rows = _host_rows(tmp_path, _space([line], [_line(6, [(0, 1_000)])]), monkeypatch).sort("event_id")
     five = rows.filter(pl.col("tid") == 5)
     assert five["name"].to_list() == ["train", "outer_display"]
