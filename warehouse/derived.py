@@ -170,7 +170,8 @@ def _launch_times(host_ops: Path) -> dict[str, _Launches]:
 def _launch_of(correlation: pl.Series, launches: _Launches | None) -> list[pl.Series]:
     """``launch_ns`` and ``call_ns`` of each op: of its correlation's host call, null where none."""
     if launches is None or not len(launches[0]) or correlation.null_count() == len(correlation):
-        return [pl.Series(name, [None] * len(correlation), dtype=pl.Int64) for name in ("launch_ns", "call_ns")]
+        return [pl.repeat(None, len(correlation), dtype=pl.Int64, eager=True).alias(name)
+                for name in ("launch_ns", "call_ns")]
     keys, starts, durations = launches
     wanted = correlation.fill_null(0).to_numpy().astype(np.int64)
     at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
