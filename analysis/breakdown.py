@@ -197,8 +197,7 @@ def _bucket_sums(per_state: np.ndarray) -> np.ndarray:
     Column sums, not a matrix product: that would wake OpenBLAS's threads, which then spin on the
     cores the ingest needs.
     """
-    sums = np.stack([per_state[:, mask].sum(axis=1) for mask in _BUCKET_MASKS], axis=1)
-    return np.rint(sums).astype(np.int64).reshape(len(per_state), len(_BUCKET_MASKS))
+    return np.rint(np.stack([per_state[:, mask].sum(axis=1) for mask in _BUCKET_MASKS], axis=1)).astype(np.int64)
 
 
 def _sweeps(start: np.ndarray, end: np.ndarray, code: np.ndarray,

@@ -23,9 +23,8 @@ from tracelake.warehouse.errors import TraceFormatError
 
 from . import xla_ops
 from .tables import ColumnValues
-from .xla_rows import DEVICE_COLUMNS, Columns, RowBuilder, as_int, as_str, as_uint
-from .xspace import BatchStats, EventBatch, Plane
-from .xspace_events import STAT_INT64, STAT_NONE, STAT_UINT64
+from .xla_rows import DEVICE_COLUMNS, Columns, RowBuilder, as_int, as_str, as_uint, stat_ints
+from .xspace import EventBatch, Plane
 
 STREAM_LINE = re.compile(r"^Stream #(\d+)")
 #: Line timestamps below this (about 1973 in epoch ns) are relative to the profile start.
@@ -89,7 +88,7 @@ class GpuStreams(RowBuilder):
         stats.check_strings()
         named = {key: stats.values(stats.last(key))
                  for key in ("hlo_module", "hlo_op", "program_id", "hlo_category")}
-        correlation, has_correlation = self._gpu_correlations(stats, stats.last("correlation_id"))
+        correlation, has_correlation = stat_ints(stats, "correlation_id")
         kinds, which_kind = np.unique(fields.metadata_id, return_inverse=True)
         keys = np.stack([which_kind.reshape(-1)] + [codes for _, codes in named.values()])
         combos, which = _distinct_columns(keys)
@@ -150,26 +149,6 @@ class GpuStreams(RowBuilder):
                 or self.opcodes_by_module.get((module or "", hlo_op)) or xla_ops.opcode_of(hlo_op)
         return (xla_ops.gpu_kind(name), xla_ops.category(hlo_category, name, gpu_kernel=True), name, module, program,
                 hlo_category, hlo_op)
-
-    @staticmethod
-    def _gpu_correlations(stats: BatchStats, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Each event's ``correlation_id`` as :func:`as_int` reads it, and whether it has one: integers in bulk,
-        the rare others (doubles, strings, references) one by one."""
-        if not (last >= 0).any():  # no event has one (and maybe no event has stats at all)
-            return np.zeros(len(last), dtype=np.int64), np.zeros(len(last), dtype=bool)
-        kind = np.where(last >= 0, stats.fields.kind[last], STAT_NONE)
-        raw = stats.fields.value[last]
-        signed = (kind == STAT_INT64) | ((kind == STAT_UINT64) & (raw < np.uint64(1 << 63)))
-        values = np.where(signed, raw, np.uint64(0)).view(np.int64)
-        valid = signed.copy()
-        others = np.flatnonzero((last >= 0) & ~signed & (kind != STAT_UINT64) & (kind != STAT_NONE))
-        if len(others):
-            objects, codes = stats.values(last[others])
-            converted = [as_int(v) for v in objects]
-            for i, code in zip(others.tolist(), codes.tolist(), strict=True):
-                if converted[code] is not None:
-                    values[i], valid[i] = converted[code], True
-        return values, valid
 
     def _gpu_ops(self, plane: Plane, index: int, line: Any, rows: Columns) -> None:
         """A GPU stream's events one by one through protobuf (see :meth:`_gpu_stream`)."""

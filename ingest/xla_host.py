@@ -34,8 +34,8 @@ from tracelake.warehouse.errors import TraceFormatError
 from . import xla_ops
 from .tables import BackgroundWriter, ColumnValues, TableWriter, arrow_table, fit_int
 from .xla_gpu import GpuStreams, event_stats, steps_array
-from .xla_rows import DEVICE_COLUMNS, HOST_COLUMNS, Columns, as_float, as_int, as_str, as_uint
-from .xspace import BatchStats, EventBatch, Plane, Space
+from .xla_rows import DEVICE_COLUMNS, HOST_COLUMNS, Columns, as_float, as_int, as_str, as_uint, stat_ints
+from .xspace import EventBatch, Plane, Space
 
 #: Host rows held before a part is written to the scratch file.
 HOST_FLUSH_ROWS = 50_000
@@ -157,10 +157,10 @@ class HostLines(GpuStreams):
         dur = np.maximum(fields.duration_ps[order] // 1000, 0)
         first_id = self.next_id
         depth, parent, left_open = stacked_nesting(ts, ts + dur, first_id, still_open)
-        correlation, has_correlation = self._stat_ints(stats, "correlation_id")
+        correlation, has_correlation = stat_ints(stats, "correlation_id")
         step_annotations: list[tuple[int, int, int]] = []
         if host_steps:
-            step_num, is_step = self._stat_ints(stats, "step_num")
+            step_num, is_step = stat_ints(stats, "step_num")
             annotated = np.flatnonzero(is_step[order])
             step_annotations = list(zip(step_num[order[annotated]].tolist(), ts[annotated].tolist(),
                                         dur[annotated].tolist(), strict=True))
@@ -188,10 +188,6 @@ class HostLines(GpuStreams):
             "parent_id": pa.array(parent, mask=parent < 0, type=pa.int64()),
             "correlation": pa.array(correlation[order], mask=~has_correlation[order], type=pa.int64()),
         }, left_open
-
-    def _stat_ints(self, stats: BatchStats, name: str) -> tuple[np.ndarray, np.ndarray]:
-        """Each event's stat ``name`` as :func:`as_int` reads it, and whether it has one (as an integer)."""
-        return self._gpu_correlations(stats, stats.last(name))
 
     def _host_line(
         self, plane: Plane, line: Any, pid: int | None, rows: Columns, cpu_ops: Columns, host_steps: bool,

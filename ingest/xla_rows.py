@@ -19,6 +19,8 @@ import numpy as np
 from . import xla_ops
 from .model import ParseOptions, TraceInfo
 from .tables import TableWriter, write_table
+from .xspace import BatchStats
+from .xspace_events import STAT_INT64, STAT_NONE, STAT_UINT64
 
 @dataclass
 class Columns:
@@ -270,6 +272,27 @@ def as_int(value: object) -> int | None:
     if isinstance(value, int):
         return value if -(1 << 63) <= value < (1 << 63) else None
     return None
+
+
+def stat_ints(stats: BatchStats, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each event's stat ``name`` as :func:`as_int` reads it, and whether it has one: integers in bulk,
+    the rare others (doubles, strings, references) one by one."""
+    last = stats.last(name)
+    if not (last >= 0).any():  # no event has one (and maybe no event has stats at all)
+        return np.zeros(len(last), dtype=np.int64), np.zeros(len(last), dtype=bool)
+    kind = np.where(last >= 0, stats.fields.kind[last], STAT_NONE)
+    raw = stats.fields.value[last]
+    signed = (kind == STAT_INT64) | ((kind == STAT_UINT64) & (raw < np.uint64(1 << 63)))
+    values = np.where(signed, raw, np.uint64(0)).view(np.int64)
+    valid = signed.copy()
+    others = np.flatnonzero((last >= 0) & ~signed & (kind != STAT_UINT64) & (kind != STAT_NONE))
+    if len(others):
+        objects, codes = stats.values(last[others])
+        converted = [as_int(v) for v in objects]
+        for i, code in zip(others.tolist(), codes.tolist(), strict=True):
+            if converted[code] is not None:
+                values[i], valid[i] = converted[code], True
+    return values, valid
 
 
 def as_uint(value: object) -> int | None:

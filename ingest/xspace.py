@@ -189,7 +189,6 @@ class EventBatch:
         return str(self.header.name) if self.header is not None else "?"
 
 
-
 class BatchStats:
     """The stats of a run of events by name, as arrays: the bulk counterpart of :meth:`Plane.named_stats`.
 
@@ -293,6 +292,7 @@ class BatchStats:
         for ref, n in zip(*np.unique(refs, return_counts=True), strict=True):
             if int(ref) not in names:
                 self.plane._unknown(int(ref), int(n))
+
 
 class Space:
     """An open ``.xplane.pb``: hostnames and planes; lines decoded on demand.

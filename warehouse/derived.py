@@ -55,7 +55,8 @@ def _connect(parsed: Path, out_dir: Path, threads: int, memory_limit: str) -> It
     try:
         con.execute("SET enable_progress_bar = false")
         for name in INPUTS:
-            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({sql_literal(str(parsed / f'{name}.parquet'))})")
+            path = sql_literal(str(parsed / f"{name}.parquet"))
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({path})")
         yield con
     finally:
         con.close()
@@ -164,7 +165,8 @@ def _launch_times(host_ops: Path) -> dict[str, _Launches]:
                 array[filled:filled + mine.height] = mine[column].fill_null(0).to_numpy()
             calls[str(trace_id)] = (arrays, filled + mine.height)
         del part
-    return {trace_id: launch_calls(*(array[:filled] for array in arrays)) for trace_id, (arrays, filled) in calls.items()}
+    return {trace_id: launch_calls(*(array[:filled] for array in arrays))
+            for trace_id, (arrays, filled) in calls.items()}
 
 
 def _launch_of(correlation: pl.Series, launches: _Launches | None) -> list[pl.Series]:
@@ -213,7 +215,8 @@ def _windows(path: Path, trace_id: str, rank: int, chunk_rows: int) -> Iterator[
     held = 0
     low = breakdown.LOWEST
     for position, (index, _) in enumerate(groups):
-        part = pl.DataFrame(file.read_row_group(index, columns=list(_WINDOW_COLUMNS))).filter((pl.col("rank") == rank) & (pl.col("trace_id") == trace_id) & pl.col("ts_ns").is_not_null())
+        part = pl.DataFrame(file.read_row_group(index, columns=list(_WINDOW_COLUMNS))).filter(
+            (pl.col("rank") == rank) & (pl.col("trace_id") == trace_id) & pl.col("ts_ns").is_not_null())
         pending.append(part)
         held += part.height
         last = position + 1 == len(groups)
