@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ class Chromium:
     """One headless browser process (use as a context manager)."""
 
     def __init__(self, executable: str, profile: Path, log: Path) -> None:
+        self.log_path = log
         to_browser, self._write_fd = os.pipe()
         self._read_fd, from_browser = os.pipe()
         command = [executable, *FLAGS, f"--user-data-dir={profile}", "about:blank"]
@@ -66,6 +68,27 @@ class Chromium:
         self._buffer = b""
         self._next_id = 0
         self.events: list[dict[str, Any]] = []
+
+    @classmethod
+    def start(cls, executable: str, folder: Path, ready_timeout: float = 90, attempts: int = 2) -> Chromium:
+        """A browser that has answered its first command.
+
+        A cold start on a loaded machine (a fresh install, font caches, D-Bus lookups that
+        time out in a container) can take tens of seconds; a browser that has not answered
+        within ``ready_timeout`` is killed and started again, up to ``attempts`` times.
+        """
+        for attempt in range(1, attempts + 1):
+            browser = cls(executable, folder / f"profile-{attempt}", folder / f"chromium-{attempt}.log")
+            try:
+                browser.send("Browser.getVersion", timeout=ready_timeout)
+                return browser
+            except DevToolsError as exc:
+                browser.process.kill()  # it did not answer, so it will not answer Browser.close either
+                browser.close()
+                if attempt == attempts:
+                    raise
+                warnings.warn(f"Chromium start {attempt} of {attempts} failed, starting it again: {exc}", stacklevel=2)
+        raise AssertionError("unreachable")
 
     def __enter__(self) -> Chromium:
         return self
@@ -125,17 +148,28 @@ class Chromium:
                     return message  # type: ignore[no-any-return]
             left = deadline - time.monotonic()
             if left <= 0:
-                raise DevToolsError(f"{what} within {timeout} s")
+                raise DevToolsError(f"{what} within {timeout} s; {self.log_tail()}")
             ready, _, _ = select.select([self._read_fd], [], [], left)
             if ready:
                 chunk = os.read(self._read_fd, 1 << 20)
                 if not chunk:
-                    raise DevToolsError(f"the browser closed the pipe ({what}); exit code {self.process.poll()}")
+                    raise DevToolsError(f"the browser closed the pipe ({what}); exit code {self.process.poll()}; "
+                                        f"{self.log_tail()}")
                 self._buffer += chunk
+
+    def log_tail(self, lines: int = 15) -> str:
+        """The end of the browser's own log, for error messages."""
+        if not self._log.closed:
+            self._log.flush()
+        try:
+            tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError as exc:
+            return f"no browser log ({exc})"
+        return "browser log ends:\n" + "\n".join(tail)
 
     def open(self, url: str, width: int = 1280, height: int = 900, timeout: float = 60) -> Tab:
         """Load ``url`` in a new tab and wait for its load event."""
-        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+        target = self.send("Target.createTarget", {"url": "about:blank"}, timeout=timeout)["targetId"]
         session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.send(f"{domain}.enable", session=session)

@@ -67,7 +67,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chromium]:
     folder = tmp_path_factory.mktemp("chromium")
     executable = find_chromium()
     assert executable is not None  # the module is skipped otherwise
-    with Chromium(executable, folder / "profile", folder / "chromium.log") as b:
+    with Chromium.start(executable, folder) as b:
         yield b
 
 
