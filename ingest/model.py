@@ -22,6 +22,9 @@ class ParseOptions:
     threads: int = 2
     batch_bytes: int = 8 << 20
     on_bytes: ByteCallback | None = None
+    #: How Kineto JSON events are read: ``native`` (the C scanner), ``duckdb`` (DuckDB's JSON
+    #: reader, the reference) or ``auto`` (native where it is built).
+    kineto_engine: str = "auto"
 
 
 @dataclass

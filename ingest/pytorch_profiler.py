@@ -4,15 +4,19 @@ Two stages keep memory bounded whatever the trace size, and put the heavy
 lifting in native code on every core:
 
 1. Cut (Python): the ``traceEvents`` array is streamed and cut into batches of
-   whole events, each checked to be valid JSON, and written to the staging
-   directory as JSON arrays. Nothing is decoded into Python objects.
-2. Normalise (DuckDB): DuckDB's JSON reader parses the batches in parallel into
-   typed columns, and SQL turns them into the warehouse tables (epoch ns,
-   categories, steps, nesting, collective-to-kernel links), out of core; see
+   whole events, each checked to be valid JSON. Nothing is decoded into Python
+   objects.
+2. Load, on two threads while the next batch is cut: the native scanner
+   (:mod:`tracelake.ingest.kineto_scan`) turns each batch into columns and
+   writes the row-local ones as Parquet parts; where it is not built (or with
+   ``TRACELAKE_KINETO_ENGINE=duckdb``), DuckDB's JSON reader does the same from
+   batch files. Then SQL derives the cross-event facts (steps, nesting,
+   collective-to-kernel links) and writes the warehouse tables, out of core; see
    :mod:`tracelake.ingest.pytorch_profiler_sql`.
 
 When DuckDB rejects a value (a wrongly typed field), :func:`locate_error`
-decodes the trace again with typed structs to say exactly which event and field.
+decodes the trace again with typed structs to say exactly which event and field;
+the native scanner names the event itself.
 """
 
 from __future__ import annotations
@@ -20,19 +24,19 @@ from __future__ import annotations
 import queue
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-import duckdb
 import msgspec
 
-from tracelake.warehouse.errors import TraceFormatError
+from tracelake.warehouse.errors import InvalidArgument, TraceFormatError
 
-from . import pytorch_profiler_sql
+from . import kineto_scan, pytorch_profiler_sql
 from .chrome_json import ChromeTraceReader
 from .model import ParseOptions, TraceInfo
 from .tables import fit_int, write_table
-from .source import iter_chunks
+from .source import iter_chunks, read_ahead
 
 FORMAT = "pytorch_profiler"
 
@@ -54,64 +58,63 @@ def sniff(head: bytes, filename: str) -> bool:
     return any(m in head for m in markers)
 
 
-# -- stage 1: cut into batch files, loaded by DuckDB as they come ----------------------
+# -- stage 1: cut into batches, loaded as they come ------------------------------------
 
-#: Groups loaded at once, each on its own connection.
+#: Loads at once, each on its own thread.
 LOADERS = 2
 
+Item = TypeVar("Item")
 
-class _Loader:
-    """Feeds groups of batch files to the normaliser on background threads.
 
-    Two groups load at once, each on its own DuckDB connection, while the next is
-    cut: a load is a chain of statements, several of which use one core only, so
-    one loader alone would leave a core idle. At most four groups are on disk at a
-    time. When loads fail, the error of the earliest group is raised, so the same
+class _Loader(Generic[Item]):
+    """Feeds cut batches to the normaliser on background threads.
+
+    Two loads run at once while the next batch is cut: the native scanner and
+    DuckDB both release the GIL, and several of DuckDB's statements use one core
+    only, so one loader alone would leave a core idle. At most four items are in
+    flight. When loads fail, the error of the earliest item is raised, so the same
     bad file always gets the same message.
     """
 
-    def __init__(self, normaliser: pytorch_profiler_sql.Normaliser, workers: int = LOADERS) -> None:
-        self._normaliser = normaliser
-        self._queue: queue.Queue[tuple[int, list[tuple[Path, int]], set[Path]] | None] = queue.Queue(maxsize=1)
+    def __init__(self, load: Callable[[int, Item], None], done: Callable[[Item], None] | None = None,
+                 workers: int = LOADERS) -> None:
+        self._load = load
+        self._done = done
+        self._queue: queue.Queue[tuple[int, Item] | None] = queue.Queue(maxsize=1)
         self._errors: dict[int, BaseException] = {}
         self._lock = threading.Lock()
-        self._groups = 0
+        self._items = 0
         self._threads = [
-            threading.Thread(target=self._run, args=(normaliser.cursor(),), name=f"tracelake-json-loader-{n}",
-                             daemon=True)
+            threading.Thread(target=self._run, name=f"tracelake-json-loader-{n}", daemon=True)
             for n in range(workers)
         ]
         for thread in self._threads:
             thread.start()
 
-    def _run(self, con: duckdb.DuckDBPyConnection) -> None:
-        try:
-            while (item := self._queue.get()) is not None:
-                group, batches, keep = item
-                earliest = self._earliest_failed()
-                if earliest is None or group < earliest:
-                    try:
-                        self._normaliser.load(con, group, batches)
-                    except BaseException as exc:  # re-raised on the parsing thread by put()/close()
-                        with self._lock:
-                            self._errors[group] = exc
-                for path, _ in batches:
-                    if path not in keep:
-                        path.unlink(missing_ok=True)
-        finally:
-            con.close()
+    def _run(self) -> None:
+        while (queued := self._queue.get()) is not None:
+            number, item = queued
+            earliest = self._earliest_failed()
+            if earliest is None or number < earliest:
+                try:
+                    self._load(number, item)
+                except BaseException as exc:  # re-raised on the parsing thread by put()/close()
+                    with self._lock:
+                        self._errors[number] = exc
+            if self._done is not None:
+                self._done(item)
 
-    def put(self, batches: list[tuple[Path, int]], keep: set[Path]) -> None:
-        """Queue one group of (batch file, index of its first event); blocks while a group is already waiting.
+    def put(self, item: Item) -> None:
+        """Queue one item; blocks while another is already waiting.
 
         Raises the earliest loading error so far, which stops the cutting.
         """
         self._raise_earliest()
-        self._queue.put((self._groups, batches, keep))
-        self._groups += 1
+        self._queue.put((self._items, item))
+        self._items += 1
 
     def close(self) -> None:
-        """Wait for every queued group; re-raise the earliest loading error."""
+        """Wait for every queued item; re-raise the earliest loading error."""
         for _ in self._threads:
             self._queue.put(None)
         for thread in self._threads:
@@ -128,44 +131,54 @@ class _Loader:
             raise self._errors[earliest]
 
 
-#: Batches per group, parsed by one DuckDB call.
+#: Batches per group, parsed by one DuckDB call (the DuckDB path).
 GROUP_BATCHES = 4
 
 
 def _cut_and_load(
-    source: Path, staging: Path, options: ParseOptions, normaliser: pytorch_profiler_sql.Normaliser
-) -> tuple[ChromeTraceReader[msgspec.Raw], list[Path]]:
-    """Cut the events into ``staging/events/b-<first index>.json`` arrays and load them into DuckDB.
+    source: Path, options: ParseOptions, normaliser: pytorch_profiler_sql.Normaliser
+) -> ChromeTraceReader[msgspec.Raw]:
+    """Cut the events into batches and load them: natively from memory, or with DuckDB from batch files.
 
-    Returns the reader (header, tail, counts) and the batches holding counter
-    (``"ph": "C"``) events, which are kept for a second look.
+    Returns the reader (header, tail, counts). Batches holding counter (``"ph": "C"``)
+    events stay on disk for the normaliser's second look (the native scanner tells
+    which; the DuckDB path looks for ``"C"``).
     """
-    folder = staging / "events"
-    folder.mkdir()
-    chunks = iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name)
+    chunks = read_ahead(iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name))
     reader: ChromeTraceReader[msgspec.Raw] = ChromeTraceReader(
         chunks, msgspec.Raw, options.source_name, batch_bytes=options.batch_bytes
     )
-    counter_batches: list[Path] = []
-    loader = _Loader(normaliser)
+    if normaliser.native:
+        scanner: _Loader[tuple[int, bytes]] = _Loader(lambda n, item: normaliser.scan(n, *item))
+        try:
+            for first, events, data in reader.batches():
+                if events:
+                    scanner.put((first, data))
+        finally:
+            scanner.close()
+        return reader
+
+    def remove_loaded(batches: list[tuple[Path, int]]) -> None:
+        for path, _ in batches:
+            if path not in normaliser.counter_batches:
+                path.unlink(missing_ok=True)
+
+    loader: _Loader[list[tuple[Path, int]]] = _Loader(normaliser.load, remove_loaded)
     group: list[tuple[Path, int]] = []
     try:
         for first, events, data in reader.batches():
             if not events:
                 continue
-            path = folder / f"b-{first:012d}.json"
-            path.write_bytes(data)
-            if _has_counter_event(data):
-                counter_batches.append(path)
+            path = normaliser.batch_file(first, data, counters=_has_counter_event(data))
             group.append((path, first))
             if len(group) >= GROUP_BATCHES:
-                loader.put(group, set(counter_batches))
+                loader.put(group)
                 group = []
         if group:
-            loader.put(group, set(counter_batches))
+            loader.put(group)
     finally:
         loader.close()
-    return reader, counter_batches
+    return reader
 
 
 # -- locating a bad value precisely ---------------------------------------------------
@@ -270,19 +283,24 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
         TraceFormatError: the file is not a readable PyTorch profiler trace; the
             message names the file and the byte offset or event index.
     """
+    native = options.kineto_engine != "duckdb" and kineto_scan.AVAILABLE
+    if options.kineto_engine == "native" and not native:
+        raise InvalidArgument("TRACELAKE_KINETO_ENGINE=native, but the native Kineto scanner is not built: reinstall "
+                              "tracelake where gcc and the Python headers are present, or use 'auto'")
     normaliser = pytorch_profiler_sql.Normaliser(
-        staging, memory_limit=options.memory_limit, threads=options.threads, source=options.source_name
+        staging, memory_limit=options.memory_limit, threads=options.threads, source=options.source_name,
+        native=native,
     )
     try:
         try:
-            reader, counter_batches = _cut_and_load(source, staging, options, normaliser)
+            reader = _cut_and_load(source, options, normaliser)
+            kineto_scan.release_free_memory()
             top = {**reader.header, **reader.tail}
             info = _trace_info(options, top, reader.event_count, reader.json_bytes)
             normaliser.finish(
                 info,
                 trace_id=options.trace_id,
                 base_ns=_base_time_ns(top, options.source_name),
-                counter_batches=counter_batches,
             )
             write_table(staging, "devices", _devices(top, info.rank), trace_id=options.trace_id)
         except pytorch_profiler_sql.UnreadableValue as exc:
@@ -290,4 +308,5 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
             raise TraceFormatError(options.source_name, f"unexpected value in an event ({exc})") from None
     finally:
         normaliser.close()
+        kineto_scan.release_free_memory()
     return info

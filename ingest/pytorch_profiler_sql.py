@@ -1,29 +1,37 @@
-"""Stage 2 of the Kineto parser: batch files of events -> warehouse tables, in DuckDB.
+"""Stage 2 of the Kineto parser: batches of events -> warehouse tables.
 
-Per group of batches (:meth:`Normaliser.load`), DuckDB's JSON reader parses the
-events on every core into typed columns (``ts`` and ``dur`` as exact decimals, so
+Per batch (:meth:`Normaliser.scan`, the native scanner) or group of batch files
+(:meth:`Normaliser.load`, DuckDB's JSON reader, the reference and the fallback),
+the events become typed columns (``ts`` and ``dur`` as exact decimals, so
 nanosecond digits survive). Everything that depends on one event only (names,
 kinds, categories, arguments) is written at once to Parquet parts in the staging
-directory; only narrow columns (ids, times, thread) stay in DuckDB. At the end
-(:meth:`Normaliser.finish`) the cross-event facts (nesting, steps, collective
-links) are derived from the narrow tables and joined back onto the parts as the
-final tables are written. Memory therefore grows with a few numbers per event,
-not with the trace text, and DuckDB spills past its limit.
+directory; only the few rows the end needs (step marks, collective args, memory
+counters) are kept. At the end (:meth:`Normaliser.finish`) the cross-event facts
+(nesting, steps, collective links) are derived in DuckDB from narrow columns read
+back from the parts (the nesting by a native sweep over the host events DuckDB
+sorts, where the scanner is built), and joined onto the parts as the final tables
+are written.
+Memory therefore grows with a few numbers per event, not with the trace text, and
+DuckDB spills past its limit.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from tracelake.analysis.classify import category_sql
 from tracelake.warehouse import schema
 from tracelake.warehouse.schema import sql_literal
 from tracelake.warehouse.errors import TraceFormatError
 
+from . import kineto_scan
 from .model import TraceInfo
 
 log = logging.getLogger(__name__)
@@ -166,40 +174,85 @@ _HOST_PART = f"""
 
 
 class Normaliser:
-    """Loads groups of event batches into DuckDB as they are cut, then writes the tables.
+    """Loads event batches as they are cut, then writes the tables.
 
-    :meth:`load` runs on background threads, each with its own connection from
-    :meth:`cursor`, while the next batches are cut: DuckDB releases the GIL, so
-    JSON parsing in DuckDB and cutting in Python use both cores.
+    The loads run on background threads while the next batches are cut, either
+    through the native scanner (:meth:`scan`, which releases the GIL) or through
+    DuckDB's JSON reader (:meth:`load`, each thread on a connection of its own),
+    so that loading and cutting in Python use both cores.
     """
 
-    def __init__(self, staging: Path, *, memory_limit: str, threads: int, source: str) -> None:
+    def __init__(self, staging: Path, *, memory_limit: str, threads: int, source: str, native: bool) -> None:
         self.staging = staging
         self.source = source
+        #: Scan batches and nest host events natively (else DuckDB's JSON reader and SQL).
+        self.native = native
         self.parts = staging / "parts"
         self.parts.mkdir()
+        #: Batches as JSON files: every one on the DuckDB path, those with counter events on the native one.
+        self.events = staging / "events"
+        self.events.mkdir()
         self.con = _connect(staging, memory_limit, threads)
         self._columns = _columns_spec()
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._cursors: list[duckdb.DuckDBPyConnection] = []
+        self._scanned: dict[str, list[pa.Table]] = {"step_marks": [], "coll_args": [], "memory": []}
+        self._hip_calls = 0
+        #: Batch files holding counter (``"ph": "C"``) events, kept for :func:`_counters`.
+        self.counter_batches: list[Path] = []
         for statement in _SETUP:
             self.con.execute(statement)
 
-    def cursor(self) -> duckdb.DuckDBPyConnection:
-        """A connection of its own to the normaliser's database, for loading on another thread."""
-        con = self.con.cursor()
-        con.execute("SET enable_progress_bar = false")
+    def _cursor(self) -> duckdb.DuckDBPyConnection:
+        """This thread's own connection to the normaliser's database (its ``batch`` table is private)."""
+        con: duckdb.DuckDBPyConnection | None = getattr(self._local, "con", None)
+        if con is None:
+            con = self._local.con = self.con.cursor()
+            con.execute("SET enable_progress_bar = false")
+            with self._lock:
+                self._cursors.append(con)
         return con
 
-    def load(self, con: duckdb.DuckDBPyConnection, group: int, batches: list[tuple[Path, int]]) -> None:
-        """Parse group number ``group``: consecutive batch files, each with the index of its first event.
+    def batch_file(self, first: int, batch: bytes, *, counters: bool) -> Path:
+        """Write a batch (its first event is ``traceEvents[first]``) to ``events/``; kept for the end if ``counters``."""
+        path = self.events / f"b-{first:012d}.json"
+        path.write_bytes(batch)
+        if counters:
+            with self._lock:
+                self.counter_batches.append(path)
+        return path
 
-        ``con`` is a connection from :meth:`cursor` used by one thread only (the
-        ``batch`` table is private to it). Numbering the events (``WITH
-        ORDINALITY``) makes the scan sequential; the loaders run two groups at once.
+    def scan(self, group: int, first: int, batch: bytes) -> None:
+        """Scan batch number ``group`` (JSON array text; its first event is ``traceEvents[first]``) natively.
+
+        Raises:
+            TraceFormatError: an event cannot be read.
+        """
+        scanned = kineto_scan.scan(batch, first, self.source)
+        if scanned.counter_events:
+            self.batch_file(first, batch, counters=True)
+        for table in ("device", "host"):
+            # Parts live for one ingest: plain encoding writes faster than dictionaries, and lz4 keeps them small.
+            pq.write_table(scanned.tables[table], self.parts / f"{table}-{group:06d}.parquet", compression="lz4",
+                           use_dictionary=False)
+        with self._lock:
+            for table, parts in self._scanned.items():
+                if scanned.tables[table].num_rows:
+                    parts.append(scanned.tables[table])
+            self._hip_calls += scanned.hip_calls
+
+    def load(self, group: int, batches: list[tuple[Path, int]]) -> None:
+        """Parse group number ``group`` with DuckDB: consecutive batch files, each with the index of its first event.
+
+        Numbering the events (``WITH ORDINALITY``) makes the scan sequential; the
+        loaders run two groups at once.
 
         Raises:
             UnreadableValue: DuckDB could not convert a value (the caller locates it).
             TraceFormatError: an event lacks a required field or has a bad one.
         """
+        con = self._cursor()
         files = "[" + ", ".join(sql_literal(str(path)) for path, _ in batches) + "]"
         first = batches[0][1]
         try:
@@ -223,17 +276,18 @@ class Normaliser:
         except UnicodeDecodeError as exc:  # DuckDB cut its message, quoting a value, inside a UTF-8 sequence
             raise UnreadableValue("a value DuckDB could not convert (its message is not valid UTF-8)") from exc
 
-    def finish(self, info: TraceInfo, *, trace_id: str, base_ns: int, counter_batches: list[Path]) -> None:
+    def finish(self, info: TraceInfo, *, trace_id: str, base_ns: int) -> None:
         """Derive the cross-event facts and write ``<table>.parquet`` for every data table; fill ``info``."""
         started = time.perf_counter()
         con = self.con
         try:
+            self._insert_scanned(con)
             _narrow(con, self.parts)
             _steps(con)
-            _nesting(con)
-            _device_steps(con)
+            _nesting(con, self.parts, native=self.native)
+            _device_steps(con, self.parts)
             _collectives(con, self.parts)
-            _counters(con, counter_batches)
+            _counters(con, sorted(self.counter_batches))
             _fill_info(con, info, base_ns)
             _write_tables(con, self.staging, self.parts, trace_id, info.rank, base_ns)
         except duckdb.Error as exc:
@@ -242,8 +296,21 @@ class Normaliser:
             raise UnreadableValue("a value DuckDB could not convert (its message is not valid UTF-8)") from exc
         log.debug("normalised %s in %.3fs", self.source, time.perf_counter() - started)
 
+    def _insert_scanned(self, con: duckdb.DuckDBPyConnection) -> None:
+        """The rows the native scanner kept for the end, into the tables the DuckDB path fills."""
+        targets = {"step_marks": "step_marks", "coll_args": "coll_args", "memory": "counter_rows"}
+        for name, parts in self._scanned.items():
+            if parts:
+                con.register("scanned_rows", pa.concat_tables(parts))
+                con.execute(f"INSERT INTO {targets[name]} SELECT * FROM scanned_rows")
+                con.unregister("scanned_rows")
+        if self._hip_calls:
+            con.execute("INSERT INTO facts VALUES (?)", [self._hip_calls])
+
     def close(self) -> None:
         """Release DuckDB's memory and temporary files."""
+        for con in self._cursors:
+            con.close()
         self.con.close()
 
 
@@ -304,15 +371,10 @@ def _check_batch(con: duckdb.DuckDBPyConnection, source: str) -> None:
     if bad is None:
         return
     event_id, name, problem, ph = bad
-    what = f"event {name!r}" if name else "an event"
-    if problem == "missing":
-        message = f"{what} has no 'ph' (event phase)"
-    elif problem == "phase":
-        message = f"{what} has an unknown phase 'ph': {ph!r}"
-    elif problem in ("ts", "dur"):
-        message = f"{what} has no {problem!r} (or it is null)"
-    else:
-        message = f"{what} has a non-numeric {problem!r}"
+    key = None
+    if problem.startswith("args."):
+        problem, key = "id", problem.removeprefix("args.")
+    message = kineto_scan.problem_message(problem, name, ph, key)
     raise TraceFormatError(source, message, where=f"traceEvents[{event_id}]")
 
 
@@ -328,7 +390,7 @@ def _narrow(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
                     "NULL::VARCHAR AS category LIMIT 0")
         return
     con.execute(f"CREATE VIEW host_n AS SELECT event_id, pid, tid, ts_ns, dur_ns, correlation FROM read_parquet({host})")
-    con.execute(f"""CREATE TABLE dev_n AS SELECT event_id, device, ts_ns, dur_ns, correlation, {category_sql()} AS category
+    con.execute(f"""CREATE VIEW dev_n AS SELECT event_id, device, ts_ns, dur_ns, correlation, {category_sql()} AS category
                     FROM read_parquet({device})""")
 
 
@@ -340,7 +402,38 @@ def _steps(con: duckdb.DuckDBPyConnection) -> None:
     """)
 
 
-def _nesting(con: duckdb.DuckDBPyConnection) -> None:
+def _nesting(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) -> None:
+    """``host_d``: the host events with their depth, parent and step; ``native``: by the native sweep."""
+    if native:
+        ts_max, dur_max = con.execute(
+            "SELECT max(abs(CAST(ts_ns AS HUGEINT))), max(dur_ns) FROM host_n").fetchall()[0]
+        if (ts_max or 0) + (dur_max or 0) < kineto_scan.NEST_LIMIT:
+            _nesting_native(con, parts / "nesting.parquet")
+            return
+    _nesting_sql(con)
+
+
+def _nesting_native(con: duckdb.DuckDBPyConnection, out: Path) -> None:
+    """The native sweep over host events sorted by DuckDB (out of core), a batch at a time, into ``out``."""
+    steps = con.sql("SELECT step, ts_ns, dur_ns FROM steps ORDER BY ts_ns, step").to_arrow_table()
+    nesting = kineto_scan.HostNesting(steps)
+    reader = con.sql("""
+        SELECT event_id, pid, tid, ts_ns, dur_ns, correlation FROM host_n
+        ORDER BY pid, tid, ts_ns, dur_ns DESC, event_id
+    """).to_arrow_reader(_NEST_BATCH_ROWS)
+    schema = reader.schema.append(pa.field("depth", pa.int32())).append(pa.field("step", pa.int64())).append(
+        pa.field("parent_id", pa.int64()))
+    with pq.ParquetWriter(out, schema, compression="lz4", use_dictionary=False) as writer:
+        for batch in reader:
+            writer.write_batch(nesting.add(batch))
+    con.execute(f"CREATE VIEW host_d AS SELECT * FROM read_parquet({sql_literal(str(out))})")
+
+
+#: Host events nested per batch.
+_NEST_BATCH_ROWS = 262_144
+
+
+def _nesting_sql(con: duckdb.DuckDBPyConnection) -> None:
     """Depth, parent and step of host events per thread, by a sweep over starts and ends.
 
     At equal times ends come before starts (touching is not nesting), longer events
@@ -377,18 +470,25 @@ def _nesting(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("DROP TABLE depths; DROP TABLE host1")
 
 
-def _device_steps(con: duckdb.DuckDBPyConnection) -> None:
-    """A device op belongs to the step of the runtime call that launched it, else by time."""
-    con.execute("""
-        CREATE TABLE dev_d AS
-        SELECT d.*, coalesce(l.step, CASE WHEN d.ts_ns < s.ts_ns + s.dur_ns THEN s.step END) AS step
-        FROM dev_n d
-        LEFT JOIN (
-            SELECT correlation, any_value(step) AS step FROM host_d
-            WHERE correlation IS NOT NULL GROUP BY correlation
-        ) l USING (correlation)
-        ASOF LEFT JOIN steps s ON d.ts_ns >= s.ts_ns
+def _device_steps(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
+    """``dev_d``: the device ops with their step: that of the runtime call that launched them, else by time.
+
+    It goes to a file in ``parts/``, not to a table in DuckDB's memory, where it would
+    take from the memory limit that the final joins need.
+    """
+    out = sql_literal(str(parts / "device_steps.parquet"))
+    con.execute(f"""
+        COPY (
+            SELECT d.*, coalesce(l.step, CASE WHEN d.ts_ns < s.ts_ns + s.dur_ns THEN s.step END) AS step
+            FROM dev_n d
+            LEFT JOIN (
+                SELECT correlation, any_value(step) AS step FROM host_d
+                WHERE correlation IS NOT NULL GROUP BY correlation
+            ) l USING (correlation)
+            ASOF LEFT JOIN steps s ON d.ts_ns >= s.ts_ns
+        ) TO {out} (FORMAT parquet, COMPRESSION lz4)
     """)
+    con.execute(f"CREATE VIEW dev_d AS SELECT * FROM read_parquet({out})")
     con.execute("""
         CREATE TABLE step_rows AS
         SELECT s.step, s.ts_ns, s.dur_ns, min(d.ts_ns) AS device_start_ns,
@@ -474,13 +574,13 @@ def _counters(con: duckdb.DuckDBPyConnection, counter_batches: list[Path]) -> No
 def _fill_info(con: duckdb.DuckDBPyConnection, info: TraceInfo, base_ns: int) -> None:
     row = con.execute("""
         SELECT min(s), max(e) FROM (
-            SELECT min(ts_ns) s, max(ts_ns + dur_ns) e FROM dev_n
+            SELECT min(ts_ns) s, max(ts_ns + dur_ns) e FROM dev_d
             UNION ALL SELECT min(ts_ns), max(ts_ns + dur_ns) FROM host_n)
     """).fetchone()
     start, end = row if row else (None, None)
     info.start_ns = None if start is None else start + base_ns
     info.end_ns = None if end is None else end + base_ns
-    info.device_count = con.execute("SELECT count(DISTINCT device) FROM dev_n").fetchone()[0]  # type: ignore[index]
+    info.device_count = con.execute("SELECT count(DISTINCT device) FROM dev_d").fetchone()[0]  # type: ignore[index]
     hip = con.execute("SELECT sum(hip_calls) FROM facts").fetchone()[0]  # type: ignore[index]
     info.device_type = ("rocm" if hip else "cuda") if info.device_count else "cpu"
     if info.pid is None:
@@ -491,12 +591,33 @@ def _fill_info(con: duckdb.DuckDBPyConnection, info: TraceInfo, base_ns: int) ->
 
 
 _ORDER = {
-    "device_ops": "",
-    "host_ops": "",
     "collectives": "ts_ns, event_id",
     "steps": "step",
     "counters": "name, ts_ns",
 }
+
+#: Bytes of DuckDB's memory limit per row of the parts joined at once with their
+#: cross-event columns, by table. DuckDB does not spill a hash join far enough to join a
+#: multi-gigabyte trace within the limit in one go: at 200 MB a 2 GB trace's 3.2M host ops
+#: fail, and its 0.94M device ops (their side of the join holds the category text) go out
+#: of core at a third of the speed. Larger tables are joined by ranges of event ids, into
+#: one file: at the default 200 MB, 1.25M host ops or 250K device ops a range.
+JOIN_BYTES_PER_ROW = {"host_ops": 160, "device_ops": 800}
+#: Rows per row group of a table joined by ranges (DuckDB's own writer's size): each is
+#: held whole, as Arrow and encoded, until written.
+_ROW_GROUP_ROWS = 122_880
+_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def _memory_limit(con: duckdb.DuckDBPyConnection) -> int:
+    """The connection's memory limit in bytes (1 GB where DuckDB words it in a way not known here)."""
+    limit = str(con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
+    number, _, unit = limit.strip().partition(" ")
+    try:
+        return int(float(number) * _UNITS[unit.upper() or "B"])
+    except (KeyError, ValueError):
+        return 10**9
 
 
 def _write_tables(
@@ -508,23 +629,27 @@ def _write_tables(
     def shifted(column: str) -> str:
         return f"{column} + {base}" if base else column
 
-    device = f"read_parquet({sql_literal(str(parts / 'device-*.parquet'))}) p JOIN dev_d d USING (event_id)"
-    host = f"read_parquet({sql_literal(str(parts / 'host-*.parquet'))}) p JOIN host_d d USING (event_id)"
-    sources = {
-        "device_ops": (device, {
+    joined = {
+        "device_ops": ("device", "dev_d", {
             "event_id": "event_id", "device": "p.device", "stream": "p.stream", "kind": "kind",
             "category": "d.category", "name": "name", "ts_ns": shifted("p.ts_ns"), "dur_ns": "p.dur_ns",
             "correlation": "p.correlation", "external_id": "external_id", "step": "d.step",
             "bytes": "bytes", "grid": "grid", "block": "block", "registers_per_thread": "regs",
             "shared_memory_bytes": "smem", "occupancy_pct": "occupancy",
         }),
-        "host_ops": (host, {
+        "host_ops": ("host", "host_d", {
             "event_id": "event_id", "pid": "p.pid", "tid": "p.tid", "cat": "cat", "name": "name",
             "ts_ns": shifted("p.ts_ns"), "dur_ns": "p.dur_ns", "depth": "d.depth", "parent_id": "d.parent_id",
             "correlation": "p.correlation", "external_id": "external_id",
             "sequence_number": "sequence_number", "fwd_thread_id": "fwd_thread_id",
             "input_dims": "input_dims", "input_types": "input_types", "flops": "flops", "step": "d.step",
         }),
+    }
+    for table_name, (part, facts, exprs) in joined.items():
+        _write_joined(con, staging / f"{table_name}.parquet", schema.table(table_name),
+                      schema.select_list(schema.table(table_name), common | exprs),
+                      f"read_parquet({sql_literal(str(parts / f'{part}-*.parquet'))})", facts)
+    sources = {
         "collectives": ("coll", {
             c: shifted(c) if c in ("ts_ns", "cpu_ts_ns") else c
             for c in schema.COLLECTIVES.column_names
@@ -539,8 +664,62 @@ def _write_tables(
         }),
     }
     for table_name, (source, exprs) in sources.items():
-        tbl = schema.table(table_name)
-        select = schema.select_list(tbl, common | exprs)
+        select = schema.select_list(schema.table(table_name), common | exprs)
         out = sql_literal(str(staging / f"{table_name}.parquet"))
-        order = f"ORDER BY {_ORDER[table_name]}" if _ORDER[table_name] else ""
-        con.execute(f"COPY (SELECT {select} FROM {source} {order}) TO {out} (FORMAT parquet, COMPRESSION zstd)")
+        con.execute(f"COPY (SELECT {select} FROM {source} ORDER BY {_ORDER[table_name]}) TO {out} "
+                    "(FORMAT parquet, COMPRESSION zstd)")
+
+
+def _write_joined(
+    con: duckdb.DuckDBPyConnection, out: Path, tbl: schema.Table, select: str, part_rows: str, facts: str
+) -> None:
+    """``out``: the rows of ``part_rows`` (``p``) joined with ``facts`` (``d``) on ``event_id``.
+
+    One statement when the join fits DuckDB's memory limit (see :data:`JOIN_BYTES_PER_ROW`), else
+    one range of event ids at a time (:func:`_id_ranges`), streamed into a single Parquet writer.
+    """
+    query = f"SELECT {select} FROM {part_rows} p JOIN {facts} d USING (event_id)"
+    ranges = _id_ranges(con, facts, max(_memory_limit(con) // JOIN_BYTES_PER_ROW[tbl.name], 1))
+    if len(ranges) <= 1:
+        con.execute(f"COPY ({query}) TO {sql_literal(str(out))} (FORMAT parquet, COMPRESSION zstd)")
+        return
+    arrow_schema = tbl.arrow_schema
+    # Dictionaries pay for the texts (names, categories) only; for numbers they cost writing time.
+    texts = [f.name for f in arrow_schema if pa.types.is_string(f.type)]
+    with pq.ParquetWriter(out, arrow_schema, compression="zstd", use_dictionary=texts) as writer:
+        for first, stop in ranges:
+            reader = con.sql(f"{query} WHERE p.event_id >= {first} AND p.event_id < {stop} "
+                             f"AND d.event_id >= {first} AND d.event_id < {stop}").to_arrow_reader(_ROW_GROUP_ROWS)
+            for batch in reader:
+                writer.write_batch(batch.cast(arrow_schema))
+
+
+#: Buckets of event ids counted to cut the ranges of a join.
+_ID_BUCKETS = 1024
+
+
+def _id_ranges(con: duckdb.DuckDBPyConnection, facts: str, rows_per_range: int) -> list[tuple[int, int]]:
+    """Half-open ranges of event ids covering ``facts``, each holding at most ``rows_per_range`` of its rows.
+
+    Cut at bucket edges (a bucket holds ``1/1024`` of the ids; one larger than the budget
+    makes a range of its own), so that ops clustered in one part of a trace (Kineto writes
+    a thread's CPU ops together) do not overfill a range. Empty for no rows.
+    """
+    rows, low, high = con.execute(f"SELECT count(*), min(event_id), max(event_id) FROM {facts}").fetchall()[0]
+    if not rows:
+        return []
+    if rows <= rows_per_range:
+        return [(low, high + 1)]
+    width = -(-(high - low + 1) // _ID_BUCKETS)
+    counts = con.execute(f"SELECT (event_id - {low}) // {width} AS bucket, count(*) FROM {facts} "
+                         "GROUP BY bucket ORDER BY bucket").fetchall()
+    ranges: list[tuple[int, int]] = []
+    first, held = low, 0
+    for bucket, count in counts:
+        if held and held + count > rows_per_range:
+            edge = low + bucket * width
+            ranges.append((first, edge))
+            first, held = edge, 0
+        held += count
+    ranges.append((first, high + 1))
+    return ranges

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import queue
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -103,6 +105,53 @@ def iter_chunks(
             if not block:
                 return
             yield block
+
+
+def read_ahead(chunks: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
+    """``chunks`` as they are, produced on a background thread up to ``depth`` chunks ahead.
+
+    Reading (and decompressing) releases the GIL, so the consumer's parsing overlaps
+    it. Errors reach the consumer where the chunk would have; stopping early stops
+    the thread and closes ``chunks``.
+    """
+    ready: queue.Queue[tuple[bytes | None, BaseException | None]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def hand_over(item: tuple[bytes | None, BaseException | None]) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for chunk in chunks:
+                if not hand_over((chunk, None)):
+                    return
+        except BaseException as exc:  # re-raised on the consuming thread
+            hand_over((None, exc))
+            return
+        hand_over((None, None))
+
+    thread = threading.Thread(target=produce, name="tracelake-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            chunk, error = ready.get()
+            if error is not None:
+                raise error
+            if chunk is None:
+                return
+            yield chunk
+    finally:
+        stop.set()
+        thread.join()
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
 
 
 #: The most a format read whole (a JSON document) may hold once decompressed.

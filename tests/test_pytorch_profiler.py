@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from tracelake import ingest
 from tracelake.ingest import parse
 from tracelake.ingest.pytorch_profiler import _Loader
 from tracelake.ingest.pytorch_profiler_sql import KIND_BY_CAT
+from tracelake.ingest.source import read_ahead
 from tracelake.warehouse.errors import TraceFormatError
 
 DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "cuda_sync": "sync"}
@@ -208,31 +211,47 @@ def test_the_earliest_bad_event_is_reported_when_groups_load_at_once(tmp_path: P
         assert "has no 'ts'" in str(err.value)
 
 
-def test_the_loader_raises_the_earliest_groups_error_whichever_fails_first(tmp_path: Path) -> None:
-    """Group 1 fails at once while group 0 is still loading; group 0's error is the one raised."""
-    class Cursor:
-        def close(self) -> None:
-            pass
+def test_the_loader_raises_the_earliest_items_error_whichever_fails_first(tmp_path: Path) -> None:
+    """Item 1 fails at once while item 0 is still loading; item 0's error is the one raised."""
+    loaded: list[int] = []
+    done: list[Path] = []
 
-    class Failing:
-        loaded: list[int] = []
+    def load(number: int, batch: Path) -> None:
+        if number == 0:
+            time.sleep(0.3)
+        loaded.append(number)
+        raise ValueError(f"item {number}")
 
-        def cursor(self) -> Cursor:
-            return Cursor()
-
-        def load(self, con: Cursor, group: int, batches: list[tuple[Path, int]]) -> None:
-            if group == 0:
-                time.sleep(0.3)
-            self.loaded.append(group)
-            raise ValueError(f"group {group}")
-
-    normaliser = Failing()
-    loader = _Loader(normaliser)  # type: ignore[arg-type]
+    loader: _Loader[Path] = _Loader(load, done.append)
     for n in range(2):
-        batch = tmp_path / f"b-{n}.json"
-        batch.write_text("[]")
-        loader.put([(batch, n)], keep=set())
-    with pytest.raises(ValueError, match="group 0"):
+        loader.put(tmp_path / f"b-{n}.json")
+    with pytest.raises(ValueError, match="item 0"):
         loader.close()
-    assert normaliser.loaded == [1, 0]
-    assert not list(tmp_path.glob("b-*.json"))  # batch files are removed once loaded, failed or not
+    assert loaded == [1, 0]
+    assert sorted(done) == [tmp_path / "b-0.json", tmp_path / "b-1.json"]  # cleaned up, failed or not
+
+
+def test_read_ahead_hands_over_chunks_errors_and_stops_cleanly() -> None:
+    """The cutter's reader thread: same chunks in order, the source's error where it happened, closed on stop."""
+    closed: list[bool] = []
+
+    def source(fail_at: int | None = None) -> Iterator[bytes]:
+        try:
+            for n in range(20):
+                if n == fail_at:
+                    raise TraceFormatError("t.json", "gzip stream ends early", where="compressed byte 9")
+                yield bytes([n]) * 3
+        finally:
+            closed.append(True)
+
+    assert list(read_ahead(source())) == [bytes([n]) * 3 for n in range(20)]
+    got = []
+    with pytest.raises(TraceFormatError, match="ends early"):
+        for chunk in read_ahead(source(fail_at=5)):
+            got.append(chunk)
+    assert len(got) == 5
+    reader = read_ahead(source(), depth=1)
+    assert next(reader) == b"\x00" * 3
+    reader.close()  # the consumer stops early: the thread ends and the source is closed
+    assert closed == [True, True, True]
+    assert not [t for t in threading.enumerate() if t.name == "tracelake-read-ahead"]

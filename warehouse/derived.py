@@ -151,22 +151,24 @@ _Launches = tuple[np.ndarray, ...]
 
 
 def _launch_times(host_ops: Path) -> dict[str, _Launches]:
-    """The host calls of :func:`launch_calls`, per trace: read a row group at a time, 24 bytes per call kept."""
+    """The host calls of :func:`launch_calls`, per trace: read a row group at a time, 24 bytes per call kept.
+
+    Only host events that carry a correlation id are kept (the runtime's launch calls, a
+    fraction of all host events).
+    """
     file = pq.ParquetFile(host_ops, read_dictionary=["trace_id"])
-    rows = file.metadata.num_rows
     columns = ("correlation", "ts_ns", "dur_ns")
-    calls: dict[str, tuple[list[np.ndarray], int]] = {}  # per trace: arrays for all rows, rows filled
+    calls: dict[str, list[list[np.ndarray]]] = {}  # per trace and column: the row groups' pieces
     for group in range(file.num_row_groups):
         part = pl.DataFrame(file.read_row_group(group, columns=["trace_id", *columns])).filter(
             pl.col("correlation").is_not_null() & pl.col("ts_ns").is_not_null() & pl.col("trace_id").is_not_null())
         for (trace_id,), mine in part.partition_by("trace_id", as_dict=True).items():
-            arrays, filled = calls.setdefault(str(trace_id), ([np.empty(rows, np.int64) for _ in columns], 0))
-            for array, column in zip(arrays, columns, strict=True):
-                array[filled:filled + mine.height] = mine[column].fill_null(0).to_numpy()
-            calls[str(trace_id)] = (arrays, filled + mine.height)
+            pieces = calls.setdefault(str(trace_id), [[] for _ in columns])
+            for piece, column in zip(pieces, columns, strict=True):
+                piece.append(mine[column].fill_null(0).to_numpy())
         del part
-    return {trace_id: launch_calls(*(array[:filled] for array in arrays))
-            for trace_id, (arrays, filled) in calls.items()}
+    return {trace_id: launch_calls(*(np.concatenate(piece) for piece in pieces))
+            for trace_id, pieces in calls.items()}
 
 
 def _launch_of(correlation: pl.Series, launches: _Launches | None) -> list[pl.Series]:

@@ -81,7 +81,7 @@ class IngestProgress(Protocol):
         """Called before each file is read."""
 
     def advance(self, nbytes: int) -> None:
-        """Called as source bytes are read."""
+        """Called as source bytes are read, possibly from a reader thread: it must be thread-safe."""
 
     def file_done(self, result: IngestResult) -> None:
         """Called when one file has been ingested, skipped or has failed."""

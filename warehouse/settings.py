@@ -26,6 +26,8 @@ class Settings:
     threads: int = 2
     #: Bytes of JSON decoded per batch while streaming a trace; bounds parser memory.
     parse_batch_bytes: int = 8 << 20
+    #: How Kineto JSON events are read: ``auto`` (the native scanner where it is built), ``native``, ``duckdb``.
+    kineto_engine: str = "auto"
     #: Bus bandwidth each link type carries at best, GB/s per GPU, over the defaults: ``nvlink=450,ib=50``.
     link_peaks: str = ""
     #: API bearer tokens and their scopes: ``tokenA:read,write;tokenB:read`` (scopes: read, write, admin).
@@ -76,6 +78,9 @@ class Settings:
             if raw is not None and raw != "":
                 values[f.name] = _convert(f.name, raw, f.type)
         values.update({k: v for k, v in overrides.items() if v is not None})
+        engine = values.get("kineto_engine", "auto")
+        if engine not in KINETO_ENGINES:
+            raise InvalidArgument(f"TRACELAKE_KINETO_ENGINE={engine!r}: choose one of {', '.join(KINETO_ENGINES)}")
         if "home" in values:
             values["home"] = Path(str(values["home"]))
         return cls(**values)  # type: ignore[arg-type]
@@ -84,6 +89,10 @@ class Settings:
     def home_path(self) -> Path:
         """The warehouse directory, absolute, with ``~`` expanded."""
         return self.home.expanduser().resolve()
+
+
+#: Values of ``kineto_engine``.
+KINETO_ENGINES = ("auto", "native", "duckdb")
 
 
 def _convert(name: str, raw: str, type_: object) -> object:
@@ -104,6 +113,9 @@ SETTINGS_DOC: dict[str, str] = {
     "threads": "DuckDB threads per ingest and per query (default 2); the NCCL debug log parser also scans its "
     "chunks on this many threads (at most 4).",
     "parse_batch_bytes": "Bytes of JSON decoded per batch while streaming a trace (default 8 MiB).",
+    "kineto_engine": "How PyTorch profiler events are read: `auto` (the default: tracelake's native scanner, "
+    "built at install where gcc and the Python headers are present, else DuckDB's JSON reader), `native` "
+    "(fail where it is not built) or `duckdb` (the reference reader, about half the speed).",
     "link_peaks": "Bus bandwidth per link type, GB/s, e.g. `nvlink=450,pcie=50,ib=50,socket=12.5` (the defaults).",
     "tokens": "API bearer tokens with scopes, `tokenA:read,write;tokenB:read` (scopes `read`, `write`, `admin`); "
     "none set: the server serves loopback only.",

@@ -123,6 +123,7 @@ def _stage(
             threads=settings.threads,
             batch_bytes=settings.parse_batch_bytes,
             on_bytes=on_bytes,
+            kineto_engine=settings.kineto_engine,
         )
         fmt, info = ingest.parse_into(path, staging, options)
         write_derived(staging, staging, threads=settings.threads, memory_limit=settings.ingest_memory_limit)

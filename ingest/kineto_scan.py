@@ -1,0 +1,215 @@
+"""The native scanner of Kineto event batches (``_kineto.c``), as Arrow tables.
+
+One call turns a batch of events (the JSON array the cutter made) into the
+row-local columns of device and host ops and the few rows the end needs (step
+marks, collective args, memory counters), with the GIL released: the two
+loader threads scan on both cores while the cutter reads on. It converts every
+value as the DuckDB path (:mod:`tracelake.ingest.pytorch_profiler_sql`) does,
+which stays as the fallback where the extension is not built, and as the
+reference the tests compare it with.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tracelake.warehouse.errors import TraceFormatError
+
+_kineto: ModuleType | None
+try:
+    _kineto = importlib.import_module(f"{__package__}._kineto")
+except ImportError:  # not built (no compiler at install): the DuckDB path takes over
+    _kineto = None
+
+#: Whether the native scanner is built.
+AVAILABLE = _kineto is not None
+
+def _native() -> ModuleType:
+    """The extension module; a clear error where it is not built (callers check :data:`AVAILABLE`)."""
+    if _kineto is None:
+        raise RuntimeError("the native Kineto scanner is not built")
+    return _kineto
+
+
+_PRIMITIVE: dict[str, pa.DataType] = {"int64": pa.int64(), "int32": pa.int32(), "float64": pa.float64()}
+
+
+@dataclass
+class ScannedBatch:
+    """What one batch holds, by table (``device``, ``host``, ``step_marks``, ``coll_args``, ``memory``)."""
+
+    tables: dict[str, pa.Table]
+    events: int
+    hip_calls: int
+    #: ``"ph": "C"`` events (their args are read from the batch's text, as the DuckDB path does).
+    counter_events: int
+
+
+def arrow_type(name: str) -> pa.DataType:
+    """The Arrow type of a scanner column type name."""
+    if name == "string":
+        return pa.string()
+    if name == "list<int32>":
+        return pa.list_(pa.int32())
+    return _PRIMITIVE[name]
+
+
+def layout() -> dict[str, pa.Schema]:
+    """The scanner's tables and their Arrow schemas."""
+    return {table: pa.schema([(name, arrow_type(type_)) for name, type_ in cols])
+            for table, cols in _native().layout().items()}
+
+
+def constants() -> dict[str, Any]:
+    """The args keys, device categories, other categories and phases compiled into the scanner."""
+    result: dict[str, Any] = _native().constants()
+    return result
+
+
+def _array(column: tuple[Any, ...]) -> pa.Array:
+    name, type_, length, nulls, valid, offsets, data, child_length, child_nulls, child_valid = column
+    validity = None if valid is None else pa.py_buffer(valid)
+    if type_ == "string":
+        return pa.Array.from_buffers(pa.string(), length, [validity, pa.py_buffer(offsets), pa.py_buffer(data)],
+                                     null_count=nulls)
+    if type_ == "list<int32>":
+        child_validity = None if child_valid is None else pa.py_buffer(child_valid)
+        values = pa.Array.from_buffers(pa.int32(), child_length, [child_validity, pa.py_buffer(data)],
+                                       null_count=child_nulls)
+        return pa.Array.from_buffers(pa.list_(pa.int32()), length, [validity, pa.py_buffer(offsets)],
+                                     null_count=nulls, children=[values])
+    return pa.Array.from_buffers(_PRIMITIVE[type_], length, [validity, pa.py_buffer(data)], null_count=nulls)
+
+
+def scan(batch: bytes, first: int, source: str) -> ScannedBatch:
+    """Scan one batch whose first event is ``traceEvents[first]``.
+
+    Raises:
+        TraceFormatError: an event cannot be read; the message names it by index.
+    """
+    columns, events, hip_calls, counter_events, error = _native().scan(batch, first)
+    if error is not None:
+        raise _error(error, first, source)
+    tables = {
+        table: pa.Table.from_arrays([_array(c) for c in cols], names=[c[0] for c in cols])
+        for table, cols in columns.items()
+    }
+    return ScannedBatch(tables=tables, events=events, hip_calls=hip_calls, counter_events=counter_events)
+
+
+def _error(error: tuple[Any, ...], first: int, source: str) -> TraceFormatError:
+    index, problem, key, name, ph = error
+    return TraceFormatError(source, problem_message(problem, name, ph, key), where=f"traceEvents[{first + index}]")
+
+
+def problem_message(problem: str, name: str | None, ph: str | None, key: str | None = None) -> str:
+    """What is wrong with an event, for a person: both readers name problems by these codes."""
+    what = f"event {name!r}" if name else "an event"
+    messages = {
+        "missing": f"{what} has no 'ph' (event phase)",
+        "phase": f"{what} has an unknown phase 'ph': {ph!r}",
+        "ts": f"{what} has no 'ts' (or it is null)",
+        "dur": f"{what} has no 'dur' (or it is null)",
+        "id": f"{what} has a non-numeric 'args.{key}'",
+        "ts type": f"{what} has a 'ts' that is not a number",
+        "dur type": f"{what} has a 'dur' that is not a number",
+        "ts range": f"{what} has a 'ts' too large for 64-bit nanoseconds",
+        "dur range": f"{what} has a 'dur' too large for 64-bit nanoseconds",
+        "args": f"{what} has 'args' that is not an object",
+        "range": f"{what} has a {key!r} out of range",
+        "escape": "a string with an invalid escape (\\u of a lone surrogate, or an unknown letter)",
+        "utf8": "text that is not valid UTF-8",
+        "too large": "more than 2 GB of text in one field of a batch of events",
+    }
+    return messages.get(problem, "an event that could not be read")
+
+
+#: Times beyond this many nanoseconds take the SQL nesting (twice an end must fit 64 bits).
+NEST_LIMIT = 1 << 61
+
+
+class HostNesting:
+    """Depth, parent and step of host events, natively, fed in batches sorted by thread and start.
+
+    The batches (``event_id, pid, tid, ts_ns, dur_ns, correlation``, ordered by
+    ``pid, tid, ts_ns, dur_ns DESC, event_id``) come back with ``depth``, ``step``
+    and ``parent_id`` added, as ``pytorch_profiler_sql._nesting_sql`` defines them.
+    ``steps`` (``step, ts_ns, dur_ns``) must be ordered by ``ts_ns, step``. Times
+    must stay within :data:`NEST_LIMIT`.
+    """
+
+    def __init__(self, steps: pa.Table) -> None:
+        self._nester = _native().Nester()
+        self._step_ts = steps.column("ts_ns").to_numpy()
+        self._step_end = self._step_ts + steps.column("dur_ns").to_numpy()
+        self._step_no = steps.column("step").to_numpy()
+        self._last_thread: tuple[object, ...] | None = None
+        self._last_ts = 0
+
+    def add(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The nesting of the next sorted batch."""
+        rows = batch.num_rows
+        new_thread = np.zeros(rows, dtype=np.uint8)
+        thread: list[np.ndarray] = []
+        for name in ("pid", "tid"):
+            column = batch.column(name)
+            thread += [column.fill_null(0).to_numpy(), column.is_null().to_numpy(zero_copy_only=False)]
+        for values in thread:
+            new_thread[1:] |= values[1:] != values[:-1]
+        if rows:
+            first = tuple(values[0] for values in thread)
+            new_thread[0] = first != self._last_thread
+            self._last_thread = tuple(values[-1] for values in thread)
+        ts = batch.column("ts_ns").fill_null(0).to_numpy()
+        dur = batch.column("dur_ns").fill_null(0).to_numpy()
+        backwards = (ts[1:] < ts[:-1]) & (new_thread[1:] == 0)
+        if rows and ((not new_thread[0] and ts[0] < self._last_ts) or backwards.any()):
+            raise RuntimeError("host events reached the nesting out of order")  # a bug, never bad input
+        if rows:
+            self._last_ts = int(ts[-1])
+        end_key = 2 * (ts + dur) + np.where(dur == 0, 2, 0)
+        depth_bytes, parent_bytes = self._nester.nest(
+            new_thread, np.ascontiguousarray(ts, dtype=np.int64), end_key.astype(np.int64),
+            np.ascontiguousarray(batch.column("event_id").fill_null(-1).to_numpy(), dtype=np.int64))
+        depth = np.frombuffer(depth_bytes, dtype=np.int32)
+        parent = np.frombuffer(parent_bytes, dtype=np.int64)
+        at = np.searchsorted(self._step_ts, ts, side="right") - 1
+        safe = np.maximum(at, 0)
+        if len(self._step_ts):
+            in_step = (at >= 0) & (ts < self._step_end[safe])
+            step = pa.array(self._step_no[safe], type=pa.int64(), mask=~in_step)
+        else:
+            step = pa.nulls(rows, pa.int64())
+        return pa.RecordBatch.from_arrays(
+            [*batch.columns, pa.array(depth), step, pa.array(parent, mask=parent < 0)],
+            names=[*batch.schema.names, "depth", "step", "parent_id"])
+
+
+def release_free_memory() -> None:
+    """Hand the memory the loader threads freed back to the system (the allocators keep it otherwise).
+
+    After the batches are scanned, glibc (in the loader threads' arenas) and Arrow's
+    allocator hold on to the scanner's and the Parquet writer's freed buffers, up to
+    about 100 MB; the out-of-core steps that follow would otherwise peak that much
+    higher. glibc's part is only released on glibc.
+    """
+    pa.default_memory_pool().release_unused()  # Arrow's own allocator (mimalloc) keeps freed pages too
+    if _malloc_trim is not None:
+        _malloc_trim(0)
+
+
+def _find_malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_malloc_trim = _find_malloc_trim()
