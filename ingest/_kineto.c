@@ -735,14 +735,8 @@ static int double_of(Scan *s, const Ref *r, double *out, int *rc) {
     return cast_double(t.s, t.n, out);
 }
 
-/* num_id(): an id as an integer, else the first run of digits in its text. */
-static int id_of(Scan *s, const Ref *r, int64_t *out, int *rc) {
-    Text t;
-    if (!number_text_of(s, r, &t, rc)) return 0;
-    if (cast_bigint(t.s, t.n, out)) return 1;
-    const char *p = t.s, *end = t.s + t.n;
-    while (p < end && (*p < '0' || *p > '9')) p++;
-    if (p == end) return 0;
+/* The run of decimal digits at ``p`` as an integer: 0 when it does not fit 64 bits. */
+static int digit_run(const char *p, const char *end, int64_t *out) {
     uint64_t v = 0;
     for (; p < end && *p >= '0' && *p <= '9'; p++) {
         unsigned d = (unsigned)(*p - '0');
@@ -751,6 +745,16 @@ static int id_of(Scan *s, const Ref *r, int64_t *out, int *rc) {
     }
     *out = (int64_t)v;
     return 1;
+}
+
+/* num_id(): an id as an integer, else the first run of digits in its text. */
+static int id_of(Scan *s, const Ref *r, int64_t *out, int *rc) {
+    Text t;
+    if (!number_text_of(s, r, &t, rc)) return 0;
+    if (cast_bigint(t.s, t.n, out)) return 1;
+    const char *p = t.s, *end = t.s + t.n;
+    while (p < end && (*p < '0' || *p > '9')) p++;
+    return p < end && digit_run(p, end, out);
 }
 
 
@@ -996,16 +1000,7 @@ static int step_number(const Text *name, int64_t *out) {
     while ((size_t)(end - p) > m) {
         const char *q = memchr(p, 'P', (size_t)(end - p));
         if (q == NULL || (size_t)(end - q) <= m) return 0;
-        if (memcmp(q, MARK, m) == 0 && q[m] >= '0' && q[m] <= '9') {
-            uint64_t v = 0;
-            for (q += m; q < end && *q >= '0' && *q <= '9'; q++) {
-                unsigned d = (unsigned)(*q - '0');
-                if (v > ((uint64_t)INT64_MAX - d) / 10) return 0;
-                v = v * 10 + d;
-            }
-            *out = (int64_t)v;
-            return 1;
-        }
+        if (memcmp(q, MARK, m) == 0 && q[m] >= '0' && q[m] <= '9') return digit_run(q + m, end, out);
         p = q + 1;
     }
     return 0;

@@ -31,6 +31,7 @@ except ImportError:  # not built (no compiler at install): the DuckDB path takes
 #: Whether the native scanner is built.
 AVAILABLE = _kineto is not None
 
+
 def _native() -> ModuleType:
     """The extension module; a clear error where it is not built (callers check :data:`AVAILABLE`)."""
     if _kineto is None:
