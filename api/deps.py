@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -16,6 +16,7 @@ from .ingest_queue import IngestQueue
 from .job_cache import JobAnalyses
 from .metrics import Metrics
 from .scheduler import ReportScheduler
+from .sql_gate import SqlGate
 
 #: Documents the bearer scheme in the OpenAPI schema; the check itself is :class:`Tokens`.
 bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization: Bearer <token>`.")
@@ -31,6 +32,8 @@ class ServerState:
     queue: IngestQueue
     metrics: Metrics
     analyses: JobAnalyses
+    #: Runs SQL queries in sandboxed worker processes.
+    sql: SqlGate
     #: Makes the scheduled fleet reports; None without ``report_schedule``.
     scheduler: ReportScheduler | None = None
 
@@ -41,13 +44,18 @@ def server(request: Request) -> ServerState:
     return state
 
 
-State = Annotated[ServerState, Depends(server)]
+async def _server(request: Request) -> ServerState:
+    """:func:`server` as a dependency, on the event loop (a sync dependency would take a pool thread)."""
+    return server(request)
 
 
-def scope(name: str) -> Callable[..., None]:
+State = Annotated[ServerState, Depends(_server)]
+
+
+def scope(name: str) -> Callable[..., Awaitable[None]]:
     """A dependency that lets a request through only with a token granting ``name``."""
 
-    def check(
+    async def check(  # on the event loop: a token check never waits for the thread pool
         state: State, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
     ) -> None:
         header = f"{credentials.scheme} {credentials.credentials}" if credentials is not None else None

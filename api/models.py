@@ -115,16 +115,22 @@ class SqlQuery(BaseModel):
 
 
 class SqlAnswer(BaseModel):
-    """A query's rows, column names and DuckDB types; ``truncated`` when rows were left out."""
+    """A query's rows, column names and DuckDB types; ``truncated`` when rows were left out.
+
+    ``truncated_by`` says which limit cut the answer: ``rows`` (``max_rows`` or the server's
+    ``sql_max_rows``) or ``bytes`` (``sql_max_bytes``). Values are JSON: timestamps and dates
+    as ISO 8601 text, intervals as ISO 8601 durations, BLOBs as base64, NaN and infinities as null.
+    """
 
     columns: list[str]
     types: list[str]
     rows: list[list[Any]]
     row_count: int
     truncated: bool
+    truncated_by: Literal["rows", "bytes"] | None = None
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"columns": ["rank", "ms"], "types": ["INTEGER", "DOUBLE"], "rows": [[0, 12.5], [1, 13.1]],
-         "row_count": 2, "truncated": False}
+         "row_count": 2, "truncated": False, "truncated_by": None}
     ]})
 
 

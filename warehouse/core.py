@@ -1,7 +1,4 @@
-"""The library facade: ``Warehouse(home).ingest(...)``, ``.query(sql)``, ``.traces()``.
-
-The CLI and the REST API are thin adapters over this class.
-"""
+"""The library facade: ``Warehouse(home).ingest(...)``, ``.query(sql)``, ``.traces()``; the CLI and API adapt it."""
 
 from __future__ import annotations
 
@@ -32,7 +29,7 @@ from .errors import InvalidArgument, NotFound, QueryError, WarehouseError
 from .fleet_report import Fleet
 from .inputs import expand_inputs, file_size
 from .job_report import JobReport
-from .readonly import readonly_query
+from .readonly import SqlEngine, local_query, query_once
 from .registry import Registry, job_summaries, select_traces
 from .results import IngestProgress, IngestReport, IngestResult, QueryResult, report_whole_file
 from .settings import Settings
@@ -435,11 +432,10 @@ class Warehouse:
         return job
 
     def check(self, *, repair: bool = False, stale_after: float = STALE_AFTER) -> CheckReport:
-        """Verify the warehouse: every registered trace has its files and row counts; list what dead processes left.
+        """Verify traces, files, schemas and the catalog; ``repair`` tidies up, quarantines, rewrites the catalog.
 
-        With ``repair``, remove those leftovers (data files of unregistered traces, stale staging
-        folders, temporary files); registered traces are never touched. ``stale_after``: seconds
-        without a write after which a staging folder counts as left over. See :mod:`.check`.
+        Registered traces are never rewritten. ``stale_after``: seconds without a write after
+        which a staging folder counts as left over. See :mod:`.check`.
 
         Raises:
             WarehouseError: a file cannot be read or removed.
@@ -450,19 +446,26 @@ class Warehouse:
             raise WarehouseError(f"cannot check warehouse {self.home}: {exc}") from exc
 
     def query_readonly(self, sql: str, *, max_rows: int | None = None) -> QueryResult:
-        """Run one untrusted SQL query in a sandbox: read-only, no file or network access, time and row limits.
-
-        At most ``max_rows`` rows (never more than the ``sql_max_rows`` setting) come back;
-        ``truncated`` says when there were more.
+        """One untrusted query as the API runs it: checked, in a sandboxed worker, under the ``sql_*`` limits.
 
         Raises:
-            QueryError: the statement is not a single query, DuckDB rejected it, or it ran too long.
+            QueryError: not one allowed query, DuckDB's error, or past a limit (:class:`QueryLimit`).
+            Unavailable: no worker could be started (no OS sandbox).
         """
-        limit = self.settings.sql_max_rows if max_rows is None else min(max_rows, self.settings.sql_max_rows)
-        return readonly_query(
-            self.store, sql, max_rows=limit, timeout_seconds=self.settings.sql_timeout_seconds,
-            memory_limit=self.settings.sql_memory_limit, threads=self.settings.threads,
-        )
+        return query_once(self.store, self.settings, sql, max_rows=max_rows)
+
+    def sql_engine(self) -> SqlEngine:
+        """Sandboxed SQL worker processes over this warehouse, kept started (the server's; call ``start``)."""
+        return SqlEngine(self.store, self.settings)
+
+    def query_local(self, sql: str, *, out: Path | None = None) -> QueryResult:
+        """``tracelake sql``: the API's checks, the user's own files readable, nothing writable but ``out``.
+
+        Raises:
+            QueryError: not one allowed query, or DuckDB's error.
+            InvalidArgument: ``out`` is not a .parquet/.csv/.json file outside the warehouse.
+        """
+        return local_query(self.store, self.settings, sql, out=out)
 
     def trace(self, trace_id: str) -> dict[str, Any]:
         """One trace's registry row (read from its own file: as fast with 10,000 traces as with one).

@@ -52,6 +52,30 @@ class QueryError(TracelakeError):
     """A SQL query failed; the message is DuckDB's."""
 
 
+class QueryLimit(QueryError):
+    """A query reached a limit it runs under (time, memory); the message names the setting."""
+
+
+class QueryTimeout(QueryLimit):
+    """A query ran past its time limit."""
+
+
+class QueryMemoryLimit(QueryLimit):
+    """A query needed more memory than its worker process may map."""
+
+
+class Unavailable(TracelakeError):
+    """The server cannot do this now (every SQL worker busy) or here (no OS sandbox for SQL): 503."""
+
+    http_status = 503
+
+
+class TooManyRequests(TracelakeError):
+    """One client (token) has as many requests of this kind running as it may."""
+
+    http_status = 429
+
+
 class WarehouseError(TracelakeError):
     """The warehouse directory or its catalog cannot be used as it is."""
 

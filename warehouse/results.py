@@ -57,14 +57,16 @@ class IngestReport:
 class QueryResult:
     """Rows of a SQL query, with column names and DuckDB type names.
 
-    ``truncated`` is True when the query had more rows than the caller's row limit
-    and only the first ones are in ``rows``.
+    ``truncated`` is True when the query had more rows than its row limit, or more
+    bytes than its answer may carry, and only the first ones are in ``rows``;
+    ``truncated_by`` says which limit (``rows`` or ``bytes``).
     """
 
     columns: list[str]
     types: list[str]
     rows: list[tuple[Any, ...]]
     truncated: bool = False
+    truncated_by: str | None = None
 
     def as_dicts(self) -> list[dict[str, Any]]:
         """Rows as ``{column: value}`` dicts."""

@@ -48,14 +48,28 @@ class Settings:
     sql_timeout_seconds: int = 30
     #: Most rows an API SQL query returns (the answer says when it was cut).
     sql_max_rows: int = 10_000
-    #: DuckDB memory limit of one API SQL query.
+    #: Memory one SQL query's worker process may map beyond its idle size, enforced by the OS (RLIMIT_AS).
     sql_memory_limit: str = "1GB"
+    #: Bytes of rows one API SQL answer may carry (JSON); the answer says when it was cut.
+    sql_max_bytes: int = 64 << 20
+    #: Worker processes API SQL queries run in, one query each at a time (their own bounded pool).
+    sql_workers: int = 3
+    #: API SQL queries one token may have running or waiting at once; more are answered 429.
+    sql_per_token: int = 8
+    #: Seconds an API SQL query may wait for a free worker before it is answered 503.
+    sql_queue_seconds: int = 10
+    #: ``required``: API SQL runs only where the kernel confines its workers (Landlock); ``optional``: anywhere.
+    sql_os_sandbox: str = "required"
     #: Processes the server ingests uploads with, side by side.
     ingest_workers: int = 1
     #: Seconds an upload's body may send nothing before the upload is cut off (408): stalled clients.
     upload_idle_timeout_seconds: int = 60
     #: Seconds a client has to send a request's headers before the connection is closed (408): slow clients.
     header_timeout_seconds: int = 30
+    #: Seconds one upload request may take from its first byte to its last, however steadily it sends (408).
+    upload_deadline_seconds: int = 3600
+    #: Connections the server holds open at once; past it, the longest idle one (no request in progress) is closed.
+    max_connections: int = 1000
     #: When ``tracelake serve`` writes the fleet report into ``reports/``: cron syntax (``0 6 * * MON``); empty: never.
     report_schedule: str = ""
     #: Time zone of the report schedule's wall-clock times (IANA name).
@@ -81,6 +95,9 @@ class Settings:
         engine = values.get("kineto_engine", "auto")
         if engine not in KINETO_ENGINES:
             raise InvalidArgument(f"TRACELAKE_KINETO_ENGINE={engine!r}: choose one of {', '.join(KINETO_ENGINES)}")
+        sandbox = values.get("sql_os_sandbox", "required")
+        if sandbox not in OS_SANDBOX:
+            raise InvalidArgument(f"TRACELAKE_SQL_OS_SANDBOX={sandbox!r}: choose one of {', '.join(OS_SANDBOX)}")
         if "home" in values:
             values["home"] = Path(str(values["home"]))
         return cls(**values)  # type: ignore[arg-type]
@@ -93,6 +110,8 @@ class Settings:
 
 #: Values of ``kineto_engine``.
 KINETO_ENGINES = ("auto", "native", "duckdb")
+#: Values of ``sql_os_sandbox``.
+OS_SANDBOX = ("required", "optional")
 
 
 def _convert(name: str, raw: str, type_: object) -> object:
@@ -127,12 +146,25 @@ SETTINGS_DOC: dict[str, str] = {
     "max_archive_members": "Most members an uploaded `.zip` or `.tar.gz` may hold (default 10,000).",
     "sql_timeout_seconds": "Seconds an API SQL query may run before it is cancelled (default 30).",
     "sql_max_rows": "Most rows an API SQL query returns; the answer says when rows were cut (default 10,000).",
-    "sql_memory_limit": "DuckDB memory limit of one API SQL query (default `1GB`).",
+    "sql_memory_limit": "Memory the worker process of one SQL query may map beyond its idle size (default `1GB`), "
+    "enforced by the operating system (`RLIMIT_AS`); DuckDB's own limit is set below it. A query past it gets a 400.",
+    "sql_max_bytes": "Most bytes of rows one SQL answer carries, as JSON (default 64 MiB); the answer says when it was cut.",
+    "sql_workers": "Worker processes that run SQL queries, one query each at a time (default 3; each holds about "
+    "70 MB idle and at most `sql_memory_limit` more while it runs a query).",
+    "sql_per_token": "SQL queries one API token may have running or waiting at once (default 8); more are answered "
+    "429. One token runs at most `sql_workers` - 1 at a time, so another client always finds a worker.",
+    "sql_queue_seconds": "Seconds a SQL query waits for a free worker before it is answered 503 (default 10).",
+    "sql_os_sandbox": "`required` (the default): the API runs SQL only where the kernel can confine its worker "
+    "processes (Landlock, Linux 5.13+), else answers 503; `optional`: without that wall where the kernel lacks it.",
     "ingest_workers": "Processes `tracelake serve` ingests uploads with (default 1).",
     "upload_idle_timeout_seconds": "Seconds an upload's body may send nothing before the server cuts it off "
     "with a 408 (default 60).",
     "header_timeout_seconds": "Seconds a client has to send a request's headers before the server answers 408 and "
     "closes the connection (default 30).",
+    "upload_deadline_seconds": "Seconds one upload may take from its first byte to its last, however steadily it "
+    "sends (default 3600); past it the server answers 408.",
+    "max_connections": "Connections the server holds open at once (default 1000, lowered to fit the open-file limit); "
+    "past it the connection idle longest (no request in progress) is closed to make room.",
     "report_schedule": "When `tracelake serve` writes the fleet report into `$TRACELAKE_HOME/reports/`, in cron syntax "
     "(`0 6 * * MON`: Mondays at 06:00; `@daily`); empty (the default): never. A run missed while the server was "
     "down is made at start-up.",
