@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from tracelake.warehouse import Warehouse
@@ -278,7 +280,8 @@ def test_check_reports_damaged_traces_and_repair_leaves_them(tmp_path: Path) -> 
     a, b, c = (r.trace_id or "" for r in results)
     store = warehouse.store
     store.path("breakdown", "alpha", a).unlink()
-    shutil.copy(store.path("collectives", "alpha", a), store.path("collectives", "alpha", b))  # 13 rows, not 8
+    rows = pq.read_table(store.path("collectives", "alpha", a))  # 13 rows, b's registration says 0
+    pq.write_table(rows.set_column(0, "trace_id", pa.array([b] * rows.num_rows)), store.path("collectives", "alpha", b))
     for name in ("traces", *schema.DATA_TABLES):  # c registered under a second job too
         target = store.path(name, "beta", c)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterable, Sequence
 
@@ -184,3 +185,78 @@ def session(
     for statement in selection_view_statements(store, traces, tables, temp=True):
         cursor.execute(statement)
     return cursor
+
+
+#: What a catalog might hold besides views, each ``(what, query listing its schema and name)``: none of it.
+_OTHER_OBJECTS = (
+    ("a table", "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = 'catalog'"),
+    ("a macro", "SELECT schema_name, function_name FROM duckdb_functions() WHERE database_name = 'catalog'"),
+    ("a sequence", "SELECT schema_name, sequence_name FROM duckdb_sequences() WHERE database_name = 'catalog'"),
+    ("a type", "SELECT schema_name, type_name FROM duckdb_types() WHERE database_name = 'catalog' AND NOT internal"),
+    ("an index", "SELECT schema_name, index_name FROM duckdb_indexes() WHERE database_name = 'catalog'"),
+    ("a schema", "SELECT '', schema_name FROM duckdb_schemas() "
+                 "WHERE database_name = 'catalog' AND NOT internal AND schema_name <> 'main'"),
+)
+_VIEWS = "SELECT schema_name, view_name, sql FROM duckdb_views() WHERE database_name = 'catalog' AND NOT internal"
+_EXCLUDE = re.compile(r"EXCLUDE \(([^()]*)\)")
+
+
+def _normal_select(con: duckdb.DuckDBPyConnection, select: str) -> str | None:
+    """A view's query as DuckDB prints it once parsed (never bound or run), or None when it is no query.
+
+    ``EXCLUDE`` lists are sorted: DuckDB keeps them as sets, printed in any order.
+    """
+    try:
+        row = con.execute("SELECT json_deserialize_sql(json_serialize_sql(?))", [select]).fetchone()
+    except duckdb.Error:
+        return None
+    if row is None or not isinstance(row[0], str):
+        return None
+    text = " ".join(row[0].split())
+    return _EXCLUDE.sub(lambda m: "EXCLUDE (" + ", ".join(sorted(m[1].split(", "))) + ")", text)
+
+
+def catalog_differences(store: Store) -> list[tuple[str, str]]:
+    """How ``tracelake.duckdb`` differs from what :func:`write_catalog` writes: ``(object, what)`` pairs.
+
+    The catalog must open read-only and hold exactly the views of :func:`view_statements`,
+    each with its definition (compared as parsed, never bound, so no data file is read),
+    and nothing else: no table, macro, sequence, type, index or schema. A write-ahead log
+    beside it is listed too (DuckDB would replay it on open). Empty when all is as written.
+    """
+    found: list[tuple[str, str]] = []
+    wal = store.catalog_path.with_name(store.catalog_path.name + ".wal")
+    if wal.exists() or wal.is_symlink():
+        found.append((wal.name, "a write-ahead log beside the catalog, which tracelake never leaves"))
+    if store.catalog_path.is_symlink() or not store.catalog_path.is_file():
+        return [*found, (store.catalog_path.name, "missing (or not a regular file)")]
+    con = duckdb.connect()
+    try:
+        expected: dict[str, str | None] = {}
+        for statement in view_statements(store):
+            head, _, select = statement.partition(" AS ")
+            expected[head.split()[-1]] = _normal_select(con, select)
+        try:
+            con.execute(f"ATTACH {sql_literal(str(store.catalog_path))} AS catalog (READ_ONLY)")
+            views = con.execute(_VIEWS).fetchall()
+            others = [(kind, row) for kind, query in _OTHER_OBJECTS for row in con.execute(query).fetchall()]
+        except duckdb.Error as exc:
+            return [*found, (store.catalog_path.name, f"does not open read-only: {str(exc).strip()}")]
+        present: set[str] = set()
+        for schema_name, name, sql in views:
+            if schema_name != "main" or name not in expected:
+                found.append((f"{schema_name}.{name}", "a view tracelake does not create"))
+                continue
+            present.add(name)
+            head = f"CREATE VIEW {name} AS "
+            select = sql.strip().removesuffix(";")[len(head):] if sql.startswith(head) else ""
+            if expected[name] is None or _normal_select(con, select) != expected[name]:
+                shown = " ".join(sql.split())
+                shown = shown if len(shown) <= 200 else shown[:200] + "..."
+                found.append((name, f"view defined otherwise than tracelake writes it: {shown}"))
+    finally:
+        con.close()
+    found += [(name, "view missing") for name in expected if name not in present]
+    found += [(f"{schema_name}.{name}" if schema_name else name, f"{kind} tracelake does not create")
+              for kind, (schema_name, name) in others]
+    return found

@@ -1,4 +1,4 @@
-"""Verify a warehouse: every registered trace whole, and nothing left over by a process that died.
+"""Verify a warehouse: registered traces whole, files in place, the catalog as written, no leftovers.
 
 A trace is registered by its ``traces`` file, which holds the row count of each
 parsed table (:data:`COUNTED`); :func:`check` compares those counts with the row
@@ -16,9 +16,23 @@ can leave behind is invisible to queries but takes space and is listed as an
 * ``temp``: a hidden ``.*.tmp`` file whose writing process is gone (or, for the
   cache snapshots, which do not name their writer, older than ``stale_after``).
 
-``repair=True`` removes the orphans. It never touches a registered trace: one
+What no tracelake process writes is looked for too, since whoever can write to
+the warehouse's folder (a bug, or a hole in a sandbox) can change what every reader
+sees (:mod:`.check_layout`):
+
+* ``stray`` (an orphan): anything under ``tables/`` that does not fit the layout;
+* problems ``unreadable``, ``schema``, ``foreign`` and ``rows``: a file in its place
+  that is not Parquet, has another schema than the declared one, holds rows of other
+  traces, or a row count its kind never has (a ``traces`` file holds one, a ``_schema`` file none);
+* ``catalog``: ``tracelake.duckdb`` does not hold exactly the views tracelake writes.
+
+``repair=True`` removes the orphans of dead processes, moves strays and faulty files
+aside into ``quarantine/<UTC time>/`` (never deleting them), rewrites missing or faulty
+``_schema`` files and the catalog. A registered trace is never changed otherwise: one
 with missing files or wrong counts is reported, and the fix is to delete it and
-ingest it again. The whole check holds the warehouse's write lock, so a
+ingest it again (a faulty file moved aside leaves its trace with that file missing; a
+faulty ``traces`` file moved aside unregisters its trace, whose files are moved aside
+with it). The whole check holds the warehouse's write lock, so a
 publication in progress is never mistaken for a dead one's leftovers (ingests
 still parse meanwhile; only their last step waits), and readers are never blocked.
 """
@@ -32,12 +46,14 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import schema
+from . import catalog, schema
+from .check_layout import QUARANTINE, Footer, Layout, Quarantine, inspect, walk
 from .store import SCHEMA_JOB, TEMP_FILE, Store
 
 #: The parsed tables whose row count a trace's ``traces`` row records, and the column recording it.
@@ -49,39 +65,69 @@ COUNTED: dict[str, str] = {
     "counters": "counter_count",
 }
 
+#: Each registered ``(job, trace_id)`` and its ``traces`` row (the counts).
+Registrations = dict[tuple[str, str], dict[str, Any]]
+
 #: A snapshot under ``cache/`` being written: ``.<name>.parquet.<random>`` (tempfile.mkstemp).
 _CACHE_TEMP_PREFIX = "."
 
 
+ProblemKind = Literal["missing", "count", "unreadable", "duplicate", "schema", "foreign", "rows", "catalog"]
+OrphanKind = Literal["partial", "staging", "temp", "stray"]
+
+_REINGEST = "delete the trace and ingest it again"
+_RECOMPUTE = "run `tracelake analyze --recompute`"
+
+
 @dataclass(frozen=True)
 class Problem:
-    """Something wrong with a registered trace.
+    """Something wrong with a registered trace, a file in its place, or the catalog.
 
     ``kind`` is ``missing`` (a table's file is absent), ``count`` (its row count is not the
-    one registered), ``unreadable`` (its Parquet footer cannot be read) or ``duplicate``
-    (the trace id is registered under more than one job).
+    one registered), ``unreadable`` (its Parquet footer cannot be read), ``duplicate`` (the
+    trace id is registered under more than one job), ``schema`` / ``foreign`` / ``rows`` (a
+    file whose schema is not the declared one, that holds rows of other traces, or more rows
+    than a file of its kind), or ``catalog`` (``table`` names the catalog object that is
+    missing, extra or different). ``repair`` says what ``--repair`` did or would do;
+    ``fixed`` whether it put the problem right.
     """
 
     trace_id: str
     job: str
     table: str
-    kind: str
+    kind: ProblemKind
     detail: str
+    repair: str = ""
+    fixed: bool = False
 
 
 @dataclass
 class Orphan:
-    """A file or folder that belongs to no registered trace or live process; ``removed`` once repaired."""
+    """A file or folder that belongs to no registered trace or live process; ``removed`` once repaired.
+
+    ``quarantine``: ``--repair`` moves it aside (to ``moved_to``) rather than deleting it.
+    """
 
     path: Path
-    kind: str
+    kind: OrphanKind
     detail: str
     removed: bool = False
+    quarantine: bool = False
+    moved_to: Path | None = None
+
+    @property
+    def repair(self) -> str:
+        """What ``--repair`` did or would do with it."""
+        if self.moved_to is not None:
+            return f"moved to {self.moved_to}"
+        if self.removed:
+            return "removed"
+        return f"--repair moves it to {QUARANTINE}/" if self.quarantine else "--repair removes it"
 
 
 @dataclass
 class CheckReport:
-    """What :func:`check` found (and, with ``repair``, removed)."""
+    """What :func:`check` found (and, with ``repair``, put right)."""
 
     home: Path
     traces: int = 0
@@ -94,13 +140,18 @@ class CheckReport:
 
     @property
     def ok(self) -> bool:
-        """True when no registered trace has a problem and no orphan is left."""
-        return not self.problems and all(o.removed for o in self.orphans)
+        """True when every problem was put right and no orphan is left."""
+        return all(p.fixed for p in self.problems) and all(o.removed for o in self.orphans)
 
     @property
     def remaining(self) -> list[Orphan]:
         """The orphans still there."""
         return [o for o in self.orphans if not o.removed]
+
+    @property
+    def unresolved(self) -> list[Problem]:
+        """The problems not put right."""
+        return [p for p in self.problems if not p.fixed]
 
     def as_dict(self) -> dict[str, Any]:
         """The report as JSON-ready data."""
@@ -112,7 +163,8 @@ class CheckReport:
             "in_use": self.in_use,
             "seconds": round(self.seconds, 3),
             "problems": [vars(p) for p in self.problems],
-            "orphans": [{**vars(o), "path": str(o.path)} for o in self.orphans],
+            "orphans": [{**vars(o), "path": str(o.path), "moved_to": o.moved_to and str(o.moved_to),
+                         "repair": o.repair} for o in self.orphans],
         }
 
 
@@ -121,11 +173,12 @@ STALE_AFTER = 3600.0
 
 
 def check(store: Store, *, repair: bool = False, stale_after: float = STALE_AFTER) -> CheckReport:
-    """Check every registered trace's files and counts, and list (``repair``: remove) orphans.
+    """Check every registered trace, every file under ``tables/`` and the catalog; list (``repair``: clear) orphans.
 
     Args:
         store: The warehouse's files.
-        repair: Remove the orphans found.
+        repair: Remove the orphans of dead processes, move strays and faulty files aside into
+            ``quarantine/``, write missing or faulty ``_schema`` files and the catalog again.
         stale_after: Seconds without a write after which a staging folder, or a temporary file
             that does not name its process, counts as left over (0: every one; only when nothing
             else writes to the warehouse).
@@ -135,99 +188,171 @@ def check(store: Store, *, repair: bool = False, stale_after: float = STALE_AFTE
     """
     started = time.perf_counter()
     report = CheckReport(store.home)
+    quarantine = Quarantine(store.home) if repair else None
     with store.write_lock():
-        registered = _registered(store, report)
-        report.traces = len(registered)
-        _check_traces(store, registered, report)
-        _find_orphans(store, registered, report, stale_after)
-        if repair:
+        layout = walk(store)
+        report.orphans += [Orphan(path, "stray", why, quarantine=True) for path, why in layout.strays]
+        if quarantine is not None:  # first: a table folder that is a file must go before its schema file is written
             for orphan in report.orphans:
-                orphan.removed = _remove(orphan)
+                _remove(orphan, quarantine)
+        footers = {f.path: inspect(f.path, f.table, f.trace_id) for f in layout.files}
+        report.files = len(footers)
+        registered = _registered(layout, footers, report)
+        report.traces = len(registered)
+        moved = _file_problems(layout, footers, registered, report, quarantine)
+        _check_schema_files(store, layout, report, quarantine)
+        _check_traces(store, footers, moved, registered, report)
+        _find_orphans(store, layout, footers, registered, report, stale_after)
+        if quarantine is not None:
+            for orphan in report.orphans:
+                _remove(orphan, quarantine)
+        _check_catalog(store, report, quarantine)
     report.seconds = time.perf_counter() - started
     return report
 
 
-# -- registered traces ---------------------------------------------------------------------
-def _job_folders(store: Store, table: str) -> list[tuple[str, Path]]:
-    folder = store.tables / table
-    if not folder.is_dir():
-        return []
-    return sorted((p.name[4:], p) for p in folder.iterdir()
-                  if p.is_dir() and p.name.startswith("job=") and p.name != f"job={SCHEMA_JOB}")
-
-
-def _registered(store: Store, report: CheckReport) -> dict[tuple[str, str], dict[str, Any]]:
-    """Every registration ``(job, trace_id) -> its counts``, read from the ``traces`` files."""
-    registered: dict[tuple[str, str], dict[str, Any]] = {}
+# -- registered traces and the files in their places -----------------------------------------
+def _registered(layout: Layout, footers: dict[Path, Footer], report: CheckReport) -> Registrations:
+    """Every registration ``(job, trace_id) -> its counts``, read from the sound ``traces`` files."""
+    registered: Registrations = {}
     jobs_of: dict[str, list[str]] = defaultdict(list)
     wanted = ["trace_id", *COUNTED.values()]
-    for job, folder in _job_folders(store, "traces"):
-        for path in sorted(folder.glob("*.parquet")):
-            trace_id = path.stem
-            report.files += 1
-            try:
-                table = pq.read_table(path)
-                row = table.select([c for c in wanted if c in table.column_names]).to_pylist()
-            except (OSError, pa.ArrowException) as exc:
-                report.problems.append(Problem(trace_id, job, "traces", "unreadable", f"{path}: {exc}"))
-                continue
-            if len(row) != 1 or row[0].get("trace_id") != trace_id:
-                report.problems.append(Problem(trace_id, job, "traces", "count",
-                                               f"{path}: expected one row for trace {trace_id}, found {len(row)}"))
-                continue
-            registered[(job, trace_id)] = row[0]
-            jobs_of[trace_id].append(job)
+    for f in layout.files:
+        if f.table != "traces" or footers[f.path].fault is not None:
+            continue
+        try:
+            table = pq.read_table(f.path)
+            row = table.select([c for c in wanted if c in table.column_names]).to_pylist()
+        except (OSError, pa.ArrowException) as exc:
+            report.problems.append(Problem(f.trace_id, f.job, "traces", "unreadable", f"{f.path}: {exc}",
+                                           "none: look at the file"))
+            continue
+        registered[(f.job, f.trace_id)] = row[0]
+        jobs_of[f.trace_id].append(f.job)
     for trace_id, jobs in jobs_of.items():
         if len(jobs) > 1:
             report.problems.append(Problem(trace_id, jobs[0], "traces", "duplicate",
-                                           f"registered under {len(jobs)} jobs: {', '.join(jobs)}"))
+                                           f"registered under {len(jobs)} jobs: {', '.join(jobs)}",
+                                           "none: delete it from all but one job"))
     return registered
 
 
-def _check_traces(store: Store, registered: dict[tuple[str, str], dict[str, Any]], report: CheckReport) -> None:
-    for name in schema.DATA_TABLES:
-        present: dict[str, set[str]] = {job: {p.stem for p in folder.glob("*.parquet")}
-                                        for job, folder in _job_folders(store, name)}
-        for (job, trace_id), counts in registered.items():
-            if trace_id not in present.get(job, ()):
-                hint = ("run `tracelake analyze --recompute`" if schema.TABLES[name].derived
-                        else "delete the trace and ingest it again")
-                report.problems.append(Problem(trace_id, job, name, "missing",
-                                               f"{store.path(name, job, trace_id)} is missing ({hint})"))
-                continue
-            report.files += 1
-            column = COUNTED.get(name)
-            if column is None or counts.get(column) is None:
-                continue
+def _file_problems(layout: Layout, footers: dict[Path, Footer], registered: Registrations,
+                   report: CheckReport, quarantine: Quarantine | None) -> set[Path]:
+    """Report each file whose footer is at fault (and move it aside); returns the files moved."""
+    moved: set[Path] = set()
+    for f in layout.files:
+        footer = footers[f.path]
+        if footer.fault is None:
+            continue
+        if f.table == "traces":
+            after = "which unregisters the trace (its files go aside too; ingest it again if it is genuine)"
+        elif (f.job, f.trace_id) in registered:
+            after = f"then {_RECOMPUTE if schema.TABLES[f.table].derived else _REINGEST}"
+        else:
+            after = ""
+        fixed = False
+        if not footer.movable:
+            repair = "none: look at the file"
+        elif quarantine is None:
+            repair = f"--repair moves it to {QUARANTINE}/"
+        else:
+            repair = f"moved to {quarantine.move(f.path)}"
+            moved.add(f.path)
+            fixed = True
+        repair += f", {after}" if after and footer.movable else ""
+        report.problems.append(Problem(f.trace_id, f.job, f.table, footer.fault, f"{f.path}: {footer.detail}",
+                                       repair, fixed))
+    return moved
+
+
+def _check_schema_files(store: Store, layout: Layout, report: CheckReport, quarantine: Quarantine | None) -> None:
+    """Each table's ``_schema`` file: there, with the declared schema and no rows (else moved aside, written again)."""
+    faulty: list[tuple[str, ProblemKind, str, bool, Path | None]] = []
+    for name in schema.TABLES:
+        path = layout.schema_files.get(name)
+        if path is None:
+            faulty.append((name, "missing", f"{store.schema_file(name)} is missing", True, None))
+            continue
+        report.files += 1
+        footer = inspect(path, name, None)
+        if footer.fault is not None:
+            moved = quarantine.move(path) if quarantine is not None and footer.movable else None
+            faulty.append((name, footer.fault, f"{path}: {footer.detail}", footer.movable, moved))
+    if not faulty:
+        return
+    if quarantine is not None:
+        store.initialise()  # writes the schema files that are not there
+    for name, kind, detail, movable, moved in faulty:
+        fixed = quarantine is not None and inspect(store.schema_file(name), name, None).fault is None
+        if not movable or (quarantine is not None and not fixed):
+            repair = "none: look at the file"
+        elif kind == "missing":
+            repair = "written" if fixed else "--repair writes it"
+        elif moved is not None:
+            repair = f"moved to {moved} and written again"
+        else:
+            repair = f"--repair moves it to {QUARANTINE}/ and writes it again"
+        report.problems.append(Problem("", SCHEMA_JOB, name, kind, detail, repair, fixed))
+
+
+def _check_traces(store: Store, footers: dict[Path, Footer], moved: set[Path],
+                  registered: Registrations, report: CheckReport) -> None:
+    for (job, trace_id), counts in registered.items():
+        for name in schema.DATA_TABLES:
             path = store.path(name, job, trace_id)
-            try:
-                rows = pq.read_metadata(path).num_rows
-            except (OSError, pa.ArrowException) as exc:
-                report.problems.append(Problem(trace_id, job, name, "unreadable", f"{path}: {exc}"))
+            hint = _RECOMPUTE if schema.TABLES[name].derived else _REINGEST
+            footer = footers.get(path)
+            if footer is None or path in moved:
+                why = "was moved aside" if path in moved else "is missing"
+                report.problems.append(Problem(trace_id, job, name, "missing", f"{path} {why}", f"none: {hint}"))
                 continue
-            if rows != counts[column]:
+            column = COUNTED.get(name)
+            if footer.fault is not None or column is None or counts.get(column) is None:
+                continue  # a faulty file is reported as such
+            if footer.rows != counts[column]:
                 report.problems.append(Problem(
                     trace_id, job, name, "count",
-                    f"{path} holds {rows} rows, the registration says {counts[column]} "
-                    "(delete the trace and ingest it again)"))
+                    f"{path} holds {footer.rows} rows, the registration says {counts[column]}", f"none: {_REINGEST}"))
+
+
+def _check_catalog(store: Store, report: CheckReport, quarantine: Quarantine | None) -> None:
+    """The catalog must hold exactly the views tracelake writes; ``repair`` writes it again."""
+    found = catalog.catalog_differences(store)
+    if not found:
+        return
+    fixed = False
+    repair = "--repair writes the catalog again"
+    if quarantine is not None:
+        wal = store.catalog_path.with_name(store.catalog_path.name + ".wal")
+        try:
+            if wal.exists() or wal.is_symlink():
+                quarantine.move(wal)  # DuckDB would replay it over the new catalog
+            catalog.write_catalog(store)
+        except duckdb.Error as exc:
+            repair = f"cannot write the catalog again: {str(exc).strip()}"
+        else:
+            fixed = not catalog.catalog_differences(store)
+            repair = "catalog written again" if fixed else "written again, still different"
+    for name, what in found:
+        report.problems.append(Problem("", "", name, "catalog", f"{store.catalog_path}: {what}", repair, fixed))
 
 
 # -- orphans ----------------------------------------------------------------------------------
-def _find_orphans(store: Store, registered: dict[tuple[str, str], dict[str, Any]], report: CheckReport,
-                  stale_after: float) -> None:
-    for name in schema.TABLES:
-        table_folder = store.tables / name
-        if not table_folder.is_dir():
+def _find_orphans(store: Store, layout: Layout, footers: dict[Path, Footer],
+                  registered: Registrations, report: CheckReport, stale_after: float) -> None:
+    unregistered = {(f.job, f.trace_id) for f in layout.files if f.table == "traces" and footers[f.path].fault}
+    for f in layout.files:
+        if f.table == "traces" or footers[f.path].fault is not None or (f.job, f.trace_id) in registered:
             continue
-        for folder in sorted(p for p in table_folder.iterdir() if p.is_dir() and p.name.startswith("job=")):
-            job = folder.name[4:]
-            for path in sorted(folder.iterdir()):
-                if TEMP_FILE.match(path.name):
-                    _temp(path, report)
-                elif (job != SCHEMA_JOB and name != "traces" and path.suffix == ".parquet"
-                      and (job, path.stem) not in registered):
-                    report.orphans.append(Orphan(path, "partial",
-                                                 f"{name} rows of trace {path.stem}, not registered in job {job}"))
+        if (f.job, f.trace_id) in unregistered:
+            report.orphans.append(Orphan(f.path, "partial", f"{f.table} rows of trace {f.trace_id}, whose "
+                                         f"registration in job {f.job} is faulty", quarantine=True))
+        else:
+            report.orphans.append(Orphan(f.path, "partial",
+                                         f"{f.table} rows of trace {f.trace_id}, not registered in job {f.job}"))
+    for path in layout.temps:
+        _temp(path, report)
     for path in sorted(store.home.iterdir()):
         if TEMP_FILE.match(path.name):
             _temp(path, report)
@@ -284,10 +409,14 @@ def _newest_mtime(folder: Path) -> float:
     return newest
 
 
-def _remove(orphan: Orphan) -> bool:
-    """Remove one orphan; True when it is gone."""
+def _remove(orphan: Orphan, quarantine: Quarantine) -> None:
+    """Remove one orphan (or move it aside); marks it ``removed`` when it is gone."""
+    if orphan.removed:
+        return
     try:
-        if orphan.kind == "staging":
+        if orphan.quarantine:
+            orphan.moved_to = quarantine.move(orphan.path)
+        elif orphan.kind == "staging":
             shutil.rmtree(orphan.path)
         else:
             orphan.path.unlink(missing_ok=True)
@@ -296,6 +425,6 @@ def _remove(orphan: Orphan) -> bool:
     except OSError as exc:
         if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
-        orphan.detail += f" (cannot remove: {exc.strerror})"
-        return False
-    return True
+        orphan.detail += f" (cannot {'move' if orphan.quarantine else 'remove'}: {exc.strerror})"
+        return
+    orphan.removed = True

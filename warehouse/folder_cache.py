@@ -30,6 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import schema
+from .errors import WarehouseError
 from .store import SCHEMA_JOB, Store
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,11 @@ class FolderCache:
                 frame = self.store.read_frame(self.table, pairs, columns=self.columns, file_paths="_path")
             except FileNotFoundError:  # a trace deleted between the listing and the read: list again
                 continue
+            except (pl.exceptions.PolarsError, pa.ArrowException) as exc:
+                raise WarehouseError(
+                    f"the {self.table} files of job(s) {', '.join(sorted(folders))} cannot be read "
+                    f"({str(exc).strip().splitlines()[0]}): a file was changed outside tracelake; "
+                    "`tracelake check --repair` moves it aside") from None
             if self.where is not None:
                 frame = frame.filter(self.where)
             frame = frame.with_columns(

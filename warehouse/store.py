@@ -60,6 +60,15 @@ _TRACE_ID = re.compile(r"^[0-9a-f]{1,64}$")
 _LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
+def _has_schema(path: Path, expected: pa.Schema) -> bool:
+    """True when ``path`` is a Parquet file with exactly ``expected``'s columns and types (False when unreadable)."""
+    try:
+        found = pq.read_schema(path)
+    except (OSError, pa.ArrowException):
+        return False
+    return [(f.name, f.type) for f in found] == [(f.name, f.type) for f in expected]
+
+
 def check_job(job: str) -> str:
     """Return ``job`` if it is a valid job name, else raise :class:`InvalidArgument`."""
     if not _JOB.match(job) or job == SCHEMA_JOB:
@@ -98,7 +107,7 @@ class Store:
         for tbl in schema.TABLES.values():
             target = self.schema_file(tbl.name)
             target.parent.mkdir(parents=True, exist_ok=True)
-            if not target.exists() or pq.read_schema(target).names != tbl.column_names:
+            if not _has_schema(target, tbl.arrow_schema):
                 self.write_atomic(tbl.arrow_schema.empty_table(), target)
         self.staging_root.mkdir(parents=True, exist_ok=True)
 
