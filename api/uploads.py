@@ -29,6 +29,10 @@ MAX_PARTS = 1_000
 #: Length of a trace id: the first hex digits of the SHA-256 of the file's bytes (see ``ingest.content_id``).
 TRACE_ID_DIGITS = 20
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
+#: A multipart boundary as RFC 2046 (section 5.1.1) defines it: 1 to 70 of these characters, not ending in a space.
+#: Every HTTP client's boundary fits; the multipart parser would fail on one past 256 characters.
+_BOUNDARY = re.compile(rb"[0-9A-Za-z'()+_,\-./:=? ]{0,69}[0-9A-Za-z'()+_,\-./:=?]")
+MAX_BOUNDARY_CHARS = 70
 
 
 class UploadTimedOut(InvalidArgument):
@@ -37,19 +41,26 @@ class UploadTimedOut(InvalidArgument):
     http_status = 408
 
 
+class UploadDeadlinePassed(UploadTimedOut):
+    """An upload still sending ``TRACELAKE_UPLOAD_DEADLINE_SECONDS`` after its body began (a trickling client)."""
+
+
 @dataclass(frozen=True)
 class UploadLimits:
-    """How much one upload may carry, and how long it may stall."""
+    """How much one upload may carry, how long it may stall, and how long it may take."""
 
     max_file_bytes: int
     max_request_bytes: int
     #: Seconds the body may send nothing before the upload is cut off.
     idle_timeout_seconds: float = 60.0
+    #: Seconds the whole body may take, from when the server starts reading it, however steadily it arrives.
+    deadline_seconds: float = 3600.0
 
     @classmethod
     def from_settings(cls, settings: Settings) -> UploadLimits:
         """The limits configured in ``settings``."""
-        return cls(settings.max_file_bytes, settings.max_request_bytes, settings.upload_idle_timeout_seconds)
+        return cls(settings.max_file_bytes, settings.max_request_bytes, settings.upload_idle_timeout_seconds,
+                   settings.upload_deadline_seconds)
 
 
 @dataclass
@@ -118,17 +129,26 @@ def _check_length(request: Request, limits: UploadLimits) -> None:
 
 
 async def _body_chunks(request: Request, limits: UploadLimits) -> AsyncIterator[bytes]:
-    """The request body's chunks as they arrive; a client silent for ``idle_timeout_seconds`` is cut off.
+    """The request body's chunks as they arrive; a client silent for ``idle_timeout_seconds``, or still
+    sending ``deadline_seconds`` after the server began reading the body, is cut off.
 
     Raises:
         UploadTimedOut: no byte arrived for ``limits.idle_timeout_seconds``.
+        UploadDeadlinePassed: the body was not complete within ``limits.deadline_seconds``.
         ClientDisconnect: the client went away.
     """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limits.deadline_seconds
     while True:
+        left = deadline - loop.time()
+        if left <= 0:  # checked here too: a fast client's chunks may come without the receive ever waiting
+            raise _deadline_passed(limits)
         try:
-            async with asyncio.timeout(limits.idle_timeout_seconds):
+            async with asyncio.timeout(min(limits.idle_timeout_seconds, left)):
                 message = await request.receive()
         except TimeoutError:
+            if left < limits.idle_timeout_seconds:
+                raise _deadline_passed(limits) from None
             raise UploadTimedOut(
                 f"the upload sent nothing for {limits.idle_timeout_seconds:g} s and was cut off "
                 "(TRACELAKE_UPLOAD_IDLE_TIMEOUT_SECONDS); send the body without pausing"
@@ -140,6 +160,13 @@ async def _body_chunks(request: Request, limits: UploadLimits) -> AsyncIterator[
             yield body
         if not message.get("more_body", False):
             return
+
+
+def _deadline_passed(limits: UploadLimits) -> UploadDeadlinePassed:
+    return UploadDeadlinePassed(
+        f"the upload was still sending {limits.deadline_seconds:g} s after it began and was cut off "
+        "(TRACELAKE_UPLOAD_DEADLINE_SECONDS); send it faster or split it into smaller uploads"
+    )
 
 
 class _RequestBudget:
@@ -159,7 +186,7 @@ async def receive_body(request: Request, folder: Path, name: str, limits: Upload
 
     Raises:
         TooLarge: the body is larger than a file or a request may be.
-        UploadTimedOut: the client stalled.
+        UploadTimedOut: the client stalled, or took longer than the upload deadline.
         InvalidArgument: the body is empty or the client went away.
     """
     _check_length(request, limits)
@@ -263,7 +290,7 @@ async def receive_multipart(request: Request, folder: Path, limits: UploadLimits
 
     Raises:
         TooLarge: a file or the whole body is larger than allowed.
-        UploadTimedOut: the client stalled.
+        UploadTimedOut: the client stalled, or took longer than the upload deadline.
         InvalidArgument: the body is not well-formed multipart, or carries no file.
     """
     content_type, options = parse_options_header(request.headers.get("content-type"))
@@ -271,6 +298,7 @@ async def receive_multipart(request: Request, folder: Path, limits: UploadLimits
     if content_type != b"multipart/form-data" or not boundary:
         raise InvalidArgument("send the trace files as multipart/form-data `file` fields "
                               "(or PUT the raw bytes to /api/v1/traces/{name})")
+    _check_boundary(boundary)
     _check_length(request, limits)
     state = _MultipartState(folder, limits)
     budget = _RequestBudget(limits)
@@ -291,6 +319,23 @@ async def receive_multipart(request: Request, folder: Path, limits: UploadLimits
     if not state.received.files:
         raise InvalidArgument("the upload carries no file: send each trace as a `file` field with a file name")
     return state.received
+
+
+def _check_boundary(boundary: bytes) -> None:
+    """Refuse a boundary RFC 2046 does not allow (too long, or with characters outside its set).
+
+    Raises:
+        InvalidArgument: the boundary is not allowed.
+    """
+    if _BOUNDARY.fullmatch(boundary):
+        return
+    if len(boundary) > MAX_BOUNDARY_CHARS:
+        problem = f"is {len(boundary):,} characters long; RFC 2046 allows at most {MAX_BOUNDARY_CHARS}"
+    else:
+        problem = ("holds characters RFC 2046 does not allow (only letters, digits, spaces and '()+_,-./:=?, "
+                   "not ending in a space)")
+    raise InvalidArgument(f"malformed multipart body: the boundary in the Content-Type header {problem}; "
+                          "let your HTTP client choose it")
 
 
 def _size(n: int) -> str:

@@ -47,3 +47,27 @@ def running_server(args: list[str], env: dict[str, str], log_path: Path) -> Iter
         finally:
             process.terminate()
             process.wait(30)
+
+
+def read_answer(s: socket.socket) -> tuple[int, bytes]:
+    """The status and body of the one answer on ``s``; (0, b"") if the server closed without one."""
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length")), 0)
+        while len(body) < length:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            body += chunk
+    except ConnectionResetError:
+        return 0, b""
+    if not head:
+        return 0, b""
+    return int(head.split(b" ")[1]), body

@@ -35,7 +35,7 @@ from tracelake.api.app import create_app
 from tracelake.warehouse import Settings
 
 from conftest import SAMPLES
-from server import running_server
+from server import read_answer, running_server
 
 TRACE = SAMPLES / "ddp_straggler" / "rank-0.json.gz"
 WRITER = "writer-token-0001"
@@ -53,7 +53,7 @@ def _settings(home: Path, **overrides: object) -> Settings:
 def client(home: Path) -> Iterator[TestClient]:
     """A server without tokens whose limits are small enough to reach in a test."""
     settings = _settings(home, max_expansion_ratio=10, max_expanded_bytes=8 * MiB, sql_timeout_seconds=1,
-                         sql_memory_limit="64MB")
+                         sql_memory_limit="128MB")
     with TestClient(create_app(settings)) as c:
         yield c
 
@@ -447,26 +447,6 @@ def _connect(url: str) -> socket.socket:
     return s
 
 
-def _read_answer(s: socket.socket) -> tuple[int, bytes]:
-    """The status and body of the one answer on ``s`` (read until the server closes or the body is complete)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    if not head:
-        return 0, b""
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")), None)
-    while length is not None and len(body) < length:
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        body += chunk
-    return int(head.split(b" ")[1]), body
-
-
 def _head(method: str, path: str, **headers: object) -> bytes:
     lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", f"Authorization: Bearer {WRITER}",
              *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items())]
@@ -497,7 +477,7 @@ def test_slow_clients_do_not_hold_up_others_and_are_cut_off(live: tuple[str, Pat
         time.sleep(0.25)
     assert max(answered) < 1, answered
     for s in slow:
-        status, body = _read_answer(s)  # the head never completed: 408 at the header timeout, then closed
+        status, body = read_answer(s)  # the head never completed: 408 at the header timeout, then closed
         assert status == 408 and b"TRACELAKE_HEADER_TIMEOUT_SECONDS" in body, body
         assert s.recv(10) == b""
         s.close()
@@ -517,7 +497,7 @@ def test_a_stalled_upload_is_cut_off(live: tuple[str, Path], web: httpx.Client) 
     started = time.monotonic()
     assert web.get("/healthz").status_code == 200  # served while the uploads stall
     for s in (raw, form):
-        status, answer = _read_answer(s)
+        status, answer = read_answer(s)
         assert status == 408 and b"TRACELAKE_UPLOAD_IDLE_TIMEOUT_SECONDS" in answer, answer
         assert IDLE_TIMEOUT - 0.5 < time.monotonic() - started < IDLE_TIMEOUT + 5
         s.close()
@@ -544,7 +524,7 @@ def test_an_oversized_upload_is_refused_before_its_body_is_read(live: tuple[str,
     url, home = live
     s = _connect(url)
     s.sendall(_head("PUT", "/api/v1/traces/huge.json", Content_Length=10 << 30))
-    status, body = _read_answer(s)  # answered after the headers alone
+    status, body = read_answer(s)  # answered after the headers alone
     assert status == 413 and b"TRACELAKE_MAX_REQUEST_BYTES" in body, body
     started, sent = time.monotonic(), 0
     with pytest.raises(OSError):  # the server stops reading: the connection ends after a short linger
@@ -570,7 +550,7 @@ def test_malformed_multipart_over_the_wire(live: tuple[str, Path], web: httpx.Cl
     for case, (content_type, body) in sorted(MALFORMED.items()):
         s = _connect(url)
         s.sendall(_head("POST", "/api/v1/traces", Content_Type=content_type, Content_Length=len(body)) + body)
-        status, answer = _read_answer(s)
+        status, answer = read_answer(s)
         s.close()
         assert status == 400 and b'"error"' in answer, (case, status, answer)
     assert _uploads_left(home) == []
@@ -590,7 +570,7 @@ def test_broken_http_is_refused(live: tuple[str, Path], web: httpx.Client) -> No
             s.sendall(raw)
         except OSError:
             pass
-        status, _ = _read_answer(s)
+        status, _ = read_answer(s)
         s.close()
         assert status == 400, raw[:40]
     _still_serves(web)
