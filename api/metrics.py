@@ -10,6 +10,13 @@ from collections.abc import Callable
 INGEST_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
 #: Upper bounds (seconds) of the request duration histogram's buckets.
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, float("inf"))
+#: The request methods counted under their own name; any other (a client may send any token) counts as ``other``,
+#: so made-up methods cannot grow ``/metrics`` without bound.
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
+#: The method and route label of what is not in the allow-lists.
+OTHER = "other"
+#: Most route labels counted: the app has a few dozen route templates; this only backs up that count.
+MAX_ROUTES = 200
 
 
 class _Histogram:
@@ -76,8 +83,16 @@ class Metrics:
                 self.ingest_seconds.observe(seconds)
 
     def request(self, method: str, route: str, status: int, seconds: float) -> None:
-        """Count one HTTP request by method, route template and status."""
+        """Count one HTTP request by method, route template and status.
+
+        ``route`` must come from a bounded set (the app's route templates, ``unmatched``);
+        past :data:`MAX_ROUTES` of them, new ones count as ``other``. A method outside
+        :data:`HTTP_METHODS` is counted as ``other``.
+        """
+        method = method if method in HTTP_METHODS else OTHER
         with self._lock:
+            if route not in self.request_seconds and len(self.request_seconds) >= MAX_ROUTES:
+                route = OTHER
             self.requests[(method, route, status)] += 1
             self.request_seconds.setdefault(route, _Histogram(REQUEST_BUCKETS)).observe(seconds)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import csv
 import datetime as dt
 import decimal
 import io
 import json
+import math
 from enum import Enum
 from typing import Any
 
@@ -25,23 +27,39 @@ class OutputFormat(str, Enum):
 
 
 def jsonable(value: Any) -> Any:
-    """A JSON-friendly form of a DuckDB value."""
+    """A DuckDB or polars value as strict JSON holds it: dicts, lists, str, int, finite float, bool or None.
+
+    NaN and infinities become ``None`` (JSON has no such numbers), bytes base64 as in the
+    API's SQL answers (wherever they are, map keys too), datetimes ISO 8601, decimals
+    numbers, UUIDs and anything else their text.
+    """
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
     if isinstance(value, decimal.Decimal):
-        return float(value)
-    if isinstance(value, bytes):
-        return value.hex()
+        return jsonable(float(value))
+    if isinstance(value, bytes | bytearray | memoryview):
+        return base64.b64encode(bytes(value)).decode("ascii")
     if isinstance(value, dict):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {_key(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
-    return value
+    return str(value)  # UUIDs, intervals, ...: their text, as the table and CSV show them
+
+
+def _key(key: Any) -> str:
+    """A dict key as JSON text: a string as it is, anything else as its JSON form (``null``, ``1.5``, base64 bytes)."""
+    value = jsonable(key)
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def to_json(result: QueryResult) -> str:
-    """Rows as a JSON array of objects."""
-    return json.dumps([{c: jsonable(v) for c, v in zip(result.columns, row)} for row in result.rows], indent=2)
+    """Rows as a JSON array of objects; strict JSON (NaN and infinities are ``null``)."""
+    rows = [{c: jsonable(v) for c, v in zip(result.columns, row)} for row in result.rows]
+    return json.dumps(rows, indent=2, allow_nan=False)
 
 
 def to_csv(result: QueryResult) -> str:
@@ -50,8 +68,17 @@ def to_csv(result: QueryResult) -> str:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(result.columns)
     for row in result.rows:
-        writer.writerow(["" if v is None else json.dumps(jsonable(v)) if isinstance(v, dict | list) else jsonable(v) for v in row])
+        writer.writerow([_csv_cell(v) for v in row])
     return buf.getvalue()
+
+
+def _csv_cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return value  # CSV has no rule against nan and inf: written as they are
+    jv = jsonable(value)
+    return json.dumps(jv) if isinstance(jv, dict | list) else jv
 
 
 def to_table(result: QueryResult, title: str | None = None, max_rows: int = 1000) -> Table:

@@ -8,7 +8,11 @@ ranks) and ``entries`` (``profiling_name`` like ``nccl:all_reduce``,
 
 Pickles come from uploads and are untrusted: :class:`PlainUnpickler` builds only
 plain containers and scalars and refuses any reference to a class or function, so a
-pickle that would run code is rejected before anything runs.
+pickle that would run code is rejected before anything runs. A small pickle can still
+stand for a huge document (4,000 entries that are one shared dict, a process group of
+40,000 ranks that every entry names): :class:`_Budget` counts the bytes its rows would
+take, every shared value each time it is reached, and refuses the dump before any row
+is built when they pass the expansion limit uploads are held to.
 """
 
 from __future__ import annotations
@@ -37,6 +41,10 @@ DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Lon
                "Bool": 1, "Short": 2, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
 #: A dump larger than this is refused (Flight Recorder keeps the last few thousand entries).
 MAX_BYTES = 512 << 20
+#: Bytes of rows any dump may make, whatever its size: small dumps always pass the expansion limit.
+MIN_EXPANSION_BYTES = 1 << 20
+#: Bytes a row's numbers take (14 columns of 8 bytes), counted with its strings and listed ranks.
+_ROW_BYTES = 14 * 8
 
 
 class PlainUnpickler(pickle.Unpickler):
@@ -57,7 +65,36 @@ def sniff(head: bytes, filename: str) -> bool:
     return head.lstrip()[:1] == b"{" and b'"entries"' in head and any(m in head for m in markers)
 
 
-def _load(source: Path, options: ParseOptions) -> dict[str, Any]:
+class _Budget:
+    """The bytes of rows a dump may make: ``min(max_expanded_bytes, max(ratio x its size, 1 MiB))``.
+
+    Charged while counting, before anything is built, so a pickle whose shared references
+    would expand without bound is refused after work proportional to the limit.
+    """
+
+    def __init__(self, source: str, size: int, options: ParseOptions) -> None:
+        self.source, self.size, self.options = source, size, options
+        self.limit = min(options.max_expanded_bytes, max(options.max_expansion_ratio * size, MIN_EXPANSION_BYTES))
+        self.used = 0
+
+    def charge(self, nbytes: int, where: str) -> None:
+        """Count ``nbytes`` more.
+
+        Raises:
+            TraceFormatError: the rows would pass the limit.
+        """
+        self.used += nbytes
+        if self.used > self.limit:
+            o = self.options
+            raise TraceFormatError(
+                self.source, f"its {self.size:,} bytes would make more than {self.limit:,} bytes of rows, the "
+                f"expansion limit ({o.max_expansion_ratio}x its size, at least {MIN_EXPANSION_BYTES:,} and at most "
+                f"{o.max_expanded_bytes:,} bytes; TRACELAKE_MAX_EXPANSION_RATIO, TRACELAKE_MAX_EXPANDED_BYTES): "
+                "its entries refer to the same large values over and over (a pickle bomb?)", where=where)
+
+
+def _load(source: Path, options: ParseOptions) -> tuple[dict[str, Any], int]:
+    """The dump's document and its size in bytes (decompressed)."""
     if source.stat().st_size > MAX_BYTES:
         raise TraceFormatError(options.source_name, f"larger than {MAX_BYTES >> 20} MB: not a Flight Recorder dump")
     parts, size = [], 0
@@ -88,7 +125,7 @@ def _load(source: Path, options: ParseOptions) -> dict[str, Any]:
             raise TraceFormatError(options.source_name, "JSON nested too deeply: not a Flight Recorder dump") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("entries"), list):
         raise TraceFormatError(options.source_name, "no 'entries' list: not a Flight Recorder dump")
-    return doc
+    return doc, len(data)
 
 
 def _check_memo(data: bytes, source: str) -> None:
@@ -137,13 +174,53 @@ def _group(value: object) -> str | None:
     return fit_text(value)
 
 
+def _group_of(entry: dict[str, Any]) -> str:
+    return _group(entry.get("process_group")) or fit_text(entry.get("pg_id")) or ""
+
+
+def _text_bytes(value: object) -> int:
+    return len(value) if isinstance(value, str) else 0
+
+
+def _check_expansion(doc: dict[str, Any], configs: dict[str, Any], budget: _Budget) -> None:
+    """Charge ``budget`` with the rows (and the work) ``parse`` will make of ``doc``, before any is made.
+
+    Every entry counts its numbers, its strings by length and each rank of its group's
+    list; a value a pickle shares counts each time an entry reaches it. The sizes lists
+    that message sizes are computed from count too (a shared list of 40,000 shapes is work).
+    """
+    for index, entry in enumerate(doc["entries"]):
+        if not isinstance(entry, dict):
+            return  # parse() refuses it where it stands
+        where = f"entries[{index}]"
+        group = _group_of(entry)
+        config = configs.get(group)
+        ranks = config.get("ranks") if isinstance(config, dict) else None
+        desc = config.get("desc") if isinstance(config, dict) else None
+        name = entry.get("profiling_name")
+        budget.charge(_ROW_BYTES + 2 * _text_bytes(name) + len(group) + _text_bytes(desc)
+                      + (8 * len(ranks) if isinstance(ranks, list | tuple) else 0), where)
+        for key in ("input_sizes", "output_sizes"):
+            sizes = entry.get(key)
+            if isinstance(sizes, list | tuple):
+                budget.charge(8 * len(sizes), f"{where}.{key}")
+                for shape in sizes:
+                    if isinstance(shape, list | tuple):
+                        budget.charge(8 * len(shape), f"{where}.{key}")
+    pg_status = doc.get("pg_status")
+    if isinstance(pg_status, dict):
+        budget.charge(5 * 8 * len(pg_status), "pg_status")
+
+
 def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     """Parse one rank's Flight Recorder dump.
 
     Raises:
         TraceFormatError: not a dump, a damaged one, or a pickle that refers to anything but plain data.
     """
-    doc = _load(source, options)
+    doc, size = _load(source, options)
+    configs: dict[str, Any] = doc["pg_config"] if isinstance(doc.get("pg_config"), dict) else {}
+    _check_expansion(doc, configs, _Budget(options.source_name, size, options))
     rank = fit_int(doc.get("rank"), 32)
     rank_source = "dump"
     if rank is None:
@@ -153,14 +230,13 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     columns = ("event_id", "rank", "collective", "process_group", "process_group_desc", "group_ranks", "group_size",
                "seq", "message_bytes", "src_rank", "dst_rank", "ts_ns", "dur_ns", "is_async")
     rows: dict[str, list[object]] = {c: [] for c in columns}
-    configs: dict[str, Any] = doc["pg_config"] if isinstance(doc.get("pg_config"), dict) else {}
     for index, entry in enumerate(doc["entries"]):
         if not isinstance(entry, dict):
             raise TraceFormatError(options.source_name, "an entry that is not a record", where=f"entries[{index}]")
         name = fit_text(entry.get("profiling_name")) or ""
         p2p = _P2P.match(name)
         collective = p2p.group(1) if p2p else name.split(":", 1)[-1].strip() or "unknown"
-        group = _group(entry.get("process_group")) or fit_text(entry.get("pg_id")) or ""
+        group = _group_of(entry)
         config: dict[str, Any] = configs[group] if isinstance(configs.get(group), dict) else {}
         seq = entry.get("p2p_seq_id") if entry.get("is_p2p") or p2p else entry.get("collective_seq_id")
         duration = entry.get("duration_ms")

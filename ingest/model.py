@@ -25,6 +25,11 @@ class ParseOptions:
     #: How Kineto JSON events are read: ``native`` (the C scanner), ``duckdb`` (DuckDB's JSON
     #: reader, the reference) or ``auto`` (native where it is built).
     kineto_engine: str = "auto"
+    #: Most bytes of rows a format that can expand (a pickle's shared references) may make per byte
+    #: of the trace, and in all; floor: 1 MiB. The warehouse passes ``TRACELAKE_MAX_EXPANSION_RATIO``
+    #: and ``TRACELAKE_MAX_EXPANDED_BYTES``.
+    max_expansion_ratio: int = 200
+    max_expanded_bytes: int = 32 << 30
 
 
 @dataclass

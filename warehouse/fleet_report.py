@@ -37,6 +37,10 @@ _BREAKDOWN_COLUMNS = [
     "exposed_communication_ns", "flops", "flops_utilisation_pct",
 ]
 _COLLECTIVE_COLUMNS = ["trace_id", "rank", "process_group", "seq", "collective", "ts_ns", "dur_ns", "message_bytes"]
+#: The times a window may name: from the Unix epoch to the last day nanosecond timestamps (``ts_ns``) reach.
+#: Outside it there is nothing to report, and date arithmetic (14 days of history) would overflow.
+EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+LATEST = dt.datetime(2262, 4, 11, tzinfo=dt.UTC)
 
 
 def parse_when(text: str, now: dt.datetime | None = None) -> dt.datetime:
@@ -45,14 +49,14 @@ def parse_when(text: str, now: dt.datetime | None = None) -> dt.datetime:
     Dates and naive datetimes are UTC.
 
     Raises:
-        InvalidArgument: neither form.
+        InvalidArgument: neither form, or a time outside :data:`EARLIEST` to :data:`LATEST`.
     """
     now = now or dt.datetime.now(dt.timezone.utc)
     match = _RELATIVE.match(text)
     if match:
         amount, unit = float(match.group(1)), match.group(2).lower()
         try:
-            return now - dt.timedelta(**{_UNITS[unit]: amount})
+            return in_range(now - dt.timedelta(**{_UNITS[unit]: amount}), text)
         except OverflowError:
             raise InvalidArgument(f"invalid time {text!r}: too far back") from None
     try:
@@ -61,7 +65,21 @@ def parse_when(text: str, now: dt.datetime | None = None) -> dt.datetime:
         raise InvalidArgument(
             f"invalid time {text!r}: give a duration back from now (30m, 12h, 7d, 2w) or an ISO date "
             "(2026-12-01, 2026-12-01T06:00:00Z)") from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.timezone.utc)
+    return in_range(moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.timezone.utc), text)
+
+
+def in_range(moment: dt.datetime, text: str | None = None) -> dt.datetime:
+    """``moment`` (naive: UTC) if it lies in ``[EARLIEST, LATEST]``.
+
+    Raises:
+        InvalidArgument: it does not; the message quotes ``text`` (what the user wrote) where given.
+    """
+    moment = _utc(moment)
+    if not EARLIEST <= moment <= LATEST:  # compares aware times without converting, which could overflow
+        shown = repr(text) if text is not None else moment.isoformat()
+        raise InvalidArgument(f"invalid time {shown}: out of range; give a time from {EARLIEST:%Y-%m-%d} to "
+                              f"{LATEST:%Y-%m-%d} (UTC)")
+    return moment
 
 
 @dataclass
@@ -180,9 +198,9 @@ def read(
     from ``rows`` (kept between calls) when given, else read from the selected traces' files.
     """
     started = time.perf_counter()
-    until = _utc(until) if until is not None else None
-    since = _utc(since) if since is not None else None
-    now = until or _utc(now or dt.datetime.now(dt.timezone.utc))
+    until = in_range(until) if until is not None else None
+    since = in_range(since) if since is not None else None
+    now = until or in_range(now or dt.datetime.now(dt.timezone.utc))
     labels = labels or {}
     history = now - _HISTORY
     selected = select_traces(registry, labels=labels, since=min(since, history) if since else None, until=until)

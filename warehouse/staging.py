@@ -124,6 +124,8 @@ def _stage(
             batch_bytes=settings.parse_batch_bytes,
             on_bytes=on_bytes,
             kineto_engine=settings.kineto_engine,
+            max_expansion_ratio=settings.max_expansion_ratio,
+            max_expanded_bytes=settings.max_expanded_bytes,
         )
         fmt, info = ingest.parse_into(path, staging, options)
         write_derived(staging, staging, threads=settings.threads, memory_limit=settings.ingest_memory_limit)
