@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tracelake.warehouse import Settings, TracelakeError, Warehouse
@@ -30,6 +31,7 @@ from .metrics import Metrics
 from .responses import FastJSONResponse
 from .routes import health, jobs, reports, sql, traces
 from .scheduler import ReportScheduler, schedule_of
+from .sql_gate import SqlGate
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +62,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     queue = IngestQueue(warehouse.settings, metrics, on_job_ingested=analyses.warm)
     cron = schedule_of(settings)
     scheduler = ReportScheduler(warehouse, cron) if cron is not None else None
-    state = ServerState(warehouse.settings, warehouse, tokens, queue, metrics, analyses, scheduler)
+    sql_gate = SqlGate(warehouse.sql_engine(), warehouse.settings)
+    state = ServerState(warehouse.settings, warehouse, tokens, queue, metrics, analyses, sql_gate, scheduler)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         state.queue.start()
+        state.sql.start()
         # read the registry of traces now, not on the first listing request
         threading.Thread(target=_load_registry, args=(warehouse,), name="tracelake-registry", daemon=True).start()
         schedule = asyncio.create_task(scheduler.run(), name="tracelake-reports") if scheduler else None
@@ -76,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await schedule
             state.queue.stop()
+            state.sql.close()
             analyses.close()
 
     app = FastAPI(
@@ -104,15 +109,28 @@ async def _tracelake_error(request: Request, exc: TracelakeError) -> JSONRespons
     """Every tracelake error becomes its HTTP status with the message, never a traceback."""
     if exc.http_status >= 500:
         log.error("%s %s failed: %s", request.method, request.url.path, exc)
-    return JSONResponse({"error": str(exc), "kind": type(exc).__name__}, status_code=exc.http_status)
+    headers = {"Retry-After": "1"} if exc.http_status in (429, 503) else None  # busy, not broken: try again
+    return JSONResponse({"error": str(exc), "kind": type(exc).__name__}, status_code=exc.http_status,
+                        headers=headers)
 
 
 class _RequestMetrics:
-    """Counts each request by method, route template and status (pure ASGI: uploads stream through untouched)."""
+    """Counts each request by method, route template and status (pure ASGI: uploads stream through untouched).
+
+    Labels never come from the request as sent: the route is the template of the app's route
+    that matched (else ``unmatched``), the method one of :data:`~.metrics.HTTP_METHODS` (else
+    ``other``), so no client can add label values to ``/metrics``.
+    """
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
+
+    @staticmethod
+    def _template(scope: Scope) -> str:
+        route = scope.get("route")  # set by the router to one of the app's own route objects, never the path sent
+        template = getattr(route, "path", None) if isinstance(route, BaseRoute) else None
+        return template if isinstance(template, str) else "unmatched"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -130,9 +148,7 @@ class _RequestMetrics:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            self.metrics.request(scope["method"], template, status, time.perf_counter() - started)
+            self.metrics.request(scope["method"], self._template(scope), status, time.perf_counter() - started)
 
 
 __all__ = ["create_app"]

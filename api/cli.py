@@ -269,13 +269,25 @@ def traces(
 @app.command()
 @_errors
 def sql(
-    query: Annotated[str, typer.Argument(help="SQL over the tables: traces, device_ops, host_ops, "
-                                              "collectives, steps, counters.", show_default=False)],
+    query: Annotated[str, typer.Argument(help="One SELECT over the tables: traces, device_ops, host_ops, "
+                                              "collectives, steps, counters, ... (your own files too: "
+                                              "read_parquet('x.parquet')).", show_default=False)],
     fmt: FormatOption = OutputFormat.table,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the result to this .parquet, .csv or "
+                                             ".json file (DuckDB's COPY) instead of printing it.",
+                                             show_default=False)] = None,
     home: HomeOption = None,
 ) -> None:
-    """Run a SQL query over the warehouse (DuckDB dialect)."""
-    _print_result(_warehouse(home).query(query), fmt)
+    """Run one SQL query over the warehouse (DuckDB dialect); it can read, never change, the warehouse.
+
+    Queries run with the API's checks in a process that may write nothing: COPY, ATTACH,
+    CREATE and the like are refused (export with --out).
+    """
+    result = _warehouse(home).query_local(query, out=out)
+    if out is not None:
+        err_console.print(f"wrote {result.rows[0][0]} rows to {result.rows[0][1]}", highlight=False, markup=False)
+        return
+    _print_result(result, fmt)
 
 
 @app.command()
@@ -510,7 +522,7 @@ def serve(
 
     from .app import create_app
     from .auth import Tokens
-    from .connections import guarded_h11_protocol
+    from .connections import fit_open_files, guarded_h11_protocol
     from .network import is_loopback
 
     settings = Settings.from_env(home=home, tokens_file=str(tokens_file) if tokens_file else None,
@@ -524,13 +536,18 @@ def serve(
             )
         err_console.print("[yellow]no API tokens configured:[/] serving on loopback only; "
                           "every local user can read and write the warehouse", highlight=False)
+    budget = fit_open_files(settings.max_connections)
     application = create_app(settings)
     err_console.print(f"tracelake {escape(str(settings.home_path))} on http://{escape(host)}:{port} "
                       f"(API docs: http://{escape(host)}:{port}/docs)", highlight=False)
-    # h11 with a deadline for request headers and no reading of abandoned bodies (see api/connections.py);
-    # headers larger than 16 KiB are refused with a 400 by h11 itself.
+    err_console.print(escape(budget.describe()), highlight=False)
+    # h11 with deadlines for request heads and silent bodies, no reading of abandoned bodies and at most
+    # max_connections open, the idle longest closed first (see api/connections.py); headers larger than 16 KiB
+    # are refused with a 400 by h11 itself. No WebSocket route exists: upgrades are not offered.
     uvicorn.run(application, host=host, port=port, log_level="info", timeout_graceful_shutdown=10,
-                http=guarded_h11_protocol(settings.header_timeout_seconds), timeout_keep_alive=5,
+                http=guarded_h11_protocol(settings.header_timeout_seconds, settings.upload_idle_timeout_seconds,
+                                          budget.max_connections),
+                limit_concurrency=budget.limit_concurrency, ws="none", timeout_keep_alive=5,
                 h11_max_incomplete_event_size=16 << 10)
 
 
@@ -648,18 +665,23 @@ def report_list(home: HomeOption = None) -> None:
 @app.command()
 @_errors
 def check(
-    repair: Annotated[bool, typer.Option("--repair", help="Remove what dead processes left: data files of "
-                                                          "unregistered traces, stale staging folders, temp files.")] = False,
+    repair: Annotated[bool, typer.Option("--repair", help=(
+        "Put right what can be: remove what dead processes left (data files of unregistered traces, stale "
+        "staging folders, temp files), move stray and faulty files aside into <home>/quarantine/<time>/, "
+        "write missing or faulty schema files and the catalog again."))] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     stale_after: Annotated[float, typer.Option("--stale-after", min=0, help=(
         "Seconds without a write after which a staging folder counts as left over (0 only when "
         "nothing else writes to the warehouse)."))] = 3600.0,
     home: HomeOption = None,
 ) -> None:
-    """Verify the warehouse: every registered trace has all its files and row counts; list leftovers.
+    """Verify the warehouse: registered traces whole, every file under tables/ in its place and schema, the catalog.
 
-    Exit code 0 when healthy (after --repair, if given), 1 when a trace is damaged or leftovers remain.
-    Registered traces are never changed: delete a damaged one and ingest it again.
+    Every registered trace must have all its files and row counts; every file under tables/ must fit
+    the layout and its table's declared schema; the catalog must hold exactly tracelake's views.
+    Each finding says what --repair did or would do. Exit code 0 when healthy (after --repair, if
+    given), 1 when a problem or leftover remains. Registered traces are never rewritten: delete a
+    damaged one and ingest it again.
     """
     from rich.table import Table
 
@@ -668,24 +690,27 @@ def check(
         sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
     else:
         if report.problems:
-            table = Table(title=f"{len(report.problems)} problems with registered traces")
-            for column in ("trace", "job", "table", "problem", "detail"):
+            table = Table(title=f"{len(report.problems)} problems")
+            for column in ("trace", "job", "table", "problem", "detail", "repair"):
                 table.add_column(column, overflow="fold")
             for p in report.problems:
-                table.add_row(p.trace_id[:12], p.job, p.table, p.kind, escape(p.detail))
+                table.add_row(p.trace_id[:12], p.job, p.table, p.kind, escape(p.detail), escape(p.repair))
             console.print(table)
         if report.orphans:
-            table = Table(title=f"{len(report.orphans)} leftovers of processes that died (invisible to queries)")
-            for column in ("kind", "path", "detail", "removed"):
+            table = Table(title=f"{len(report.orphans)} leftovers and strays (invisible to queries)")
+            for column in ("kind", "path", "detail", "repair"):
                 table.add_column(column, overflow="fold")
             for o in report.orphans:
-                table.add_row(o.kind, escape(str(o.path)), escape(o.detail), "yes" if o.removed else "no")
+                table.add_row(o.kind, escape(str(o.path)), escape(o.detail), escape(o.repair))
             console.print(table)
         verdict = "[green]healthy[/]" if report.ok else "[red]problems found[/]"
-        hint = "" if report.ok or repair or not report.orphans else " (run `tracelake check --repair` to remove leftovers)"
+        repairable = report.orphans or any(p.repair.startswith("--repair") for p in report.problems)
+        hint = "" if report.ok or repair or not repairable else " (`tracelake check --repair` puts right what it can)"
         console.print(f"{verdict}: {report.traces} traces, {report.files} files checked in {report.seconds:.2f}s; "
-                      f"{len(report.problems)} problems, {len(report.orphans)} leftovers"
-                      f"{f' ({sum(o.removed for o in report.orphans)} removed)' if repair else ''}, "
+                      f"{len(report.problems)} problems"
+                      f"{f' ({sum(p.fixed for p in report.problems)} put right)' if repair else ''}, "
+                      f"{len(report.orphans)} leftovers"
+                      f"{f' ({sum(o.removed for o in report.orphans)} removed or moved aside)' if repair else ''}, "
                       f"{report.in_use} in use{hint}", highlight=False, soft_wrap=True)
     if not report.ok:
         raise typer.Exit(1)

@@ -141,11 +141,13 @@ def _free_port() -> int:
 
 
 @contextmanager
-def serve(home: Path, token: str, ingest_workers: int, log: Path) -> Iterator[tuple[str, psutil.Process]]:
+def serve(home: Path, token: str, ingest_workers: int, log: Path,
+          extra_env: dict[str, str] | None = None) -> Iterator[tuple[str, psutil.Process]]:
     """Run ``tracelake serve`` on a free loopback port until ``/healthz`` answers; yield its URL and process."""
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRACELAKE_")}
     env.update(TRACELAKE_HOME=str(home), TRACELAKE_TOKENS=f"{token}:read,write")
+    env.update(extra_env or {})
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "tracelake.api.cli", "serve", "--port", str(port),
