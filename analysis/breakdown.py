@@ -1,4 +1,4 @@
-"""The time breakdown per rank, for the whole trace and per step (ANALYSES.md).
+"""The time breakdown per rank, for the whole trace and per step (docs/analyses.md, "Breakdown").
 
 One sweep over each window's device ops: every op contributes a start (+1) and an
 end (-1) to the counter of its category; between two consecutive points the state

@@ -1,6 +1,6 @@
 """Classification of device operations into compute, communication, memory and sync.
 
-The rules are data (ANALYSES.md, "Classification of device operations"): the
+The rules are data (docs/analyses.md, "Classification of device ops"): the
 first rule that matches decides. The same table drives the SQL used at ingest and
 the Python function used in tests and by other parsers.
 """

@@ -1,9 +1,9 @@
 """Collectives across ranks: arrival skew, the last rank, transfer time and bandwidth.
 
-A collective instance is (process group, seq) within a job (ANALYSES.md). Its
+A collective instance is (process group, seq) within a job (docs/analyses.md, "Collectives across ranks"). Its
 transfer time is estimated as the shortest duration over ranks (the others also
 waited for the last arrival); algbw = bytes / time and busbw = algbw x the
-collective's factor for n ranks, with bytes and factors from FORMATS.md (the
+collective's factor for n ranks, with bytes and factors from docs/formats.md (the
 ``message_bytes`` column already holds the nccl-tests size of the operation).
 
 The functions take rows of the ``collectives`` table (at least ``process_group``,

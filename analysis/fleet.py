@@ -1,4 +1,4 @@
-"""Fleet figures: where the device-hours of many jobs go (ANALYSES.md, "Fleet").
+"""Fleet figures: where the device-hours of many jobs go (docs/analyses.md, "Fleet").
 
 Pure functions over polars frames: rows of the ``traces`` registry (``trace_id``,
 ``job``, ``labels``, ``ingested_at``, ``device_name``), the whole-trace rows of the

@@ -1,4 +1,4 @@
-"""Idle time between consecutive ops on one stream, by cause (ANALYSES.md, "Idle time breakdown").
+"""Idle time between consecutive ops on one stream, by cause (docs/analyses.md, "Idle gaps by cause").
 
 For each gap on a stream (the next op starts after the previous one ended):
 ``host_wait`` when the runtime call that launched the next op started after the

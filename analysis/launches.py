@@ -1,4 +1,4 @@
-"""Kernel launch statistics per rank (ANALYSES.md, "Launches").
+"""Kernel launch statistics per rank (docs/analyses.md, "Launches").
 
 Launch delay = kernel start - end of the runtime call that launched it (joined
 on correlation), floored at 0. A kernel is *shorter than its launch overhead*

@@ -1,7 +1,7 @@
 """NCCL figures: nccl-tests bandwidth per collective and message size, against what the links carry.
 
 Pure functions over ``nccl_benchmarks`` rows (polars in, polars out). Bus bandwidth
-follows FORMATS.md ("Bus bandwidth"); nccl-tests prints it already computed.
+follows docs/formats.md ("Bus bandwidth"); nccl-tests prints it already computed.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Step statistics per rank and step-to-step outliers (ANALYSES.md, "Steps").
+"""Step statistics per rank and step-to-step outliers (docs/analyses.md, "Steps").
 
 Step time is the ``ProfilerStep#N`` span on the CPU (what the training loop sees).
 A step is an outlier when it is more than ``threshold`` robust standard

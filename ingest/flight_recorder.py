@@ -1,6 +1,6 @@
 """PyTorch Flight Recorder dumps (JSON or pickle) into ``collectives`` and ``flight_recorder_status``.
 
-A dump (FORMATS.md section 3) is one rank's record of its last N collectives:
+A dump (docs/formats.md, section 3) is one rank's record of its last N collectives:
 ``pg_config`` (process groups), ``pg_status`` (per group, the seq of the last
 collective enqueued, started and completed: what a hang analysis compares across
 ranks) and ``entries`` (``profiling_name`` like ``nccl:all_reduce``,

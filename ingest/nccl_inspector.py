@@ -1,6 +1,6 @@
 """NCCL Inspector plugin output (NCCL >= 2.28): JSON lines, one completed operation each, into ``collectives``.
 
-A record (FORMATS.md section 3) is ``{"header": {id, comm_name, rank, n_ranks, nnodes},
+A record (docs/formats.md, section 3) is ``{"header": {id, comm_name, rank, n_ranks, nnodes},
 "metadata": {inspector_output_format_version, dump_timestamp_us, hostname, pid, ...},
 "coll_perf": {coll, coll_sn, coll_msg_size_bytes, coll_exec_time_us, ...}}`` or the same
 with ``p2p_perf`` (``p2p``, ``p2p_sn``, ``p2p_peer``, ...). Lines that are not JSON

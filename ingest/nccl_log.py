@@ -1,4 +1,4 @@
-"""NCCL debug logs (``NCCL_DEBUG=INFO``, FORMATS.md section 3) into ``communicators``, ``comm_channels``
+"""NCCL debug logs (``NCCL_DEBUG=INFO``, docs/formats.md, section 3) into ``communicators``, ``comm_channels``
 and ``collectives``.
 
 Lines read ``[timestamp ]host:pid:tid [cudaDev] NCCL INFO <msg>``, possibly behind a
@@ -76,7 +76,7 @@ _TUNING = (" Bytes -> Algo ",
 _WARN = ("NCCL WARN", r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[\d+\] (?:\S+:\d+ )?(?:\(\w+\) )?NCCL WARN (?P<msg>.*)$")
 _VERSION = re.compile(r"NCCL version (?P<version>[\w.+-]+)")
 
-#: FORMATS.md: datatype codes -> bytes per element.
+#: docs/formats.md (NCCL debug log): datatype codes -> bytes per element.
 DTYPE = {0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8), 5: ("uint64", 8),
          6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bfloat16", 2), 10: ("float8e4m3", 1),
          11: ("float8e5m2", 1)}

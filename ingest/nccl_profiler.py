@@ -2,7 +2,7 @@
 
 One Chrome-trace JSON array per communicator and rank (``<dump>_<commHash>_<rank>.json``)
 of async ``b``/``e`` events, ``ts`` in us since the plugin started, often ending with
-``{}]`` (FORMATS.md section 3). ``COLL`` events carry ``SeqNum``, ``CommHash``, ``Rank``,
+``{}]`` (docs/formats.md, section 3). ``COLL`` events carry ``SeqNum``, ``CommHash``, ``Rank``,
 ``Count``, ``Datatype``, ``Algorithm``, ``Protocol`` and ``nChannels``; ``P2P`` events the
 peer. A begin and its end are paired by (category, id). The end of a COLL event marks
 when NCCL enqueued the work, not when it completed: the span goes to ``cpu_ts_ns`` /

@@ -1,6 +1,6 @@
 """nccl-tests results: the stdout of ``*_perf`` binaries, and their ``-J`` JSON, into ``nccl_benchmarks``.
 
-Stdout layout (FORMATS.md section 3): a ``# nThread ...`` header, ``#  Rank  N ...``
+Stdout layout (docs/formats.md, section 3): a ``# nThread ...`` header, ``#  Rank  N ...``
 lines naming the devices, then one row per message size: ``size count type [redop]
 [root]`` followed by out-of-place and in-place ``time algbw busbw #wrong``. Older
 builds lack the root or redop column and print ``error``; ``N/A`` means validation

@@ -1,6 +1,6 @@
 """XLA profiles (``<host>.xplane.pb``, an XSpace protobuf) into the warehouse tables.
 
-Mapping (FORMATS.md section 2):
+Mapping (docs/formats.md, section 2):
 
 - ``/device:TPU:N``: the ``XLA Ops`` line -> ``device_ops`` (kind ``xla_op``); ``XLA Modules``
   wraps them and is not counted again; ``Async XLA Ops`` windows of collectives ->

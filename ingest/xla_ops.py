@@ -1,4 +1,4 @@
-"""What an XLA op is: its category, collective name and message size (FORMATS.md section 2).
+"""What an XLA op is: its category, collective name and message size (docs/formats.md, section 2).
 
 Shared by the XSpace parser and the trace-viewer JSON parser, so both classify the
 same op the same way.

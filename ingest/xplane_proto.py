@@ -1,4 +1,4 @@
-"""The XSpace protobuf messages, declared from their field numbers (FORMATS.md section 2).
+"""The XSpace protobuf messages, declared from their field numbers (docs/formats.md, section 2).
 
 No TensorFlow or generated code: the descriptors are built here as data and the
 message classes come from protobuf's runtime (the upb C decoder). Only the fields

@@ -1,6 +1,6 @@
 """Generate the NCCL sample files in ``sample_traces/nccl/`` (nccl-tests and Inspector output).
 
-Written from the layouts in docs/FORMATS.md section 3, with figures from a simple
+Written from the layouts in docs/formats.md section 3, with figures from a simple
 bandwidth model (latency + bytes / peak bus bandwidth) so that algbw and busbw
 are consistent with the formulas:
 

@@ -55,3 +55,20 @@ def test_console_script_points_at_the_cli() -> None:
     target = _pyproject()["project"]["scripts"]["tracelake"]
     module_name, _, attr = target.partition(":")
     assert callable(getattr(importlib.import_module(module_name), attr))
+
+
+def test_code_cites_the_projects_own_docs() -> None:
+    """Every doc the code and its docs cite ships with the project: ``docs/<name>.md`` exists, nothing outside it."""
+    import re
+
+    texts = [p for folder in (*CODE_FOLDERS, "docs", "benchmarks", "sample_traces", ".ci")
+             for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".md", ".c", "") and p.is_file()
+             and "__pycache__" not in p.parts]
+    texts.append(ROOT / "README.md")
+    outside = re.compile(r"\b[A-Z][A-Z-]+\.md\b")  # FORMATS.md, STYLE.md, ...: the shared notes users do not have
+    for path in texts:
+        text = path.read_text(errors="replace")
+        found = {m for m in outside.findall(text) if m != "README.md"}
+        assert not found, f"{path.relative_to(ROOT)} cites {sorted(found)}: cite the project's docs/ instead"
+        for cited in re.findall(r"docs/([a-z0-9_-]+\.md)", text):
+            assert (ROOT / "docs" / cited).exists(), f"{path.relative_to(ROOT)} cites docs/{cited}, which is missing"
