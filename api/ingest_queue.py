@@ -97,6 +97,7 @@ class IngestQueue:
         self._tasks: OrderedDict[str, Task] = OrderedDict()
         self._pending: Counter[Path] = Counter()  # files still to ingest, per upload folder
         self._changed = threading.Condition()
+        self._queued = 0  # tasks whose status is "queued": kept as they change, so depth() never waits
         self._executor: Executor | None = None
         metrics.set_queue_depth(self.depth)
 
@@ -156,6 +157,7 @@ class IngestQueue:
                     tasks.append(task)
                     continue
                 task = Task(item.trace_id, item.name, job, "queued", now)
+                self._queued += 1
                 self._remember(task)
                 self._pending[folder] += 1
                 task.future = self._submit(item, job, labels)
@@ -196,6 +198,8 @@ class IngestQueue:
             outcome, error = "failed", f"{task.name}: the ingest worker failed ({exc}); upload the file again"
         self.metrics.ingest(outcome, seconds)
         with self._changed:
+            if task.status == "queued":
+                self._queued -= 1
             task.status = "failed" if outcome == "failed" else "done"
             task.error = error
             task.finished_at = dt.datetime.now(dt.timezone.utc)
@@ -224,9 +228,8 @@ class IngestQueue:
             return self._tasks.get(trace_id)
 
     def depth(self) -> int:
-        """Files queued or being ingested."""
-        with self._changed:
-            return sum(1 for t in self._tasks.values() if t.status == "queued")
+        """Files queued or being ingested; takes no lock (``/healthz`` reads it on the event loop)."""
+        return self._queued
 
     def wait(self, trace_ids: list[str], timeout: float) -> bool:
         """Block until none of ``trace_ids`` is queued any more, or ``timeout`` seconds pass; True if all finished."""

@@ -473,3 +473,22 @@ def test_job_analysis_is_prepared_after_ingest(client: TestClient) -> None:
 ])
 def test_loopback_addresses(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+def test_queue_depth_is_the_count_of_queued_tasks(client: TestClient) -> None:
+    """The depth the queue keeps as tasks change equals a recount of its tasks, during a burst and after it."""
+    queue = client.app.state.tracelake.queue  # type: ignore[attr-defined]
+
+    def depth_and_recount() -> tuple[int, int]:
+        with queue._changed:  # noqa: SLF001 - both read at one moment: no task changes meanwhile
+            return queue.depth(), sum(t.status == "queued" for t in queue._tasks.values())  # noqa: SLF001
+
+    ids = []
+    for path in sorted(DDP.glob("*.json.gz")) * 2:  # the second round: already queued or done, nothing new
+        answer = client.post("/api/v1/traces", files=[("file", (path.name, path.read_bytes()))])
+        ids += [t["trace_id"] for t in answer.json()["traces"]]
+        depth, recounted = depth_and_recount()
+        assert depth == recounted <= 4
+    assert queue.wait(ids, 120)
+    assert depth_and_recount() == (0, 0)
+    assert client.get("/healthz").json()["queue_depth"] == 0
