@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from tracelake.ingest.model import MIN_EXPANSION_BYTES, expansion_limit
 from tracelake.warehouse.errors import InvalidArgument, TooLarge, TraceFormatError
 from tracelake.warehouse.settings import Settings
 
@@ -72,7 +73,7 @@ class UnpackLimits:
     #: Most members (files, folders, anything) an archive may hold.
     max_members: int
     #: Expansion always allowed, whatever the ratio says, so tiny uploads pass.
-    min_expansion_bytes: int = 1 << 20
+    min_expansion_bytes: int = MIN_EXPANSION_BYTES
 
     def __post_init__(self) -> None:
         for name in ("max_expanded_bytes", "max_expansion_ratio", "max_members", "min_expansion_bytes"):
@@ -92,8 +93,8 @@ class UnpackLimits:
 
     def expansion_limit(self, compressed_bytes: int) -> int:
         """Most bytes an upload of ``compressed_bytes`` bytes may expand to."""
-        by_ratio = max(self.max_expansion_ratio * compressed_bytes, self.min_expansion_bytes)
-        return min(self.max_expanded_bytes, by_ratio)
+        return expansion_limit(compressed_bytes, self.max_expansion_ratio, self.max_expanded_bytes,
+                               self.min_expansion_bytes)
 
 
 def archive_kind(path: Path) -> str | None:

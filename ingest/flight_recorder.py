@@ -28,7 +28,7 @@ from typing import Any
 
 from tracelake.warehouse.errors import TraceFormatError
 
-from .model import ParseOptions, TraceInfo
+from .model import MIN_EXPANSION_BYTES, ParseOptions, TraceInfo
 from .source import iter_chunks
 from .tables import fit_int, fit_text, write_table
 
@@ -41,8 +41,6 @@ DTYPE_BYTES = {"Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Int": 4, "Lon
                "Bool": 1, "Short": 2, "Float8_e4m3fn": 1, "Float8_e5m2": 1}
 #: A dump larger than this is refused (Flight Recorder keeps the last few thousand entries).
 MAX_BYTES = 512 << 20
-#: Bytes of rows any dump may make, whatever its size: small dumps always pass the expansion limit.
-MIN_EXPANSION_BYTES = 1 << 20
 #: Bytes a row's numbers take (14 columns of 8 bytes), counted with its strings and listed ranks.
 _ROW_BYTES = 14 * 8
 
@@ -74,7 +72,7 @@ class _Budget:
 
     def __init__(self, source: str, size: int, options: ParseOptions) -> None:
         self.source, self.size, self.options = source, size, options
-        self.limit = min(options.max_expanded_bytes, max(options.max_expansion_ratio * size, MIN_EXPANSION_BYTES))
+        self.limit = options.expansion_limit(size)
         self.used = 0
 
     def charge(self, nbytes: int, where: str) -> None:

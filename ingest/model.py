@@ -8,6 +8,17 @@ from pathlib import Path
 
 #: Called with the number of source bytes consumed since the last call.
 ByteCallback = Callable[[int], None]
+#: Expansion always allowed, whatever the ratio says, so that tiny legitimate inputs pass.
+MIN_EXPANSION_BYTES = 1 << 20
+
+
+def expansion_limit(size: int, ratio: int, most: int, floor: int = MIN_EXPANSION_BYTES) -> int:
+    """Most bytes an input of ``size`` bytes may expand to: ``min(most, max(ratio x size, floor))``.
+
+    The one rule for every input that can expand (archives, gzip, pickles' shared
+    references): the ratio stops bombs, the floor lets tiny files through.
+    """
+    return min(most, max(ratio * size, floor))
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,10 @@ class ParseOptions:
     #: and ``TRACELAKE_MAX_EXPANDED_BYTES``.
     max_expansion_ratio: int = 200
     max_expanded_bytes: int = 32 << 30
+
+    def expansion_limit(self, size: int) -> int:
+        """Most bytes of rows an input of ``size`` bytes may make (:func:`expansion_limit`)."""
+        return expansion_limit(size, self.max_expansion_ratio, self.max_expanded_bytes)
 
 
 @dataclass
