@@ -36,12 +36,15 @@ class SqlGate:
         self.running_per_token = max(1, self.size - 1)
         self.queue_seconds = settings.sql_queue_seconds
         self.threads = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="tracelake-sql")
+        self._closed = False
         self._free: asyncio.Semaphore | None = None
         self._clients: dict[str, _Client] = {}
 
     def start(self) -> None:
         """Start the workers (in the background); called in the running event loop (the app's lifespan)."""
-        self.threads = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="tracelake-sql")
+        if self._closed:  # started again after close(): new threads
+            self.threads = ThreadPoolExecutor(max_workers=self.size, thread_name_prefix="tracelake-sql")
+            self._closed = False
         self._free = asyncio.Semaphore(self.size)
         self._clients = {}
         self.engine.start()
@@ -50,6 +53,7 @@ class SqlGate:
         """Stop the workers and the threads."""
         self.engine.close()
         self.threads.shutdown(wait=False, cancel_futures=True)
+        self._closed = True
 
     async def admit(self, key: str) -> None:
         """Wait for a worker for client ``key`` (a token's digest); :meth:`leave` gives it back.

@@ -196,6 +196,18 @@ def _timed(recorder: _Recorder, endpoint: str, call: Callable[[], httpx.Response
     return answer
 
 
+def run_for(threads: list[threading.Thread], stop: threading.Event, seconds: float) -> float:
+    """Start ``threads``, let them run ``seconds``, set ``stop`` and wait for them; the seconds it took."""
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    stop.wait(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return time.monotonic() - started
+
+
 def run_load(url: str, server: psutil.Process, token: str, *, seconds: float, uploaders: int, readers: int,
              ingest_workers: int = 1) -> LoadReport:
     """Upload and query ``url`` from ``uploaders + readers`` threads for ``seconds``; the figures."""
@@ -254,17 +266,10 @@ def run_load(url: str, server: psutil.Process, token: str, *, seconds: float, up
             samples.append((time.monotonic(), *_rss_mb(server)))
             stop.wait(0.5)
 
-    started = time.monotonic()
     threads = [threading.Thread(target=sample_memory, name="rss")]
     threads += [threading.Thread(target=upload_loop, name=f"upload-{i}") for i in range(uploaders)]
     threads += [threading.Thread(target=read_loop, args=(i,), name=f"read-{i}") for i in range(readers)]
-    for t in threads:
-        t.start()
-    stop.wait(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    elapsed = time.monotonic() - started
+    elapsed = run_for(threads, stop, seconds)
     samples.append((time.monotonic(), *_rss_mb(server)))
 
     with httpx.Client(base_url=url, headers=headers, timeout=60) as client:

@@ -32,7 +32,6 @@ import string
 import sys
 import tempfile
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +42,7 @@ import httpx
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from load import SAMPLE, SAMPLE_JOB, _percentile, _Recorder, _timed, serve  # noqa: E402
+from load import SAMPLE, SAMPLE_JOB, _percentile, _Recorder, _timed, run_for, serve  # noqa: E402
 
 NORMAL_SQL = "SELECT rank, category, count(*) AS ops, sum(dur_ns) AS ns FROM device_ops GROUP BY ALL ORDER BY ALL"
 NORMAL = ("GET /healthz", "GET /api/v1/jobs/{job}", "POST /api/v1/sql")
@@ -144,12 +143,7 @@ def _phase(url: str, server: psutil.Process, user: str, attacker: str, home: Pat
                 sockets.append(socket.create_connection((host, int(port)), timeout=5))
             except OSError:
                 outcomes["idle connection refused"] += 1
-    for t in threads:
-        t.start()
-    stop.wait(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
+    run_for(threads, stop, seconds)
     for s in sockets:
         s.close()
     figures: dict[str, Any] = {}
