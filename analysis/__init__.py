@@ -1,5 +1,5 @@
 """Bottleneck analyses over warehouse tables: pure functions, no I/O."""
 
-from .classify import CATEGORIES, RULES, category_sql, classify
+from .classify import CATEGORIES, RULES, Category, category_sql, classify, op_kind
 
-__all__ = ["CATEGORIES", "RULES", "category_sql", "classify"]
+__all__ = ["CATEGORIES", "RULES", "Category", "category_sql", "classify", "op_kind"]

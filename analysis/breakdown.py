@@ -21,6 +21,8 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from .classify import Category
+
 #: Output columns, in order (all integer ns except ``overlap_pct``).
 COLUMNS = (
     "trace_id", "rank", "step", "span_ns", "busy_ns", "idle_ns",
@@ -49,7 +51,7 @@ def breakdown_sql(device_ops: str, async_windows: str = NO_ASYNC, devices: str =
     return f"""
     WITH ops AS (
         SELECT trace_id, rank, step, category, ts_ns, ts_ns + dur_ns AS end_ns, flops
-        FROM {device_ops} WHERE category <> 'sync' AND dur_ns >= 0
+        FROM {device_ops} WHERE category <> '{Category.SYNC}' AND dur_ns >= 0
         UNION ALL
         SELECT trace_id, rank, step, 'async', ts_ns, ts_ns + dur_ns, NULL
         FROM {async_windows} WHERE dur_ns >= 0
@@ -63,12 +65,13 @@ def breakdown_sql(device_ops: str, async_windows: str = NO_ASYNC, devices: str =
         FROM windows WHERE category <> 'async' GROUP BY ALL
     ), points AS (
         SELECT trace_id, rank, step, per_step, ts_ns AS t,
-               (category = 'compute')::INT AS dc, (category = 'communication')::INT AS dm,
-               (category = 'memory')::INT AS dx, (category = 'async')::INT AS da
+               (category = '{Category.COMPUTE}')::INT AS dc, (category = '{Category.COMMUNICATION}')::INT AS dm,
+               (category = '{Category.MEMORY}')::INT AS dx, (category = 'async')::INT AS da
         FROM windows
         UNION ALL
         SELECT trace_id, rank, step, per_step, end_ns,
-               -(category = 'compute')::INT, -(category = 'communication')::INT, -(category = 'memory')::INT,
+               -(category = '{Category.COMPUTE}')::INT, -(category = '{Category.COMMUNICATION}')::INT,
+               -(category = '{Category.MEMORY}')::INT,
                -(category = 'async')::INT
         FROM windows
     ), deltas AS (
@@ -152,7 +155,7 @@ def breakdown_of_frame(device_ops: pl.DataFrame) -> pl.DataFrame:
 # with numpy sorts and cumulative sums, which stays fast for millions of ops and many
 # steps (DuckDB's windows spill heavily there). A test keeps the two equal.
 
-_CODES = {"compute": 0, "communication": 1, "memory": 2}
+_CODES = {Category.COMPUTE: 0, Category.COMMUNICATION: 1, Category.MEMORY: 2}
 _ASYNC, _OTHER = 3, 4
 _STATE_BUCKETS = {
     # bucket: predicate over the 4-bit state (1 compute, 2 communication, 4 memory, 8 async window)
@@ -317,9 +320,9 @@ def _empty_sums() -> np.ndarray:
 def _categories(ops: pl.DataFrame) -> np.ndarray:
     """Each op's sweep code (:data:`_CODES`, else :data:`_OTHER`)."""
     category = pl.col("category")
-    return ops.select(pl.when(category == "compute").then(_CODES["compute"])
-                      .when(category == "communication").then(_CODES["communication"])
-                      .when(category == "memory").then(_CODES["memory"]).otherwise(_OTHER)
+    return ops.select(pl.when(category == Category.COMPUTE).then(_CODES[Category.COMPUTE])
+                      .when(category == Category.COMMUNICATION).then(_CODES[Category.COMMUNICATION])
+                      .when(category == Category.MEMORY).then(_CODES[Category.MEMORY]).otherwise(_OTHER)
                       .cast(pl.Int8))[:, 0].to_numpy()
 
 
@@ -343,7 +346,7 @@ class BreakdownParts:
         """Add the ops (``category``, ``ts_ns``, ``dur_ns``, ``step``, ``flops``) and async windows (``ts_ns``,
         ``dur_ns``, ``step``) that start in ``[low, high)``; windows must come in time order.
         """
-        ops = ops.filter((pl.col("category") != "sync") & (pl.col("dur_ns") >= 0))
+        ops = ops.filter((pl.col("category") != Category.SYNC) & (pl.col("dur_ns") >= 0))
         start = ops["ts_ns"].to_numpy().astype(np.int64)
         end = start + ops["dur_ns"].to_numpy().astype(np.int64)
         code = _categories(ops).astype(np.int64)

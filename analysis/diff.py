@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import duckdb
 import polars as pl
 
+from .classify import Category
+
 KERNEL_COLUMNS = ("name", "category", "a_ns", "b_ns", "delta_ns", "ratio", "change")
 CATEGORY_COLUMNS = ("metric", "a_ns", "b_ns", "delta_ns", "ratio")
 METRICS = ("span_ns", "busy_ns", "idle_ns", "compute_ns", "communication_ns", "exposed_communication_ns", "memory_ns")
@@ -21,7 +23,7 @@ def _kernel_totals(con: duckdb.DuckDBPyConnection, where: str, params: Sequence[
     return con.sql(f"""
         SELECT name, any_value(category) AS category,
                sum(dur_ns) / count(DISTINCT trace_id || ':' || rank) AS ns
-        FROM device_ops WHERE category <> 'sync' AND ({where}) GROUP BY name
+        FROM device_ops WHERE category <> '{Category.SYNC}' AND ({where}) GROUP BY name
     """, params=list(params)).pl()
 
 

@@ -14,6 +14,8 @@ import duckdb
 import numpy as np
 import polars as pl
 
+from .classify import Category
+
 #: Gaps up to this long, with the launch already issued, are launch-to-launch gaps.
 KERNEL_WAIT_NS = 30_000
 
@@ -34,7 +36,7 @@ def idle_sql(device_ops: str, host_ops: str, where: str = "TRUE", kernel_wait_ns
             SELECT trace_id, correlation, min(ts_ns) AS ts_ns FROM {host_ops}
             WHERE correlation IS NOT NULL GROUP BY ALL
         ) r ON r.trace_id = d.trace_id AND r.correlation = d.correlation
-        WHERE d.category <> 'sync' AND ({where})
+        WHERE d.category <> '{Category.SYNC}' AND ({where})
     ), gaps AS (
         SELECT trace_id, rank, stream, ts_ns, launch_ns,
                max(end_ns) OVER (PARTITION BY trace_id, rank, stream ORDER BY ts_ns, end_ns
@@ -86,7 +88,7 @@ def idle_frame(ops: pl.DataFrame, launches: pl.DataFrame | None = None,
     ``correlation``) as ``launch_ns``.
     """
     keys = ["trace_id", "rank", "stream"]
-    work = ops.filter(pl.col("category") != "sync").select(
+    work = ops.filter(pl.col("category") != Category.SYNC).select(
         *keys, "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"), "correlation")
     if launches is not None and launches.height and work["correlation"].null_count() < work.height:
         work = work.join(launches, on=["trace_id", "correlation"], how="left", maintain_order="left")

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import duckdb
 import polars as pl
 
+from .classify import Category
+
 COLUMNS = ("name", "category", "count", "total_ns", "mean_ns", "p50_ns", "p95_ns", "max_ns", "share_pct")
 
 
@@ -42,7 +44,7 @@ def top_kernels(
         SELECT {by} name, any_value(category) AS category, count(*) AS count, sum(dur_ns) AS total_ns,
                round(sum(dur_ns) / count(*)) AS mean_ns, round(quantile_cont(dur_ns, 0.5)) AS p50_ns,
                round(quantile_cont(dur_ns, 0.95)) AS p95_ns, max(dur_ns) AS max_ns
-        FROM {device_ops} WHERE category <> 'sync' AND ({where})
+        FROM {device_ops} WHERE category <> '{Category.SYNC}' AND ({where})
         GROUP BY ALL
     ), ranked AS (
         SELECT *, row_number() OVER ({partition} ORDER BY total_ns DESC, name) AS pos,
@@ -76,7 +78,7 @@ def top_from_ops(ops: pl.DataFrame, *, top: int = 10) -> pl.DataFrame:
     for selections small enough to hold three columns of their device ops.
     """
     dur = pl.col("dur_ns")
-    stats = ops.filter(pl.col("category") != "sync").group_by("name").agg(
+    stats = ops.filter(pl.col("category") != Category.SYNC).group_by("name").agg(
         pl.col("category").first(),
         pl.len().alias("count"),
         dur.sum().alias("total_ns"),
@@ -90,7 +92,7 @@ def top_from_ops(ops: pl.DataFrame, *, top: int = 10) -> pl.DataFrame:
 
 def top_from_stats(stats: pl.DataFrame, *, top: int = 10) -> pl.DataFrame:
     """:func:`top_kernels` of one trace from its ``kernel_stats`` rows (no pass over the device ops)."""
-    ranked = stats.filter(pl.col("category") != "sync").sort(
+    ranked = stats.filter(pl.col("category") != Category.SYNC).sort(
         ["total_ns", "name"], descending=[True, False]
     )
     all_ns = ranked["total_ns"].sum()

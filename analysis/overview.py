@@ -11,6 +11,8 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
+from .classify import Category
+
 
 def rank_summary(con: duckdb.DuckDBPyConnection, job: str) -> pl.DataFrame:
     """Per rank of ``job``: steps, device ops, op time per category (ms) and mean step time (ms).
@@ -19,13 +21,13 @@ def rank_summary(con: duckdb.DuckDBPyConnection, job: str) -> pl.DataFrame:
     or a trace without any.
     """
     return con.sql(
-        """
+        f"""
         WITH ops AS (
             SELECT trace_id, rank,
                    count(*) AS device_ops,
-                   sum(dur_ns) FILTER (WHERE category = 'compute') / 1e6 AS compute_ms,
-                   sum(dur_ns) FILTER (WHERE category = 'communication') / 1e6 AS communication_ms,
-                   sum(dur_ns) FILTER (WHERE category = 'memory') / 1e6 AS memory_ms
+                   sum(dur_ns) FILTER (WHERE category = '{Category.COMPUTE}') / 1e6 AS compute_ms,
+                   sum(dur_ns) FILTER (WHERE category = '{Category.COMMUNICATION}') / 1e6 AS communication_ms,
+                   sum(dur_ns) FILTER (WHERE category = '{Category.MEMORY}') / 1e6 AS memory_ms
             FROM device_ops WHERE job = $job GROUP BY ALL
         ), st AS (
             SELECT trace_id, rank, count(*) AS steps, avg(dur_ns) / 1e6 AS mean_step_ms

@@ -35,7 +35,8 @@ from rich.progress import (
 )
 
 from tracelake.analysis import findings, overview
-from tracelake.warehouse import IngestResult, InvalidArgument, Settings, TracelakeError, Warehouse
+from tracelake.analysis.graphs import graph_summary
+from tracelake.warehouse import IngestResult, InvalidArgument, NotFound, Settings, TracelakeError, Warehouse
 from tracelake.warehouse.distributed import (
     SCHEDULER_ENV,
     ClusterTarget,
@@ -45,8 +46,12 @@ from tracelake.warehouse.distributed import (
     warehouse_path,
 )
 from tracelake.warehouse.results import QueryResult
-from tracelake.warehouse.store import parse_labels
+from tracelake.warehouse.schema import TABLES
+from tracelake.warehouse.store import is_warehouse, parse_labels
+from tracelake.warehouse.trace_ids import short_ids
 
+from . import cli_render
+from .cli_help import WordsGroup
 from .output import OutputFormat, jsonable, to_csv, to_json, to_table
 
 P = ParamSpec("P")
@@ -54,6 +59,7 @@ R = TypeVar("R")
 
 app = typer.Typer(
     name="tracelake",
+    cls=WordsGroup,
     help="Ingest ML training and inference traces (PyTorch profiler, ...) into a Parquet + DuckDB "
     "warehouse and find where the time goes.",
     no_args_is_help=True,
@@ -86,8 +92,13 @@ def _errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def _warehouse(home: Path | None) -> Warehouse:
-    return Warehouse(settings=Settings.from_env(home=home))
+def _warehouse(home: Path | None, *, existing: bool = False) -> Warehouse:
+    """The warehouse at ``home``; with ``existing`` (read commands) one that is there already, never a new one."""
+    settings = Settings.from_env(home=home)
+    if existing and not is_warehouse(settings.home_path):
+        raise NotFound(f"no warehouse at {settings.home_path}: check --home (or TRACELAKE_HOME), or ingest into it "
+                       "first")
+    return Warehouse(settings=settings)
 
 
 def _print_result(result: QueryResult, fmt: OutputFormat, title: str | None = None) -> None:
@@ -127,7 +138,8 @@ class _BarProgress:
         if self.task is not None:
             self.progress.update(self.task, files=f"{self.done_files}/{self.total_files} files")
         if result.status == "failed":
-            self.progress.console.print(f"[red]failed[/] {escape(result.error or '')}", highlight=False, soft_wrap=True)
+            self.progress.console.print(f"[red]failed[/] {escape(cli_render.failure_line(result.path, result.error))}",
+                                        highlight=False, soft_wrap=True)
         for warning in result.warnings:
             self.progress.console.print(f"[yellow]warning[/] {escape(f'{result.path}: {warning}')}", highlight=False)
 
@@ -232,7 +244,8 @@ def ingest(
         report = warehouse.ingest(paths, job=job, labels=labels, progress=bar, workers=pool, client=client)
     if bar is None:
         for r in report.failed:
-            err_console.print(f"[red]failed[/] {escape(r.error or '')}", highlight=False, soft_wrap=True)
+            err_console.print(f"[red]failed[/] {escape(cli_render.failure_line(r.path, r.error))}", highlight=False,
+                              soft_wrap=True)
         for r in report.results:
             for warning in r.warnings:
                 err_console.print(f"[yellow]warning[/] {escape(f'{r.path}: {warning}')}", highlight=False,
@@ -252,26 +265,43 @@ def traces(
     fmt: FormatOption = OutputFormat.table,
     home: HomeOption = None,
 ) -> None:
-    """List ingested traces."""
-    warehouse = _warehouse(home)
-    sql = (
-        "SELECT trace_id, job, rank, format, source_name, device_name, device_op_count, "
-        "round((end_ns - start_ns) / 1e6, 3) AS span_ms, ingested_at FROM traces"
+    """List ingested traces.
+
+    `ranks` are the ranks a trace holds: one for a PyTorch rank file, one per device of an XLA
+    profile (as `analyze` shows them); `rank` is the lowest. In a narrow terminal the table shows
+    unique id prefixes, which every command takes.
+    """
+    warehouse = _warehouse(home, existing=True)
+    sql = (  # ranks from the stored breakdown: an XLA profile holds a rank per device (docs/formats.md)
+        "SELECT trace_id, job, rank, coalesce(r.ranks, [rank]) AS ranks, format, source_name, device_name, "
+        "device_op_count, round((end_ns - start_ns) / 1e6, 3) AS span_ms, ingested_at FROM traces LEFT JOIN ("
+        "SELECT trace_id, list(DISTINCT rank ORDER BY rank) AS ranks FROM breakdown WHERE step IS NULL "
+        "GROUP BY trace_id) r USING (trace_id)"
     )
     params: list[Any] = []
     if job:
         sql += " WHERE job = ?"
         params.append(job)
     result = warehouse.query(sql + " ORDER BY job, rank, source_name", params)
-    _print_result(result, fmt, title=f"{len(result.rows)} traces in {warehouse.home}")
+    run_of = {t["trace_id"]: t["run"] for t in warehouse.traces(job)}  # docs/analyses.md, "Runs within a job"
+    result = QueryResult([*result.columns[:2], "run", *result.columns[2:]], [*result.types[:2], "VARCHAR",
+                         *result.types[2:]], [(*row[:2], run_of.get(row[0]), *row[2:]) for row in result.rows])
+    title = f"{len(result.rows)} traces in {warehouse.home}"
+    if fmt is not OutputFormat.table:
+        _print_result(result, fmt, title=title)
+        return
+    rows = [dict(zip(result.columns, row)) for row in result.rows]
+    for row in rows:
+        row["ranks"] = cli_render.rank_ranges(row["ranks"] or [])
+    width = short_ids([r["trace_id"] for r in rows], [t["trace_id"] for t in warehouse.traces()])
+    console.print(cli_render.traces_table(rows, title, console, width))
 
 
 @app.command()
 @_errors
 def sql(
-    query: Annotated[str, typer.Argument(help="One SELECT over the tables: traces, device_ops, host_ops, "
-                                              "collectives, steps, counters, ... (your own files too: "
-                                              "read_parquet('x.parquet')).", show_default=False)],
+    query: Annotated[str, typer.Argument(help=f"One SELECT over the tables: {', '.join(TABLES)} (docs/schema.md; "
+                                              "your own files too: read_parquet('x.parquet')).", show_default=False)],
     fmt: FormatOption = OutputFormat.table,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Write the result to this .parquet, .csv or "
                                              ".json file (DuckDB's COPY) instead of printing it.",
@@ -283,7 +313,7 @@ def sql(
     Queries run with the API's checks in a process that may write nothing: COPY, ATTACH,
     CREATE and the like are refused (export with --out).
     """
-    result = _warehouse(home).query_local(query, out=out)
+    result = _warehouse(home, existing=True).query_local(query, out=out)
     if out is not None:
         err_console.print(f"wrote {result.rows[0][0]} rows to {result.rows[0][1]}", highlight=False, markup=False)
         return
@@ -293,7 +323,8 @@ def sql(
 @app.command()
 @_errors
 def analyze(
-    trace_id: Annotated[str | None, typer.Argument(help="A trace id (see `tracelake traces`).",
+    trace_id: Annotated[str | None, typer.Argument(help="A trace id or a unique prefix of it, 4 characters at least "
+                                                        "(see `tracelake traces`).",
                                                    show_default=False)] = None,
     job: Annotated[str | None, typer.Option("--job", "-j", help="Analyse every trace of this job.")] = None,
     recompute: Annotated[bool, typer.Option("--recompute", help="Recompute the stored analyses of every "
@@ -310,7 +341,7 @@ def analyze(
     """
     if not recompute and (scheduler or workers is not None):
         raise InvalidArgument("--scheduler and --workers apply to --recompute only")
-    warehouse = _warehouse(warehouse_path(home) if home is not None else None)
+    warehouse = _warehouse(warehouse_path(home) if home is not None else None, existing=True)
     if recompute:
         target, _ = _cluster_target(scheduler, workers)  # without Dask, --workers recomputes in process
         total = warehouse.count_traces(job=job)
@@ -324,8 +355,17 @@ def analyze(
         sys.stdout.write(json.dumps(jsonable(result.as_dict()), indent=2) + "\n")
         return
     whole, colls = result.breakdown, result.collectives
-    if whole.height:
-        console.print(to_table(_frame_result(_breakdown_view(whole)), title="where the device time went, per rank"))
+    if result.runs.height > 1:  # docs/analyses.md, "Runs within a job": every table below is per run
+        console.print(to_table(_frame_result(result.runs.select("run", "rule", "traces", "ranks", "world_size", (
+            (pl.col("end_ns") - pl.col("start_ns")) / 1e6).round(2).alias("span ms"))), title="runs in this job"))
+    for warning in result.runs["warning"].drop_nulls().to_list() if "warning" in result.runs.columns else []:
+        err_console.print(f"warning: {warning}", highlight=False, markup=False, soft_wrap=True)
+    if whole.height:  # docs/analyses.md, "Breakdown": exclusive buckets add up to the span, inclusive ones overlap
+        console.print(to_table(_frame_result(cli_render.exclusive_view(whole)),
+                               title="where the device time went, per rank: % of span, exclusive buckets (they add "
+                               "up to 100; compute+comm: communication hidden by compute; other mix: with memory ops)"))
+        console.print(to_table(_frame_result(cli_render.inclusive_view(whole)),
+                               title="per op class, % of span, inclusive (overlapping time counts in each class)"))
     _print_findings(result.findings)
     if result.bandwidth_by_size.height:
         console.print(to_table(_frame_result(result.bandwidth_by_size.select(
@@ -354,9 +394,19 @@ def analyze(
             f"collectives: {colls.height} instances across ranks{bandwidth}, median arrival skew {skew_us:,.1f} us",
             highlight=False, soft_wrap=True,
         )
+    if result.graphs.height:  # docs/analyses.md, "Launches", "CUDA/HIP graphs"
+        console.print(to_table(_frame_result(graph_summary(result.graphs).select(
+            "rank", "launches", pl.col("kernels_per_launch").round(1).alias("kernels/launch"),
+            (pl.col("device_ns_per_launch") / 1e6).round(3).alias("device ms/launch"),
+            (pl.col("span_ns_per_launch") / 1e6).round(3).alias("span ms/launch"),
+            pl.col("gaps_pct").round(1).alias("gaps % of span"),
+            (pl.col("call_ns_per_launch") / 1e3).round(1).alias("launch call us"),
+            (pl.col("mean_delay_ns") / 1e3).round(1).alias("delay us"))),
+            title="CUDA/HIP graph launches, per rank (one row each: --json)"))
     if result.top_kernels.height:
         console.print()
-        console.print(to_table(_frame_result(_kernels_view(result.top_kernels)), title="top kernels, all ranks"))
+        console.print(to_table(_frame_result(_kernels_view(result.top_kernels)),
+                               title="top kernels, all ranks (whole names: --json)"))
 
 
 def _nccl_view(summary: Any) -> Any:
@@ -374,14 +424,16 @@ def _nccl_view(summary: Any) -> Any:
 @app.command()
 @_errors
 def diff(
-    a: Annotated[str, typer.Argument(help="Baseline: a trace id or a job name.", show_default=False)],
-    b: Annotated[str, typer.Argument(help="Compared: a trace id or a job name.", show_default=False)],
+    a: Annotated[str, typer.Argument(help="Baseline: a trace id (or a unique prefix) or a job name.",
+                                     show_default=False)],
+    b: Annotated[str, typer.Argument(help="Compared: a trace id (or a unique prefix) or a job name.",
+                                     show_default=False)],
     top: Annotated[int, typer.Option("--top", "-n", help="Kernels to list.")] = 15,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
     home: HomeOption = None,
 ) -> None:
     """Compare two traces or jobs: time per rank by category, then kernel by kernel (biggest change first)."""
-    kernels_frame, categories = _warehouse(home).diff(a, b)
+    kernels_frame, categories = _warehouse(home, existing=True).diff(a, b)
     if as_json:
         sys.stdout.write(json.dumps(jsonable({
             "categories": categories.to_dicts(), "kernels": kernels_frame.head(top).to_dicts(),
@@ -391,9 +443,11 @@ def diff(
     console.print(to_table(_frame_result(categories.select(
         pl.col("metric").str.replace("_ns$", ""), *ms, pl.col("ratio").round(3))),
         title=f"per rank: {a} (a) vs {b} (b)"))
-    console.print(to_table(_frame_result(kernels_frame.head(top).select(
-        _short_kernel(pl.col("name")).alias("kernel"), "change", *ms, pl.col("ratio").round(3))),
-        title="kernels, biggest change first"))
+    shown = kernels_frame.head(top)
+    labels = cli_render.kernel_labels(shown["name"].to_list(), cli_render.kernel_width(console.width))
+    console.print(to_table(_frame_result(shown.select(
+        pl.Series("kernel", labels, dtype=pl.String), "change", *ms, pl.col("ratio").round(3))),
+        title="kernels, biggest change first (whole names: --json)"))
 
 
 def _print_findings(found: list[findings.Finding]) -> None:
@@ -404,42 +458,14 @@ def _print_findings(found: list[findings.Finding]) -> None:
         console.print(f"- [bold]{escape(f.title)}[/]: {escape(f.detail)}{gain}", highlight=False, soft_wrap=True)
 
 
-def _short_kernel(name: pl.Expr, width: int = 40) -> pl.Expr:
-    """A kernel name as it identifies the kernel at a glance: no "void ", no parameter list, cut to ``width``."""
-    bare = name.str.strip_prefix("void ").str.replace(r"\([^()]*\)\s*$", "")
-    return pl.when(bare.str.len_chars() > width).then(bare.str.slice(0, width - 3) + "...").otherwise(bare)
-
-
 def _kernels_view(top: Any) -> Any:
+    labels = cli_render.kernel_labels(top["name"].to_list(), cli_render.kernel_width(console.width))
     return top.select(
-        _short_kernel(pl.col("name")).alias("kernel"), pl.col("category").str.slice(0, 7).alias("kind"), "count",
+        pl.Series("kernel", labels, dtype=pl.String), pl.col("category").str.slice(0, 7).alias("kind"), "count",
         (pl.col("total_ns") / 1e6).round(2).alias("total ms"),
         (pl.col("mean_ns") / 1e3).round(1).alias("mean us"),
         pl.col("share_pct").round(1).alias("share %"),
     )
-
-
-def _breakdown_view(whole: Any) -> Any:
-    """The breakdown as a person reads it: ms and shares of the span."""
-    def pct(column: str, label: str) -> pl.Expr:
-        return (100 * pl.col(column) / pl.col("span_ns")).round(1).alias(label)
-
-    columns = [
-        "rank",
-        (pl.col("span_ns") / 1e6).round(2).alias("span ms"),
-        pct("compute_ns", "compute %"),
-        pct("communication_ns", "comm %"),
-        pct("exposed_communication_ns", "exposed %"),
-        pl.col("overlap_pct").round(1).alias("comm hidden %"),
-        pct("memory_ns", "memory %"),
-        pct("idle_ns", "idle %"),
-    ]
-    # XLA traces: async collective windows nothing covered, and FLOPs against the device's peak.
-    if "async_collective_ns" in whole.columns and whole["async_collective_ns"].fill_null(0).sum() > 0:
-        columns.append(pct("exposed_async_collective_ns", "async exposed %"))
-    if "flops_utilisation_pct" in whole.columns and whole["flops_utilisation_pct"].is_not_null().any():
-        columns.append(pl.col("flops_utilisation_pct").round(1).alias("FLOPs util %"))
-    return whole.select(columns)
 
 
 @app.command()
@@ -553,6 +579,7 @@ def serve(
 
 report_app = typer.Typer(
     name="report",
+    cls=WordsGroup,
     help="Write reports as self-contained HTML pages (plotly.js inline: they open offline, nothing is fetched).",
     no_args_is_help=True,
 )
@@ -573,7 +600,7 @@ def report_job(
     from .reports.archive import write_page
 
     target = out or Path(f"{job}.html")
-    write_page(target, job_report(_warehouse(home).job_report(job, top=top)))
+    write_page(target, job_report(_warehouse(home, existing=True).job_report(job, top=top)))
     err_console.print(f"wrote {escape(str(target))} ({target.stat().st_size / 1e6:.1f} MB)", highlight=False)
 
 
@@ -601,7 +628,7 @@ def report_fleet(
     from .reports.archive import write_fleet_pages
 
     now = dt.datetime.now(dt.timezone.utc)
-    warehouse = _warehouse(home)
+    warehouse = _warehouse(home, existing=True)
     fleet = warehouse.fleet(since=parse_when(since, now) if since else None,
                             until=parse_when(until, now) if until else None,
                             labels=parse_labels(label), top=top, now=now)
@@ -650,7 +677,7 @@ def report_list(home: HomeOption = None) -> None:
     """List the fleet reports kept in $TRACELAKE_HOME/reports/, newest first."""
     from .scheduler import archive_of
 
-    settings = Settings.from_env(home=home)
+    settings = _warehouse(home, existing=True).settings
     reports = archive_of(settings).list()
     if not reports:
         err_console.print("no fleet reports yet: set TRACELAKE_REPORT_SCHEDULE for `tracelake serve`, or run "
@@ -685,7 +712,7 @@ def check(
     """
     from rich.table import Table
 
-    report = _warehouse(home).check(repair=repair, stale_after=stale_after)
+    report = _warehouse(home, existing=True).check(repair=repair, stale_after=stale_after)
     if as_json:
         sys.stdout.write(json.dumps(report.as_dict(), indent=2) + "\n")
     else:

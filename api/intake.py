@@ -32,7 +32,8 @@ def check_upload(files: list[ReceivedFile], settings: Settings) -> list[QueuedFi
         if archive_kind(received.path) is not None:
             queued += _unpacked(received, limits)
             continue
-        check_gzip(received.path, name=received.name, limits=limits)
+        if received.decoded_bytes is None:  # not decoded as it arrived (the sink hashes gzip whole, bounded)
+            check_gzip(received.path, name=received.name, limits=limits)
         ingest.detect(received.path, received.name)
         queued.append(QueuedFile(received.trace_id, received.name, received.path))
     return queued
@@ -52,5 +53,5 @@ def _unpacked(received: ReceivedFile, limits: UnpackLimits) -> list[QueuedFile]:
     for path in found:
         name = f"{received.name}/{path.relative_to(folder).as_posix()}"
         ingest.detect(path, name)
-        queued.append(QueuedFile(ingest.content_id(path), name, path))
+        queued.append(QueuedFile(ingest.content_id(path, name), name, path))
     return queued

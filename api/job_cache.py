@@ -83,5 +83,5 @@ class JobAnalyses:
 
     def _compute(self, job: str, top: int, *, traces: int) -> bytes:
         analysis = self.warehouse.analyze(job=job, top=top).as_dict()
-        main = {name: analysis.pop(name) for name in ("findings", "breakdown", "last_arrivals", "top_kernels")}
+        main = {name: analysis.pop(name) for name in ("runs", "findings", "breakdown", "last_arrivals", "top_kernels")}
         return encode({"job": job, "traces": traces, **main, "analysis": analysis})

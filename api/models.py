@@ -97,6 +97,8 @@ class JobAnalysis(BaseModel):
 
     job: str
     traces: int
+    runs: list[dict[str, Any]] = Field(description="The job's runs (docs/analyses.md, \"Runs within a job\"), with a "
+                                       "`warning` where a rank repeats; with more than one, every row below has a `run`.")
     findings: list[dict[str, Any]] = Field(description="What to fix first: largest possible gain first.")
     breakdown: list[dict[str, Any]] = Field(description="Device time per rank: compute, communication, exposed, idle.")
     last_arrivals: list[dict[str, Any]] = Field(description="Stragglers: the ranks that arrive last at collectives.")

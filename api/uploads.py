@@ -3,31 +3,36 @@
 A multipart upload's file parts and a raw ``PUT`` body are written chunk by chunk
 into the upload's private folder under names the server chooses (the client's file
 name is only ever a label), hashed on the way so that the trace id is known when
-the last byte lands.
+the last byte lands: gzip is decompressed as it arrives and its content hashed
+(:mod:`.content_hash`), so a re-compressed copy has the same id.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 
+from tracelake.ingest import ID_DIGITS
 from tracelake.warehouse import InvalidArgument, Settings, TooLarge
+
+from .archives import UnpackLimits
+from .content_hash import ContentHasher
 
 #: Form fields other than files are small; a larger one is refused.
 MAX_FIELD_BYTES = 64 << 10
 #: Most form fields (files included) one upload request may carry.
 MAX_PARTS = 1_000
-#: Length of a trace id: the first hex digits of the SHA-256 of the file's bytes (see ``ingest.content_id``).
-TRACE_ID_DIGITS = 20
+#: Length of a trace id: the first hex digits of the SHA-256 of the decoded content (see ``ingest.content_id``).
+TRACE_ID_DIGITS = ID_DIGITS
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 #: A multipart boundary as RFC 2046 (section 5.1.1) defines it: 1 to 70 of these characters, not ending in a space.
 #: Every HTTP client's boundary fits; the multipart parser would fail on one past 256 characters.
@@ -55,12 +60,14 @@ class UploadLimits:
     idle_timeout_seconds: float = 60.0
     #: Seconds the whole body may take, from when the server starts reading it, however steadily it arrives.
     deadline_seconds: float = 3600.0
+    #: How far a gzip file may expand while it is hashed (default: the default settings').
+    expansion: UnpackLimits | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> UploadLimits:
         """The limits configured in ``settings``."""
         return cls(settings.max_file_bytes, settings.max_request_bytes, settings.upload_idle_timeout_seconds,
-                   settings.upload_deadline_seconds)
+                   settings.upload_deadline_seconds, UnpackLimits.from_settings(settings))
 
 
 @dataclass
@@ -71,6 +78,8 @@ class ReceivedFile:
     path: Path  # where the server wrote it
     size: int
     trace_id: str
+    #: Bytes it decodes to, when hashing it checked its gzip stream whole and within the expansion limit.
+    decoded_bytes: int | None = None
 
 
 @dataclass
@@ -95,14 +104,15 @@ def display_name(raw: str | None, fallback: str = "upload") -> str:
 
 
 class _FileSink:
-    """Writes one file's bytes to disk, counting and hashing them."""
+    """Writes one file's bytes to disk, counting them and hashing their decoded content."""
 
     def __init__(self, path: Path, name: str, limits: UploadLimits) -> None:
         self.path = path
         self.name = name
         self.limits = limits
         self.size = 0
-        self.hash = hashlib.sha256()
+        expansion = limits.expansion or UnpackLimits.from_settings(Settings())
+        self.hash = ContentHasher(name, expansion, limits.max_file_bytes)
         self._out: IO[bytes] = open(path, "wb")
 
     def write(self, data: bytes) -> None:
@@ -115,10 +125,26 @@ class _FileSink:
 
     def close(self) -> ReceivedFile:
         self._out.close()
-        return ReceivedFile(self.name, self.path, self.size, self.hash.hexdigest()[:TRACE_ID_DIGITS])
+        trace_id = self.hash.finish()
+        return ReceivedFile(self.name, self.path, self.size, trace_id, self.hash.decoded)
 
     def abort(self) -> None:
         self._out.close()
+
+
+#: A chunk at least this large is written (and its gzip decoded and hashed) off the event loop.
+OFF_LOOP_BYTES = 32 << 10
+
+
+async def _off_loop(write: Callable[[bytes], object], chunk: bytes) -> None:
+    """``write(chunk)``; a large chunk on a worker thread, so that decoding an upload never stalls the server.
+
+    Calls stay in order: each is awaited before the next chunk is read.
+    """
+    if len(chunk) >= OFF_LOOP_BYTES:
+        await run_in_threadpool(write, chunk)
+    else:
+        write(chunk)
 
 
 def _check_length(request: Request, limits: UploadLimits) -> None:
@@ -195,7 +221,7 @@ async def receive_body(request: Request, folder: Path, name: str, limits: Upload
     try:
         async for chunk in _body_chunks(request, limits):
             budget.take(len(chunk))
-            sink.write(chunk)
+            await _off_loop(sink.write, chunk)
     except ClientDisconnect:
         sink.abort()
         raise InvalidArgument(f"{sink.name}: the client disconnected before the upload was complete") from None
@@ -306,7 +332,7 @@ async def receive_multipart(request: Request, folder: Path, limits: UploadLimits
     try:
         async for chunk in _body_chunks(request, limits):
             budget.take(len(chunk))
-            parser.write(chunk)
+            await _off_loop(parser.write, chunk)
         parser.finalize()
     except MultipartParseError as exc:
         raise InvalidArgument(f"malformed multipart body: {exc}") from None

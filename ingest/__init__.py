@@ -21,8 +21,9 @@ from tracelake.warehouse import schema
 
 from .detect import FORMATS, Format, detect
 from .model import ParseOptions, TraceInfo
+from .source import iter_chunks, read_head
 
-__all__ = ["FORMATS", "Format", "ParseOptions", "ParsedTrace", "TraceInfo", "content_id", "detect", "parse", "parse_into"]
+__all__ = ["FORMATS", "ID_DIGITS", "Format", "ParseOptions", "ParsedTrace", "TraceInfo", "content_id", "detect", "parse", "parse_into"]
 
 
 @dataclass
@@ -33,13 +34,27 @@ class ParsedTrace:
     tables: dict[str, pa.Table]
 
 
-def content_id(path: Path) -> str:
-    """The trace id of a file: the first 20 hex digits of the SHA-256 of its bytes."""
+#: Hex digits of a trace id (of the SHA-256 of the decoded content).
+ID_DIGITS = 20
+
+
+def content_id(path: Path, name: str | None = None) -> str:
+    """The trace id of a file: the first 20 hex digits of the SHA-256 of its decoded content.
+
+    A gzip file is hashed as what it decompresses to (every member), in one streaming pass
+    with ISA-L, so ``x.json``, ``x.json.gz`` and a copy compressed at another level are one
+    trace (docs/formats.md, "Trace ids"). An uploaded file is hashed the same way as its bytes
+    arrive (:class:`tracelake.api.uploads.ContentHasher`).
+
+    Raises:
+        TraceFormatError: the file is empty, or its gzip stream is damaged or ends early
+            (naming ``name``, default the file's name, and the compressed byte).
+    """
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(8 << 20):
-            digest.update(block)
-    return digest.hexdigest()[:20]
+    read_head(path, 1, name)  # a damaged gzip header: "not a valid gzip file", as format detection says it
+    for block in iter_chunks(path, chunk_bytes=8 << 20, name=name):
+        digest.update(block)
+    return digest.hexdigest()[:ID_DIGITS]
 
 
 def parse_into(path: Path, staging: Path, options: ParseOptions) -> tuple[Format, TraceInfo]:

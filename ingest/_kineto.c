@@ -136,7 +136,7 @@ static const ColSpec DEVICE_COLS[] = {
     {"event_id", T_I64}, {"name", T_STR}, {"kind", T_STR}, {"device", T_I32}, {"stream", T_I64},
     {"ts_ns", T_I64}, {"dur_ns", T_I64}, {"correlation", T_I64}, {"external_id", T_I64},
     {"bytes", T_I64}, {"grid", T_LIST_I32}, {"block", T_LIST_I32}, {"regs", T_I64},
-    {"smem", T_I64}, {"occupancy", T_F64},
+    {"smem", T_I64}, {"occupancy", T_F64}, {"graph_id", T_I64},
 };
 static const ColSpec HOST_COLS[] = {
     {"event_id", T_I64}, {"cat", T_STR}, {"name", T_STR}, {"pid", T_I64}, {"tid", T_I64},
@@ -166,13 +166,13 @@ enum {
     A_EXTERNAL_ID, A_CORRELATION, A_DEVICE, A_STREAM, A_BYTES, A_GRID, A_BLOCK, A_REGS, A_SMEM,
     A_OCCUPANCY, A_SEQ_NR, A_FWD_TID, A_INPUT_DIMS, A_INPUT_TYPES, A_FLOPS, A_COLL_NAME, A_DTYPE,
     A_IN_NELEMS, A_OUT_NELEMS, A_GROUP_SIZE, A_PG_NAME, A_PG_DESC, A_PG_RANKS, A_COLL_SEQ,
-    A_SRC_RANK, A_DST_RANK, A_TOTAL_ALLOCATED, A_TOTAL_RESERVED, A_DEVICE_ID, A_DEVICE_TYPE, N_ARGS
+    A_SRC_RANK, A_DST_RANK, A_TOTAL_ALLOCATED, A_TOTAL_RESERVED, A_DEVICE_ID, A_DEVICE_TYPE, A_SIZE, A_GRAPH_ID, N_ARGS
 };
 static const char *ARG_NAMES[N_ARGS] = {
     "external_id", "correlation", "device", "stream", "bytes", "grid", "block", "regs", "smem",
     "occupancy", "seq_nr", "fwd_tid", "input_dims", "input_types", "flops", "coll_name", "dtype",
     "in_nelems", "out_nelems", "group_size", "pg_name", "pg_desc", "pg_ranks", "coll_seq",
-    "src_rank", "dst_rank", "total_allocated", "total_reserved", "device_id", "device_type",
+    "src_rank", "dst_rank", "total_allocated", "total_reserved", "device_id", "device_type", "size", "graph_id",
 };
 static const char *ARG_KEYS[N_ARGS] = {
     "External id", "correlation", "device", "stream", "bytes", "grid", "block",
@@ -180,7 +180,7 @@ static const char *ARG_KEYS[N_ARGS] = {
     "Fwd thread id", "Input Dims", "Input type", "flops", "Collective name", "dtype",
     "In msg nelems", "Out msg nelems", "Group size", "Process Group Name",
     "Process Group Description", "Process Group Ranks", "Seq", "Src Rank", "Dst Rank",
-    "Total Allocated", "Total Reserved", "Device Id", "Device Type",
+    "Total Allocated", "Total Reserved", "Device Id", "Device Type", "size", "graph id",
 };
 /* The args keys by length, each list ended by -1, for the lookup of a key. */
 #define MAX_ARG_LEN 32
@@ -194,8 +194,14 @@ static const int CHECKED_ARGS[N_CHECKED] = {A_EXTERNAL_ID, A_CORRELATION, A_DEVI
 static const char *DEVICE_CATS[][2] = {
     {"kernel", "kernel"}, {"gpu_memcpy", "memcpy"}, {"memcpy", "memcpy"},
     {"gpu_memset", "memset"}, {"memset", "memset"}, {"cuda_sync", "sync"},
+    {"mtia_ccp_events", "kernel"},
 };
 #define N_DEVICE_CATS (sizeof DEVICE_CATS / sizeof *DEVICE_CATS)
+/* Kinds by (category, exact name) that override the category's (KIND_BY_CAT_NAME): MTIA DMA copies. */
+static const char *DEVICE_NAMES[][3] = {{"mtia_ccp_events", "dma_request", "memcpy"}};
+#define N_DEVICE_NAMES (sizeof DEVICE_NAMES / sizeof *DEVICE_NAMES)
+/* The device category of MTIA traces (MTIA_CAT), counted to tell the trace's device type. */
+static const char MTIA_CAT[] = "mtia_ccp_events";
 static const char *NOT_HOST_CATS[] = {"gpu_user_annotation", "trace", "ac2g", "async_cpu_to_gpu", "fwdbwd"};
 #define N_NOT_HOST_CATS (sizeof NOT_HOST_CATS / sizeof *NOT_HOST_CATS)
 /* Event phases of the Chrome trace format (PHASES): one character each. */
@@ -237,6 +243,7 @@ typedef struct {
     Buf scratch[N_SCRATCH];          /* texts of values that need a copy (escapes, containers), by S_* slot */
     Table tables[N_TABLES];
     int64_t hip_calls;
+    int64_t mtia_ops;       /* complete events of MTIA_CAT */
     int64_t counter_events; /* ``"ph": "C"`` events, read by the SQL path from the batch's text */
 } Scan;
 
@@ -1027,9 +1034,21 @@ static int device_row(Scan *s, const Event *ev, int64_t event_id, const Text *na
         col_i64(&c[4], has_stream, stream) || col_i64(&c[5], 1, ts) || col_i64(&c[6], 1, dur) ||
         col_i64(&c[7], ev->has_id[C_CORRELATION], ev->id[C_CORRELATION]) ||
         col_i64(&c[8], ev->has_id[C_EXTERNAL_ID], ev->id[C_EXTERNAL_ID]));
-    return int_col(s, &c[9], &ev->args[A_BYTES]) || int_list_col(s, &c[10], &ev->args[A_GRID]) ||
+    /* coalesce(bytes, size): MTIA's dma_request gives its bytes as ``size`` */
+    int64_t bytes = 0;
+    int has_bytes = int_of(s, &ev->args[A_BYTES], &bytes, &rc);
+    CONVERT(rc);
+    if (!has_bytes) has_bytes = int_of(s, &ev->args[A_SIZE], &bytes, &rc);
+    CONVERT(rc);
+    TRY(col_i64(&c[9], has_bytes, bytes));
+    /* nullif(graph id, 0): Kineto writes 0 for a kernel outside a CUDA graph */
+    int64_t graph = 0;
+    int has_graph = int_of(s, &ev->args[A_GRAPH_ID], &graph, &rc);
+    CONVERT(rc);
+    return int_list_col(s, &c[10], &ev->args[A_GRID]) ||
            int_list_col(s, &c[11], &ev->args[A_BLOCK]) || int_col(s, &c[12], &ev->args[A_REGS]) ||
-           int_col(s, &c[13], &ev->args[A_SMEM]) || double_col(s, &c[14], &ev->args[A_OCCUPANCY]) ? -1 : 0;
+           int_col(s, &c[13], &ev->args[A_SMEM]) || double_col(s, &c[14], &ev->args[A_OCCUPANCY]) ||
+           col_i64(&c[15], has_graph && graph != 0, graph) ? -1 : 0;
 }
 
 /* The row of a host op (a complete event of any other category but the few that are neither). */
@@ -1150,6 +1169,9 @@ static int emit(Scan *s, Event *ev, int64_t event_id) {
         for (size_t i = 0; i < N_NOT_HOST_CATS && !kind; i++)
             if (strcmp(lcat, NOT_HOST_CATS[i]) == 0) not_host = 1;
     }
+    if (lcat_ok && strcmp(lcat, MTIA_CAT) == 0) s->mtia_ops++;
+    for (size_t i = 0; i < N_DEVICE_NAMES && kind != NULL; i++)
+        if (strcmp(lcat, DEVICE_NAMES[i][0]) == 0 && text_eq(&name, DEVICE_NAMES[i][1])) kind = DEVICE_NAMES[i][2];
     if (kind != NULL && device_row(s, ev, event_id, &name, kind, ts, dur)) return -1;
     if (kind == NULL && !not_host && host_row(s, ev, event_id, &cat, &name, ts, dur)) return -1;
     if (starts_with(&name, "ProfilerStep#")) {
@@ -1310,8 +1332,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         error = Py_BuildValue("(LszNN)", (long long)(s->bad_event < 0 ? count : s->bad_event),
                               PROBLEM_NAMES[s->problem], s->problem_arg, name_obj, ph_obj);
         if (error == NULL) goto done;
-        result = Py_BuildValue("(OLLLO)", Py_None, (long long)count, (long long)s->hip_calls,
-                               (long long)s->counter_events, error);
+        result = Py_BuildValue("(OLLLLO)", Py_None, (long long)count, (long long)s->hip_calls,
+                               (long long)s->mtia_ops, (long long)s->counter_events, error);
         goto done;  /* the columns of a batch that failed are not wanted */
     }
     tables = PyDict_New();
@@ -1330,8 +1352,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             if (failed) goto done;
         }
     }
-    result = Py_BuildValue("(NLLLO)", tables, (long long)count, (long long)s->hip_calls,
-                           (long long)s->counter_events, error);
+    result = Py_BuildValue("(NLLLLO)", tables, (long long)count, (long long)s->hip_calls,
+                           (long long)s->mtia_ops, (long long)s->counter_events, error);
     tables = NULL;
 done:
     Py_XDECREF(tables);
@@ -1484,7 +1506,8 @@ static PyObject *constants(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
     PyObject *args = PyDict_New(), *kinds = PyDict_New(), *not_host = PyList_New(0), *checked = PyList_New(0);
-    if (!args || !kinds || !not_host || !checked) goto fail;
+    PyObject *by_name = PyDict_New();
+    if (!args || !kinds || !not_host || !checked || !by_name) goto fail;
     for (int a = 0; a < N_ARGS; a++) {
         PyObject *key = PyUnicode_FromString(ARG_KEYS[a]);
         if (key == NULL || PyDict_SetItemString(args, ARG_NAMES[a], key)) { Py_XDECREF(key); goto fail; }
@@ -1494,6 +1517,14 @@ static PyObject *constants(PyObject *self, PyObject *noargs) {
         PyObject *kind = PyUnicode_FromString(DEVICE_CATS[i][1]);
         if (kind == NULL || PyDict_SetItemString(kinds, DEVICE_CATS[i][0], kind)) { Py_XDECREF(kind); goto fail; }
         Py_DECREF(kind);
+    }
+    for (size_t i = 0; i < N_DEVICE_NAMES; i++) {
+        PyObject *key = Py_BuildValue("(ss)", DEVICE_NAMES[i][0], DEVICE_NAMES[i][1]);
+        PyObject *kind = PyUnicode_FromString(DEVICE_NAMES[i][2]);
+        int failed = key == NULL || kind == NULL || PyDict_SetItem(by_name, key, kind);
+        Py_XDECREF(key);
+        Py_XDECREF(kind);
+        if (failed) goto fail;
     }
     for (size_t i = 0; i < N_NOT_HOST_CATS; i++) {
         PyObject *cat = PyUnicode_FromString(NOT_HOST_CATS[i]);
@@ -1505,16 +1536,16 @@ static PyObject *constants(PyObject *self, PyObject *noargs) {
         if (name == NULL || PyList_Append(checked, name)) { Py_XDECREF(name); goto fail; }
         Py_DECREF(name);
     }
-    return Py_BuildValue("{sNsNsNsNss}", "args", args, "kinds", kinds, "not_host", not_host, "checked", checked,
-                         "phases", PHASES);
+    return Py_BuildValue("{sNsNsNsNsNssss}", "args", args, "kinds", kinds, "kinds_by_name", by_name,
+                         "not_host", not_host, "checked", checked, "phases", PHASES, "mtia_cat", MTIA_CAT);
 fail:
-    Py_XDECREF(args); Py_XDECREF(kinds); Py_XDECREF(not_host); Py_XDECREF(checked);
+    Py_XDECREF(args); Py_XDECREF(kinds); Py_XDECREF(not_host); Py_XDECREF(checked); Py_XDECREF(by_name);
     return NULL;
 }
 
 static PyMethodDef METHODS[] = {
     {"scan", scan, METH_VARARGS,
-     "scan(batch, first) -> (tables, events, hip_calls, counter_events, error)\n\n"
+     "scan(batch, first) -> (tables, events, hip_calls, mtia_ops, counter_events, error)\n\n"
      "Scan a JSON array of trace events whose first has index ``first``. ``tables`` maps each table to its\n"
      "columns as (name, type, length, null count, validity, offsets, data, child length, child null count,\n"
      "child validity), None when ``error`` is (event index, problem, args key, event name, phase)."},

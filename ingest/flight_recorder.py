@@ -226,7 +226,7 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
         named = fit_int(int(match.group(1)), 32) if match else None
         rank, rank_source = (named, "file name") if named is not None else (0, "default")
     columns = ("event_id", "rank", "collective", "process_group", "process_group_desc", "group_ranks", "group_size",
-               "seq", "message_bytes", "src_rank", "dst_rank", "ts_ns", "dur_ns", "is_async")
+               "seq", "message_bytes", "src_rank", "dst_rank", "ts_ns", "dur_ns", "is_async", "source")
     rows: dict[str, list[object]] = {c: [] for c in columns}
     for index, entry in enumerate(doc["entries"]):
         if not isinstance(entry, dict):
@@ -254,7 +254,7 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
             ("src_rank", fit_int(int(p2p.group(2)), 32) if p2p else None),
             ("dst_rank", fit_int(int(p2p.group(3)), 32) if p2p else None),
             ("ts_ns", fit_int(entry.get("time_discovered_started_ns") or entry.get("time_created_ns"))),
-            ("dur_ns", _duration_ns(duration)), ("is_async", False),
+            ("dur_ns", _duration_ns(duration)), ("is_async", False), ("source", "flight_recorder"),
         ):
             rows[column].append(value)
     write_table(staging, "collectives", rows, trace_id=options.trace_id)

@@ -49,6 +49,8 @@ class ScannedBatch:
     tables: dict[str, pa.Table]
     events: int
     hip_calls: int
+    #: Complete events of MTIA's device category (``mtia_ccp_events``): the trace is of an MTIA.
+    mtia_ops: int
     #: ``"ph": "C"`` events (their args are read from the batch's text, as the DuckDB path does).
     counter_events: int
 
@@ -95,14 +97,15 @@ def scan(batch: bytes, first: int, source: str) -> ScannedBatch:
     Raises:
         TraceFormatError: an event cannot be read; the message names it by index.
     """
-    columns, events, hip_calls, counter_events, error = _native().scan(batch, first)
+    columns, events, hip_calls, mtia_ops, counter_events, error = _native().scan(batch, first)
     if error is not None:
         raise _error(error, first, source)
     tables = {
         table: pa.Table.from_arrays([_array(c) for c in cols], names=[c[0] for c in cols])
         for table, cols in columns.items()
     }
-    return ScannedBatch(tables=tables, events=events, hip_calls=hip_calls, counter_events=counter_events)
+    return ScannedBatch(tables=tables, events=events, hip_calls=hip_calls, mtia_ops=mtia_ops,
+                        counter_events=counter_events)
 
 
 def _error(error: tuple[Any, ...], first: int, source: str) -> TraceFormatError:

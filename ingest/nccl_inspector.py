@@ -32,7 +32,7 @@ from .tables import fit_int, write_table
 FORMAT = "nccl_inspector"
 
 _COLUMNS = ("event_id", "rank", "collective", "process_group", "group_size", "seq", "message_bytes", "src_rank",
-            "dst_rank", "ts_ns", "dur_ns", "cpu_ts_ns", "cpu_dur_ns", "is_async")
+            "dst_rank", "ts_ns", "dur_ns", "cpu_ts_ns", "cpu_dur_ns", "is_async", "source")
 
 
 def sniff(head: bytes, filename: str) -> bool:
@@ -142,6 +142,7 @@ def _line(raw: bytes, decoder: msgspec.json.Decoder[Any], rows: dict[str, list[o
         ("src_rank", rank if is_p2p and collective == "send" else peer if is_p2p else None),
         ("dst_rank", peer if is_p2p and collective == "send" else rank if is_p2p else None),
         ("ts_ns", ts_ns), ("dur_ns", dur_ns), ("cpu_ts_ns", None), ("cpu_dur_ns", None), ("is_async", False),
+        ("source", "nccl_inspector"),
     ):
         rows[column].append(value)
     facts.setdefault("hostname", meta.get("hostname") if isinstance(meta.get("hostname"), str) else None)

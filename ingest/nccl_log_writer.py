@@ -158,4 +158,5 @@ def _collectives(coll: pl.DataFrame, lookup: pl.DataFrame, choices: pl.DataFrame
         pl.when(pl.col("collective") == "send").then(root)
         .when(pl.col("collective") == "recv").then(pl.col("rank")).alias("dst_rank"),
         "ts_ns", "stream", pl.lit(False).alias("is_async"), "algorithm", "protocol", "channels",
+        pl.lit("nccl_log").alias("source"),
     )

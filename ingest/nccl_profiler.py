@@ -83,7 +83,8 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     if not pairs:
         raise TraceFormatError(options.source_name, f"no COLL or P2P events among {len(events):,} events")
     columns = ("event_id", "rank", "collective", "process_group", "seq", "dtype", "in_nelems", "message_bytes",
-               "dst_rank", "ts_ns", "cpu_ts_ns", "cpu_dur_ns", "algorithm", "protocol", "channels", "is_async")
+               "dst_rank", "ts_ns", "cpu_ts_ns", "cpu_dur_ns", "algorithm", "protocol", "channels", "is_async",
+               "source")
     rows: dict[str, list[object]] = {c: [] for c in columns}
     for index, (begin, end) in enumerate(sorted(pairs, key=lambda p: p[0].ts or 0.0)):
         args = begin.args or {}
@@ -107,7 +108,7 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
             ("ts_ns", ts), ("cpu_ts_ns", ts), ("cpu_dur_ns", fit_int(dur)),
             ("algorithm", fit_text(args.get("Algorithm"))), ("protocol", fit_text(args.get("Protocol"))),
             ("channels", fit_int(args.get("nChannels"), 32)),
-            ("is_async", False),
+            ("is_async", False), ("source", "nccl_profiler"),
         ):
             rows[column].append(value)
     write_table(staging, "collectives", rows, trace_id=options.trace_id)

@@ -261,6 +261,12 @@ def _devices(top: dict[str, Any], rank: int) -> dict[str, list[object]]:
     return rows
 
 
+def _pg_config(top: dict[str, Any]) -> object:
+    """``distributedInfo.pg_config``: the process groups (None where the trace does not list them)."""
+    dist = top.get("distributedInfo")
+    return dist.get("pg_config") if isinstance(dist, dict) else None
+
+
 def _str_or_none(value: object) -> str | None:
     return str(value) if value is not None and value != "" else None
 
@@ -301,6 +307,7 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
                 info,
                 trace_id=options.trace_id,
                 base_ns=_base_time_ns(top, options.source_name),
+                pg_config=_pg_config(top),
             )
             write_table(staging, "devices", _devices(top, info.rank), trace_id=options.trace_id)
         except pytorch_profiler_sql.UnreadableValue as exc:

@@ -26,12 +26,12 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracelake.analysis.classify import category_sql
+from tracelake.analysis.classify import Category, category_sql
 from tracelake.warehouse import schema
 from tracelake.warehouse.schema import sql_literal
 from tracelake.warehouse.errors import TraceFormatError
 
-from . import kineto_scan
+from . import kernel_collectives, kineto_scan
 from .model import TraceInfo
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,18 @@ DTYPE_BYTES: dict[str, int] = {
     "ComplexFloat": 8, "ComplexDouble": 16, "UInt16": 2, "UInt32": 4, "UInt64": 8,
 }
 
-#: Device op kinds by Kineto event category (lower case).
+#: Device op kinds by Kineto event category (lower case). ``mtia_ccp_events`` are the ops of
+#: Meta's MTIA accelerator (docs/formats.md, section 1).
 KIND_BY_CAT = {
     "kernel": "kernel", "gpu_memcpy": "memcpy", "memcpy": "memcpy",
     "gpu_memset": "memset", "memset": "memset", "cuda_sync": "sync",
+    "mtia_ccp_events": "kernel",
 }
+#: Kinds by (category, exact name) where a category holds more than one kind: MTIA's DMA
+#: transfers (``args.size`` bytes, ``args.direction``) are copies.
+KIND_BY_CAT_NAME = {("mtia_ccp_events", "dma_request"): "memcpy"}
+#: The device-op category of MTIA traces: one such event makes the trace's ``device_type`` ``mtia``.
+MTIA_CAT = "mtia_ccp_events"
 #: Event phases of the Chrome trace format (``ph``); anything else is an error.
 PHASES = ("B", "E", "X", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M", "R", "c", "(", ")")
 #: Integer args whose presence with a value that is not a number is an error.
@@ -74,6 +81,7 @@ ARGS: dict[str, tuple[str, str]] = {
     "regs": ("registers per thread", "VARCHAR"),
     "smem": ("shared memory", "VARCHAR"),
     "occupancy": ("est. achieved occupancy %", "VARCHAR"),
+    "graph_id": ("graph id", "VARCHAR"),
     "seq_nr": ("Sequence number", "VARCHAR"),
     "fwd_tid": ("Fwd thread id", "VARCHAR"),
     "input_dims": ("Input Dims", "JSON"),
@@ -94,6 +102,7 @@ ARGS: dict[str, tuple[str, str]] = {
     "total_reserved": ("Total Reserved", "VARCHAR"),
     "device_id": ("Device Id", "VARCHAR"),
     "device_type": ("Device Type", "VARCHAR"),
+    "size": ("size", "VARCHAR"),
 }
 
 
@@ -147,18 +156,21 @@ def _translate(exc: duckdb.Error, source: str) -> Exception:
 _DEVICE_CATS = ", ".join(f"'{c}'" for c in KIND_BY_CAT)
 _NOT_HOST = ", ".join(f"'{c}'" for c in (*KIND_BY_CAT, *NOT_HOST_CATS))
 _KINDS = " ".join(f"WHEN '{cat}' THEN '{kind}'" for cat, kind in KIND_BY_CAT.items())
+_KINDS_BY_NAME = " ".join(f"WHEN lcat = '{cat}' AND name = '{name}' THEN '{kind}'"
+                          for (cat, name), kind in KIND_BY_CAT_NAME.items())
 
 #: Row-local columns of device ops, written to Parquet parts as each group loads.
 _DEVICE_PART = f"""
-    SELECT event_id, name, CASE lcat {_KINDS} END AS kind,
+    SELECT event_id, name, CASE {_KINDS_BY_NAME} ELSE (CASE lcat {_KINDS} END) END AS kind,
            CAST(coalesce({_int_arg('device')}, num_id(pid)) AS INTEGER) AS device,
            coalesce({_int_arg('stream')}, num_id(tid)) AS stream,
            rel_ns(ts) AS ts_ns, dur_ns(dur) AS dur_ns,
            {_int_arg('correlation')} AS correlation, {_int_arg('external_id')} AS external_id,
-           {_int_arg('bytes')} AS bytes,
+           coalesce({_int_arg('bytes')}, {_int_arg('size')}) AS bytes,
            TRY_CAST({_arg('grid')} AS INTEGER[]) AS grid, TRY_CAST({_arg('block')} AS INTEGER[]) AS block,
            {_int_arg('regs')} AS regs, {_int_arg('smem')} AS smem,
-           TRY_CAST({_arg('occupancy')} AS DOUBLE) AS occupancy
+           TRY_CAST({_arg('occupancy')} AS DOUBLE) AS occupancy,
+           nullif({_int_arg('graph_id')}, 0) AS graph_id
     FROM batch WHERE ph = 'X' AND lcat IN ({_DEVICE_CATS})
 """
 #: Row-local columns of host ops.
@@ -199,6 +211,7 @@ class Normaliser:
         self._cursors: list[duckdb.DuckDBPyConnection] = []
         self._scanned: dict[str, list[pa.Table]] = {"step_marks": [], "coll_args": [], "memory": []}
         self._hip_calls = 0
+        self._mtia_ops = 0
         #: Batch files holding counter (``"ph": "C"``) events, kept for :func:`_counters`.
         self.counter_batches: list[Path] = []
         for statement in _SETUP:
@@ -241,6 +254,7 @@ class Normaliser:
                 if scanned.tables[table].num_rows:
                     parts.append(scanned.tables[table])
             self._hip_calls += scanned.hip_calls
+            self._mtia_ops += scanned.mtia_ops
 
     def load(self, group: int, batches: list[tuple[Path, int]]) -> None:
         """Parse group number ``group`` with DuckDB: consecutive batch files, each with the index of its first event.
@@ -276,8 +290,11 @@ class Normaliser:
         except UnicodeDecodeError as exc:  # DuckDB cut its message, quoting a value, inside a UTF-8 sequence
             raise UnreadableValue("a value DuckDB could not convert (its message is not valid UTF-8)") from exc
 
-    def finish(self, info: TraceInfo, *, trace_id: str, base_ns: int) -> None:
-        """Derive the cross-event facts and write ``<table>.parquet`` for every data table; fill ``info``."""
+    def finish(self, info: TraceInfo, *, trace_id: str, base_ns: int, pg_config: object = None) -> None:
+        """Derive the cross-event facts and write ``<table>.parquet`` for every data table; fill ``info``.
+
+        ``pg_config``: ``distributedInfo.pg_config`` (process groups), for collectives derived from kernels.
+        """
         started = time.perf_counter()
         con = self.con
         try:
@@ -287,6 +304,7 @@ class Normaliser:
             _nesting(con, self.parts, native=self.native)
             _device_steps(con, self.parts)
             _collectives(con, self.parts)
+            kernel_collectives.add(con, self.parts, pg_config)
             _counters(con, sorted(self.counter_batches))
             _fill_info(con, info, base_ns)
             _write_tables(con, self.staging, self.parts, trace_id, info.rank, base_ns)
@@ -304,8 +322,8 @@ class Normaliser:
                 con.register("scanned_rows", pa.concat_tables(parts))
                 con.execute(f"INSERT INTO {targets[name]} SELECT * FROM scanned_rows")
                 con.unregister("scanned_rows")
-        if self._hip_calls:
-            con.execute("INSERT INTO facts VALUES (?)", [self._hip_calls])
+        if self._hip_calls or self._mtia_ops:
+            con.execute("INSERT INTO facts VALUES (?, ?)", [self._hip_calls, self._mtia_ops])
 
     def close(self) -> None:
         """Release DuckDB's memory and temporary files."""
@@ -326,7 +344,7 @@ _SETUP = (
     "pg_desc VARCHAR, pg_ranks VARCHAR, in_nelems BIGINT, out_nelems BIGINT, group_size BIGINT, coll_seq BIGINT, "
     "src_rank BIGINT, dst_rank BIGINT)",
     "CREATE TABLE counter_rows (name VARCHAR, device INTEGER, ts_ns BIGINT, value DOUBLE)",
-    "CREATE TABLE facts (hip_calls BIGINT)",
+    "CREATE TABLE facts (hip_calls BIGINT, mtia_ops BIGINT)",
 )
 
 _MEMORY_DEVICE = f"CASE WHEN {_int_arg('device_type')} = 0 THEN -1 ELSE CAST({_int_arg('device_id')} AS INTEGER) END"
@@ -347,7 +365,8 @@ _PER_BATCH = (
        UNION ALL
        SELECT 'Total Reserved', {_MEMORY_DEVICE}, rel_ns(ts), TRY_CAST({_arg('total_reserved')} AS DOUBLE)
        FROM batch WHERE ph = 'i' AND name = '[memory]' AND {_arg('total_reserved')} IS NOT NULL AND ts IS NOT NULL""",
-    "INSERT INTO facts SELECT count(*) FROM batch WHERE lcat = 'cuda_runtime' AND name LIKE 'hip%'",
+    "INSERT INTO facts SELECT count(*) FILTER (WHERE lcat = 'cuda_runtime' AND name LIKE 'hip%'), "
+    f"count(*) FILTER (WHERE ph = 'X' AND lcat = '{MTIA_CAT}') FROM batch",
 )
 
 
@@ -508,7 +527,7 @@ def _collectives(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
         FROM coll_args c JOIN host_d h USING (event_id)
     """)
     # The kernel of a CPU-side call is launched from inside it, on the same thread.
-    con.execute("""
+    con.execute(f"""
         CREATE TABLE coll_links AS
         SELECT event_id, kernel_event_id FROM (
             SELECT c.event_id, k.event_id AS kernel_event_id,
@@ -516,7 +535,7 @@ def _collectives(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
             FROM coll_cpu c
             JOIN host_d r ON r.pid = c.pid AND r.tid = c.tid AND r.correlation IS NOT NULL
                        AND r.ts_ns >= c.ts_ns AND r.ts_ns <= c.ts_ns + c.dur_ns
-            JOIN dev_d k ON k.correlation = r.correlation AND k.category = 'communication'
+            JOIN dev_d k ON k.correlation = r.correlation AND k.category = '{Category.COMMUNICATION}'
         ) WHERE n = 1
     """)
     kernels = sql_literal(str(parts / "device-*.parquet"))
@@ -581,8 +600,8 @@ def _fill_info(con: duckdb.DuckDBPyConnection, info: TraceInfo, base_ns: int) ->
     info.start_ns = None if start is None else start + base_ns
     info.end_ns = None if end is None else end + base_ns
     info.device_count = con.execute("SELECT count(DISTINCT device) FROM dev_d").fetchone()[0]  # type: ignore[index]
-    hip = con.execute("SELECT sum(hip_calls) FROM facts").fetchone()[0]  # type: ignore[index]
-    info.device_type = ("rocm" if hip else "cuda") if info.device_count else "cpu"
+    hip, mtia = con.execute("SELECT sum(hip_calls), sum(mtia_ops) FROM facts").fetchall()[0]
+    info.device_type = ("mtia" if mtia else "rocm" if hip else "cuda") if info.device_count else "cpu"
     if info.pid is None:
         found = con.execute(
             "SELECT pid FROM host_n WHERE pid IS NOT NULL GROUP BY pid ORDER BY count(*) DESC LIMIT 1"
@@ -635,7 +654,7 @@ def _write_tables(
             "category": "d.category", "name": "name", "ts_ns": shifted("p.ts_ns"), "dur_ns": "p.dur_ns",
             "correlation": "p.correlation", "external_id": "external_id", "step": "d.step",
             "bytes": "bytes", "grid": "grid", "block": "block", "registers_per_thread": "regs",
-            "shared_memory_bytes": "smem", "occupancy_pct": "occupancy",
+            "shared_memory_bytes": "smem", "occupancy_pct": "occupancy", "graph_id": "graph_id",
         }),
         "host_ops": ("host", "host_d", {
             "event_id": "event_id", "pid": "p.pid", "tid": "p.tid", "cat": "cat", "name": "name",
@@ -653,7 +672,7 @@ def _write_tables(
         "collectives": ("coll", {
             c: shifted(c) if c in ("ts_ns", "cpu_ts_ns") else c
             for c in schema.COLLECTIVES.column_names
-            if c not in common and c not in ("is_async", "algorithm", "protocol", "channels")
+            if c not in common and c not in ("is_async", "channels")
         } | {"is_async": "FALSE"}),
         "steps": ("step_rows", {
             c: shifted(c) if c in ("ts_ns", "device_start_ns", "device_end_ns") else c

@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 from isal import igzip
 
+from tracelake.analysis.classify import Category, classify
 from tracelake.warehouse.errors import TraceFormatError
 
 from . import xla_ops
@@ -67,7 +68,7 @@ class _Op:
     name: str
     long_name: str | None
     hlo_category: str | None
-    category: str
+    category: Category
     program: int | None
     module: str | None
     flops: float | None
@@ -261,7 +262,8 @@ class _Parser(HostLines):
         bytes_accessed = as_int(mstats.get("bytes_accessed"))
         collective = xla_ops.collective_name(hlo_category)
         op = _Op(
-            name=name, long_name=long_name, hlo_category=hlo_category, category=xla_ops.category(hlo_category, name),
+            name=name, long_name=long_name, hlo_category=hlo_category,
+            category=classify("xla_op", name, hlo_category),
             program=program, module=self.module_names.get(program) if program is not None else None,
             flops=as_float(mstats.get("flops")), bytes_accessed=bytes_accessed, collective=collective,
             message_bytes=xla_ops.message_bytes(xla_ops.result_bytes(long_name), bytes_accessed)
@@ -311,6 +313,7 @@ class _Parser(HostLines):
             "stream": pa.array(np.full(len(rows), stream, dtype=np.int64)),
             "step": steps_array(steps[rows]),
             "is_async": pa.array(np.full(len(rows), is_async, dtype=bool)),
+            "source": pa.array(["xla"] * len(rows), type=pa.string()),
         })
 
     # ---- the small tables and the trace facts

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tracelake.analysis.classify import Category, classify, op_kind
 from tracelake.warehouse.errors import TraceFormatError
 
 from . import xla_ops
@@ -127,7 +128,7 @@ class GpuStreams(RowBuilder):
             "hlo_module": per_op(3), "program_id": per_op(4, pa.uint64()), "hlo_category": per_op(5),
             "long_name": per_op(6),
         }
-        communication = np.flatnonzero(np.array([op[1] == "communication" for op in ops], dtype=bool)[which])
+        communication = np.flatnonzero(np.array([op[1] == Category.COMMUNICATION for op in ops], dtype=bool)[which])
         comm_rows = {name: table[name].take(pa.array(communication)).to_pylist()
                      for name in _COLLECTIVE_INPUTS}
         return table, communication, comm_rows
@@ -147,8 +148,8 @@ class GpuStreams(RowBuilder):
         if hlo_category is None and hlo_op is not None:
             hlo_category = (self.opcodes.get((program, hlo_op)) if program is not None else None) \
                 or self.opcodes_by_module.get((module or "", hlo_op)) or xla_ops.opcode_of(hlo_op)
-        return (xla_ops.gpu_kind(name), xla_ops.category(hlo_category, name, gpu_kernel=True), name, module, program,
-                hlo_category, hlo_op)
+        kind = op_kind(name)
+        return kind, classify(kind, name, hlo_category), name, module, program, hlo_category, hlo_op
 
     def _gpu_ops(self, plane: Plane, index: int, line: Any, rows: Columns) -> None:
         """A GPU stream's events one by one through protobuf (see :meth:`_gpu_stream`)."""
@@ -169,8 +170,8 @@ class GpuStreams(RowBuilder):
                     or self.opcodes_by_module.get((module or "", hlo_op)) or xla_ops.opcode_of(hlo_op)
             ts = (origin + event.offset_ps) // 1000
             dur = max(event.duration_ps // 1000, 0)
-            kind = xla_ops.gpu_kind(name)
-            category = xla_ops.category(hlo_category, name, gpu_kernel=True)
+            kind = op_kind(name)
+            category = classify(kind, name, hlo_category)
             self._device_row(rows, self._event_id(), index, self.local_index.get(index, index), stream, kind,
                              category, name, ts, dur,
                              as_int(stats.get("correlation_id")), module, program, hlo_category,
@@ -204,7 +205,7 @@ class StreamRows:
 
     def add_lists(self, part: dict[str, list[object]]) -> None:
         """Buffer a part of column lists."""
-        rows = [i for i, c in enumerate(part["category"]) if c == "communication"]
+        rows = [i for i, c in enumerate(part["category"]) if c == Category.COMMUNICATION]
         self.add(part, np.array(rows, dtype=np.int64), {k: [part[k][i] for i in rows] for k in DEVICE_COLUMNS})
 
     def clear(self) -> None:

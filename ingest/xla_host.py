@@ -29,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracelake.analysis.classify import classify
 from tracelake.warehouse.errors import TraceFormatError
 
 from . import xla_ops
@@ -246,7 +247,7 @@ class HostLines(GpuStreams):
         hlo_op = as_str(stats.get("hlo_op")) or name
         opcode = self.opcodes_by_module.get((module or "", hlo_op)) or xla_ops.opcode_of(hlo_op)
         hlo_category = as_str(stats.get("hlo_category")) or opcode
-        self._device_row(out, event_id, rank, rank, int(line.id), "xla_op", xla_ops.category(hlo_category, name),
+        self._device_row(out, event_id, rank, rank, int(line.id), "xla_op", classify("xla_op", name, hlo_category),
                          name, ts, dur, None, module, as_uint(stats.get("program_id")), hlo_category, None,
                          as_float(stats.get("flops")), as_int(stats.get("bytes_accessed")))
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from tracelake.analysis.classify import classify, op_kind
 from tracelake.warehouse.errors import TraceFormatError
 
 from . import xla_ops
@@ -126,7 +127,7 @@ class _Parser(RowBuilder):
                     module = as_str(args.get("hlo_module"))
                     hlo_category = as_str(args.get("hlo_category")) or xla_ops.opcode_of(as_str(args["hlo_op"]))
                     self._device_row(cpu_ops, event_id, rank, rank, _thread_id(key[1]), "xla_op",
-                                     xla_ops.category(hlo_category, event.name or ""), event.name or "", ts, dur,
+                                     classify("xla_op", event.name or "", hlo_category), event.name or "", ts, dur,
                                      None, module, as_uint(args.get("program_id")), hlo_category,
                                      as_str(args.get("long_name")), as_float(args.get("flops")),
                                      as_int(args.get("bytes_accessed")))
@@ -164,7 +165,7 @@ class _Parser(RowBuilder):
             if kind == "tpu" and thread == "XLA Ops":
                 hlo_category = hlo_category or xla_ops.opcode_of(name) or xla_ops.opcode_of(as_str(args.get("hlo_op")))
                 self._device_row(rows, self._event_id(), index, index, _thread_id(event.tid), "xla_op",
-                                 xla_ops.category(hlo_category, name), name, ts, dur, None, module,
+                                 classify("xla_op", name, hlo_category), name, ts, dur, None, module,
                                  as_uint(args.get("program_id")), hlo_category, as_str(args.get("long_name")),
                                  as_float(args.get("flops")), as_int(args.get("bytes_accessed")))
             elif kind == "gpu" and _STREAM.match(thread):
@@ -172,7 +173,7 @@ class _Parser(RowBuilder):
                 hlo_category = hlo_category or xla_ops.opcode_of(as_str(args.get("hlo_op")))
                 self._device_row(rows, self._event_id(), index, index,
                                  int(stream_match.group(1)) if stream_match else _thread_id(event.tid),
-                                 xla_ops.gpu_kind(name), xla_ops.category(hlo_category, name, gpu_kernel=True),
+                                 op_kind(name), classify(op_kind(name), name, hlo_category),
                                  name, ts, dur, as_int(args.get("correlation_id")), module,
                                  as_uint(args.get("program_id")), hlo_category, as_str(args.get("hlo_op")),
                                  None, None)

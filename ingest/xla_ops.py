@@ -1,26 +1,18 @@
-"""What an XLA op is: its category, collective name and message size (docs/formats.md, section 2).
+"""What an XLA op is: its collective name, opcode and message size (docs/formats.md, section 2).
 
-Shared by the XSpace parser and the trace-viewer JSON parser, so both classify the
-same op the same way.
+Shared by the XSpace parser and the trace-viewer JSON parser. Categories come from the
+one rule table of every format, :func:`tracelake.analysis.classify.classify`
+(docs/analyses.md, "Classification of device ops"), called with the op's kind, name and
+``hlo_category``.
 """
 
 from __future__ import annotations
 
 import re
 
-#: HLO collective opcodes (their async ``-start``/``-done`` forms and fusions match too).
-COLLECTIVE_OPCODES = (
-    "all-reduce", "all-gather", "reduce-scatter", "all-to-all", "ragged-all-to-all",
-    "collective-permute", "collective-broadcast", "send", "recv",
-)
-_COLLECTIVE = re.compile(
-    r"^(?:async[- ])?(" + "|".join(re.escape(o) for o in COLLECTIVE_OPCODES) + r")(?:-start|-done|-update)?"
-    r"(?:[ -]fusion)?(?:\.\d+)?$"
-)
-#: Categories and opcodes that move memory rather than compute.
-MEMORY_OPCODES = frozenset({"copy", "copy-start", "copy-done", "dynamic-update-slice", "host-offload"})
-_GPU_MEMORY_NAME = re.compile(r"memcpy|memset|copybuffer|fillbuffer", re.IGNORECASE)
-_GPU_COLLECTIVE_NAME = re.compile(r"^(nccl|rccl)", re.IGNORECASE)
+from tracelake.analysis.classify import COLLECTIVE_HLO, MEMORY_OPCODES
+
+_COLLECTIVE = re.compile(COLLECTIVE_HLO, re.IGNORECASE)
 _SHAPE = re.compile(r"\b(pred|[sfuc]\d+|bf16|f8e\w+?)\[([\d,]*)\]")
 _DTYPE_BITS = {"pred": 8, "bf16": 16}
 
@@ -31,25 +23,6 @@ def collective_name(category_or_opcode: str | None) -> str | None:
         return None
     match = _COLLECTIVE.match(category_or_opcode.strip().lower())
     return match.group(1).replace("-", "_") if match else None
-
-
-def category(hlo_category: str | None, name: str, *, gpu_kernel: bool = False) -> str:
-    """``communication``, ``memory`` or ``compute`` for an op."""
-    if collective_name(hlo_category) or (gpu_kernel and _GPU_COLLECTIVE_NAME.match(name)):
-        return "communication"
-    if (hlo_category or "").lower() in MEMORY_OPCODES or (gpu_kernel and _GPU_MEMORY_NAME.search(name)):
-        return "memory"
-    return "compute"
-
-
-def gpu_kind(name: str) -> str:
-    """``memcpy``, ``memset`` or ``kernel`` for a GPU op name."""
-    lowered = name.lower()
-    if "memset" in lowered or "fillbuffer" in lowered:
-        return "memset"
-    if "memcpy" in lowered or "copybuffer" in lowered:
-        return "memcpy"
-    return "kernel"
 
 
 #: JAX collective primitives, which name their HLO instructions (``psum.7``), by the opcode they lower to.

@@ -16,6 +16,8 @@ from typing import cast
 
 import numpy as np
 
+from tracelake.analysis.classify import Category
+
 from . import xla_ops
 from .model import ParseOptions, TraceInfo
 from .tables import TableWriter, write_table
@@ -47,7 +49,7 @@ DEVICE_COLUMNS = (
 HOST_COLUMNS = ("event_id", "rank", "pid", "tid", "cat", "name", "ts_ns", "dur_ns", "depth", "parent_id",
                  "correlation", "step")
 COLLECTIVE_COLUMNS = ("event_id", "rank", "collective", "process_group", "seq", "message_bytes", "ts_ns",
-                       "dur_ns", "kernel_event_id", "kernel_name", "stream", "step", "is_async")
+                       "dur_ns", "kernel_event_id", "kernel_name", "stream", "step", "is_async", "source")
 
 
 @dataclass
@@ -175,7 +177,7 @@ class RowBuilder:
         """Each communication op is also a collective: module = process group, order in it = seq."""
         data = rows.data
         order = sorted(
-            (i for i, c in enumerate(data["category"]) if c == "communication"),
+            (i for i, c in enumerate(data["category"]) if c == Category.COMMUNICATION),
             key=lambda i: (cast(int, data["rank"][i]), cast(int, data["ts_ns"][i])),
         )
         out = self.collectives.data
@@ -204,6 +206,7 @@ class RowBuilder:
             out["stream"].append(data["stream"][i])
             out["step"].append(data["step"][i])
             out["is_async"].append(False)
+            out["source"].append("xla")
 
     def finish(self, device_rows: int) -> TraceInfo:
         self.collective_writer.write(self.collectives.take())

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["SCENARIOS", "Scenario", "write_scenario", "write_trace"]
+__all__ = ["EXTRA_SCENARIOS", "SCENARIOS", "Scenario", "write_scenario", "write_trace"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,12 @@ class Scenario:
     first_step: int = 1  # number N of the first ProfilerStep#N
     busbw_gbps: float = 150.0  # NCCL bus bandwidth used for transfer times
     base_time_ns: int = 1764547200000000000  # baseTimeNanoseconds: epoch of ts == 0
+    #: The forward pass replays a captured CUDA graph: one cudaGraphLaunch per step starts all its kernels
+    #: (one correlation, "graph id"/"graph node id" args as Kineto writes them with CUDA 12).
+    cuda_graph: bool = False
+    #: False: collectives as PyTorch <= 2.0 wrote them (no "Collective name" args, no pg_config; kernels named
+    #: ncclKernel_<Op>_RING_LL_Sum_<type>), the input shape only in the nccl: annotation's "Input Dims".
+    comm_metadata: bool = True
 
 
 SCENARIOS: dict[str, Scenario] = {
@@ -61,6 +67,13 @@ SCENARIOS: dict[str, Scenario] = {
     "launch_bound": Scenario(
         name="launch_bound", ranks=1, steps=3, layers=200, straggler_rank=None,
         straggler_delay_us=0.0, launch_bound=True, seed=7),
+}
+
+#: Scenarios the generator writes on request only (``--scenario``); none is committed under sample_traces/.
+EXTRA_SCENARIOS: dict[str, Scenario] = {
+    "cuda_graph": Scenario(
+        name="cuda_graph", ranks=1, steps=3, layers=24, straggler_rank=None,
+        straggler_delay_us=0.0, launch_bound=False, seed=17, cuda_graph=True),
 }
 
 # ---------------------------------------------------------------------------
@@ -78,7 +91,9 @@ _API: dict[str, tuple[str, int]] = {
     "cudaLaunchKernelExC": ("cuda_runtime", 430), "cudaMemcpyAsync": ("cuda_runtime", 41),
     "cudaMemsetAsync": ("cuda_runtime", 51), "cudaStreamSynchronize": ("cuda_runtime", 131),
     "cudaEventRecord": ("cuda_runtime", 135), "cudaStreamWaitEvent": ("cuda_runtime", 147),
+    "cudaGraphLaunch": ("cuda_runtime", 311),
 }
+_GRAPH_ID = 7  # the id CUPTI gives the captured forward graph (the same graph replays every step)
 
 
 @dataclass(frozen=True, eq=False)  # hashed by identity: a key of the template cache
@@ -496,6 +511,39 @@ class _Rank:
             self._flow("f", corr, self.dev, leaf.dev.stream, g_start, "ac2g")
         return done
 
+    def _graph(self, ops: list[_Op], after: int) -> int:
+        """Replay the kernels of ``ops`` as one captured CUDA graph; return when the last one ends.
+
+        One cpu_op (``CUDAGraph.replay``) calls ``cudaGraphLaunch`` once; every kernel carries its
+        correlation, back to back on the compute stream with the short gaps of graph scheduling.
+        """
+        rand, free = self.rand, self.free
+        start_cpu = self.cpu
+        ext, corr = self._next("ext"), self._next("corr")
+        api_ts = start_cpu + 1500 + int(2000 * rand())
+        api_dur = 6000 + int(4000 * rand())  # one call for the whole graph
+        start = max(api_ts + 3000 + int(3000 * rand()), free[_COMPUTE], after)
+        nodes = []
+        for node, dev in enumerate((leaf.dev for op in ops for leaf in op.leaves if leaf.dev.cat == "kernel"), 1):
+            dur = int(dev.us * self.slow * (960 + 80 * rand()))
+            nodes.append((dev, start, dur, node))
+            start += dur + 500 + int(1500 * rand())  # the graph's own scheduling gap between dependent nodes
+        done = nodes[-1][1] + nodes[-1][2] if nodes else start
+        free[_COMPUTE] = max(free[_COMPUTE], done)
+        end = api_ts + api_dur + 1000 + int(2000 * rand())
+        self.cpu = end + 8000 + int(12000 * rand())
+        if not self.live:
+            return done
+        self._op("cpu_op", "CUDAGraph.replay", "", start_cpu, end - start_cpu, ext)
+        self._runtime("cudaGraphLaunch", api_ts, api_dur, ext, corr)
+        self._flow("s", corr, self.pid, self.pid, api_ts, "ac2g")
+        for dev, ts, dur, node in nodes:
+            self._device(dev, ts, dur, ext, corr,
+                         extra=f', "graph id": {_GRAPH_ID}, "graph node id": {(_GRAPH_ID << 32) | node}')
+        if nodes:
+            self._flow("f", corr, self.dev, nodes[0][0].stream, nodes[0][1], "ac2g")
+        return done
+
     def _collective(self, c: _Coll, ready: int) -> Generator[tuple[int, int], int, int]:
         """Issue ``c`` once the compute stream reached ``ready``; return its (global) end time."""
         dt, world = self._dt, self.sc.ranks
@@ -527,16 +575,22 @@ class _Rank:
         self._op("cpu_op", c.op, "", t_op, op_end - t_op, e_op)
         args = (f'"External id": {e_rpc},"Record function id": {e_rpc}, "Ev Idx": {self._next("ev")}, {common}'
                 f'"Global rank start": 0, "Global rank stride": 1, {group}, "Rank": {self.rank}, "Seq": {seq}')
+        kernel_name, kernel_args, annotation = c.kernel, f", {common}{group}, \"Seq\": {seq}", ""
+        if not self.sc.comm_metadata:  # PyTorch <= 2.0: shapes only, old kernel names
+            args = (f'"External id": {e_rpc}, "Ev Idx": {self._next("ev")}, "Input Dims": [[], [], [], [], [], [], '
+                    '[]], "Input type": ["TensorList", "Scalar", "Scalar", "Scalar", "", "", ""]')
+            kernel_name, kernel_args = _old_kernel_name(c.kernel), ""
+            annotation = _inputs((c.nelems,))
         self.sink.add("cpu_op", _X % ("cpu_op", "record_param_comms", self.pid, self.pid, t_rpc / _US,
                                       (rpc_end - t_rpc) / _US, args))
         self._runtime("cudaEventRecord", t_rec, rec_dur, e_rpc, self._next("corr"))
         self._runtime("cudaStreamWaitEvent", t_wait, wait_dur, e_rpc, self._next("corr"))
-        self._op("user_annotation", c.annotation, "", t_ann, ann_end - t_ann, e_ann)
+        self._op("user_annotation", c.annotation, annotation, t_ann, ann_end - t_ann, e_ann)
         corr = self._next("corr")
         self._runtime("cudaLaunchKernelExC", t_api, api_dur, e_ann, corr)
         self._flow("s", corr, self.pid, self.pid, t_api, "ac2g")
-        kernel = _DevOp("kernel", c.kernel, 0.0, stream=_NCCL, tail=_NCCL_GEOMETRY)
-        self._device(kernel, start, end - start, e_ann, corr, f", {common}{group}, \"Seq\": {seq}")
+        kernel = _DevOp("kernel", kernel_name, 0.0, stream=_NCCL, tail=_NCCL_GEOMETRY)
+        self._device(kernel, start, end - start, e_ann, corr, kernel_args)
         self._flow("f", corr, self.dev, _NCCL, start, "ac2g")
         self.sink.nccl += 1
         return end
@@ -563,7 +617,10 @@ class _Rank:
             ready = yield from self._collective(_ALLGATHER, ready)
         forward = self._begin("DistributedDataParallel.forward" if sc.ranks > 1 else "## forward ##")
         seqs = []
-        for i in range(sc.layers):
+        if sc.cuda_graph:
+            seqs = [self._next("seq") for _ in range(sc.layers)]
+            self._graph([self.fwd[i % len(self.fwd)] for i in range(sc.layers)], after=ready)
+        for i in range(0 if sc.cuda_graph else sc.layers):
             seqs.append(self._next("seq"))
             self._run(self.fwd[i % len(self.fwd)], after=ready, seq=seqs[-1], py_parent=py[3] if py else 0)
         self._end(forward)
@@ -640,11 +697,20 @@ def _run_step(ranks: list[_Rank], n: int) -> None:
 # ---------------------------------------------------------------------------
 
 
+def _old_kernel_name(kernel: str) -> str:
+    """``ncclDevKernel_AllReduce_Sum_bf16_RING_LL(...)`` as NCCL 2.7 to 2.18 named it: ``ncclKernel_AllReduce_RING_LL_Sum_...``."""
+    op = kernel.split("(")[0].split("_")[1]
+    return f"ncclKernel_{op}_RING_LL_Sum_{'__nv_bfloat16' if op == 'AllReduce' else 'int8_t'}(ncclWorkElem)"
+
+
 def _header(sc: Scenario, rank: int) -> str:
     dev = rank % 8
-    dist = {"backend": "nccl", "rank": rank, "world_size": sc.ranks, "pg_count": 1,
-            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
-                           "pg_size": sc.ranks, "ranks": list(range(sc.ranks))}], "nccl_version": "2.21.5"}
+    dist: dict[str, object] = {
+        "backend": "nccl", "rank": rank, "world_size": sc.ranks, "pg_count": 1,
+        "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
+                       "pg_size": sc.ranks, "ranks": list(range(sc.ranks))}], "nccl_version": "2.21.5"}
+    if not sc.comm_metadata:  # PyTorch <= 2.0 wrote no process groups
+        dist = {"backend": "nccl", "rank": rank, "world_size": sc.ranks}
     trace_id = hashlib.md5(f"{sc.name}:{sc.seed}:{rank}".encode()).hexdigest().upper()
     return (
         '{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {\n'
@@ -724,26 +790,28 @@ def write_scenario(out_dir: str | Path, scenario: Scenario) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     default_out = Path(__file__).resolve().parent / "kineto"
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--scenario", default="all", help=f"one of {', '.join(SCENARIOS)}, or all (default)")
+    known = SCENARIOS | EXTRA_SCENARIOS
+    parser.add_argument("--scenario", default="all", help=f"one of {', '.join(known)}, or all (default: the "
+                        f"committed ones, {', '.join(SCENARIOS)})")
     parser.add_argument("--out", type=Path, help=f"output folder (default {default_out}); with --target-mb, "
                         "the output file (default ./<scenario>-rank<R>-<N>mb.json; .gz compresses)")
     parser.add_argument("--target-mb", type=float, help="write one rank, repeating steps up to N MB of JSON")
     parser.add_argument("--rank", type=int, default=0, help="rank to write with --target-mb (default 0)")
     args = parser.parse_args(argv)
-    if args.scenario != "all" and args.scenario not in SCENARIOS:
+    if args.scenario != "all" and args.scenario not in known:
         parser.error(f"unknown scenario {args.scenario!r}")
     if args.target_mb is not None:
         name = "ddp_straggler" if args.scenario == "all" else args.scenario
         out = args.out or Path(f"{name}-rank{args.rank}-{args.target_mb:g}mb.json")
         started = time.perf_counter()
-        summary = write_trace(out, SCENARIOS[name], args.rank, target_bytes=int(args.target_mb * 1e6))
+        summary = write_trace(out, known[name], args.rank, target_bytes=int(args.target_mb * 1e6))
         seconds = time.perf_counter() - started
         summary["mb_per_s"] = round(summary["bytes"] / 1e6 / seconds, 1)
         print(json.dumps({"path": str(out), **summary}))
         return 0
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     for name in names:
-        for path in write_scenario((args.out or default_out) / name, SCENARIOS[name]):
+        for path in write_scenario((args.out or default_out) / name, known[name]):
             print(path, path.stat().st_size, "bytes")
     return 0
 

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from conftest import SAMPLES
 from tracelake.api.cli import app
+from tracelake.warehouse import Warehouse
 
 runner = CliRunner()
 
@@ -66,6 +67,7 @@ def test_ingest_reports_failures_and_keeps_going(home: Path, tmp_path: Path) -> 
     ],
 )
 def test_usage_errors_are_one_line_messages(home: Path, args: list[str], message: str) -> None:
+    Warehouse(home)  # an empty warehouse: read commands refuse a home that holds none
     code, out = _run(*args, "--home", str(home))
     assert code == 1
     assert message in out and "Traceback" not in out

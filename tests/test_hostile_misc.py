@@ -217,7 +217,7 @@ def test_a_fleet_window_out_of_range_is_a_400(client: TestClient, bound: str, wh
 
 @pytest.mark.parametrize("when", ["0001-01-01", "9999-12-31"])
 @pytest.mark.parametrize("bound", ["--since", "--until"])
-def test_a_fleet_window_out_of_range_is_a_clean_cli_error(home: Path, tmp_path: Path, bound: str, when: str) -> None:
+def test_a_fleet_window_out_of_range_is_a_clean_cli_error(home: Path, warehouse: Warehouse, tmp_path: Path, bound: str, when: str) -> None:
     result = CliRunner().invoke(cli, ["report", "fleet", bound, when, "--home", str(home),
                                       "--out", str(tmp_path / "fleet.html")])
     assert result.exit_code in (1, 2), result.output
@@ -285,7 +285,7 @@ def test_jsonable_leaves_only_json_types() -> None:
         "null": "AQ==", "2.5": "Ag=="}
 
 
-def test_cli_sql_json_is_strict(home: Path) -> None:
+def test_cli_sql_json_is_strict(home: Path, warehouse: Warehouse) -> None:
     """``tracelake sql --format json`` end to end; BLOBs as base64, as the API sends them."""
     sql = ("select 'nan'::double as x, 'inf'::double as y, '-inf'::float as z, [1.5, 'nan'::double] as l, "
            "from_hex('f8') as b")
@@ -294,7 +294,7 @@ def test_cli_sql_json_is_strict(home: Path) -> None:
     assert _strict(result.stdout) == [{"x": None, "y": None, "z": None, "l": [1.5, None], "b": "+A=="}]
 
 
-def test_cli_analyze_json_is_strict(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+def test_cli_analyze_json_is_strict(monkeypatch: pytest.MonkeyPatch, home: Path, warehouse: Warehouse) -> None:
     """Analyses can hold NaN (a ratio over nothing): ``analyze --json`` prints them as null."""
 
     class Analysis:

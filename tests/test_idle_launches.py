@@ -20,7 +20,8 @@ def _con(device: list[tuple], host: list[tuple]) -> duckdb.DuckDBPyConnection:  
         "trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "kind": pl.String, "category": pl.String,
         "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64})
     hst = pl.DataFrame(host, orient="row", schema={
-        "trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64, "dur_ns": pl.Int64})
+        "trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64, "dur_ns": pl.Int64}).with_columns(
+        pl.lit("cudaLaunchKernel").alias("name"))
     con.register("device_ops", dev.to_arrow())
     con.register("host_ops", hst.to_arrow())
     return con
@@ -173,7 +174,14 @@ def test_launch_parts_in_windows_equal_the_sql_on_random_timelines() -> None:
 
     import numpy as np
 
-    from tracelake.analysis.launches import LaunchParts, launch_calls, launch_stats_sql, queue_lengths_sql
+    from tracelake.analysis.launches import (
+        GRAPH_CALL,
+        LaunchParts,
+        launch_calls,
+        launch_stats_sql,
+        queue_lengths_sql,
+        shared_correlations,
+    )
 
     rng = random.Random(11)
     for trial in range(40):
@@ -185,25 +193,34 @@ def test_launch_parts_in_windows_equal_the_sql_on_random_timelines() -> None:
             "ts_ns": [rng.randint(0, 30) * 100 for _ in range(n)],
             "dur_ns": [rng.choice([0, 100, rng.randint(1, 20) * 100]) for _ in range(n)],
             "correlation": [rng.choice([None, *range(calls + 3)]) for _ in range(n)],
+            "graph_id": [None] * n,
         }, schema={"trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "kind": pl.String,
-                   "category": pl.String, "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64})
+                   "category": pl.String, "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64,
+                   "graph_id": pl.Int64})
         events = [(rng.randrange(calls), rng.randint(0, 30) * 100, rng.choice([None, 0, rng.randint(1, 9) * 100]))
                   for _ in range(calls + rng.randint(0, 4))]
         host = pl.DataFrame({"trace_id": ["t"] * len(events), "correlation": [e[0] for e in events],
-                             "ts_ns": [e[1] for e in events], "dur_ns": [e[2] for e in events]},
+                             "ts_ns": [e[1] for e in events], "dur_ns": [e[2] for e in events],
+                             "name": [rng.choice(["cudaLaunchKernel", "cudaLaunchKernel", "cudaGraphLaunch_v10000"])
+                                      for _ in events]},
                             schema={"trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64,
-                                    "dur_ns": pl.Int64})
+                                    "dur_ns": pl.Int64, "name": pl.String})
         con = duckdb.connect()
         con.register("d", device.to_arrow())
         con.register("h", host.to_arrow())
-        keys, starts, durations = launch_calls(*(host[c].fill_null(0).to_numpy().astype(np.int64)
-                                                 for c in ("correlation", "ts_ns", "dur_ns")))
-        found = {int(k): (int(s), int(d)) for k, s, d in zip(keys, starts, durations, strict=True)}
+        keys, starts, durations, graph = launch_calls(
+            *(host[c].fill_null(0).to_numpy().astype(np.int64) for c in ("correlation", "ts_ns", "dur_ns")),
+            host["name"].str.contains(GRAPH_CALL).to_numpy())
+        kernels = device.filter((pl.col("kind") == "kernel") & pl.col("correlation").is_not_null())
+        graph |= np.isin(keys, shared_correlations(kernels["correlation"].to_numpy()))
+        found = {int(k): (int(s), int(d), bool(g)) for k, s, d, g in zip(keys, starts, durations, graph, strict=True)}
         ops = device.with_columns(
             pl.col("correlation").map_elements(lambda c: found.get(c, (None, None))[0], return_dtype=pl.Int64)
             .alias("launch_ns"),
             pl.col("correlation").map_elements(lambda c: found.get(c, (None, None))[1], return_dtype=pl.Int64)
-            .alias("call_ns"))
+            .alias("call_ns"),
+            pl.col("correlation").map_elements(lambda c: found.get(c, (None, None, None))[2],
+                                               return_dtype=pl.Boolean).alias("graph"))
         parts = LaunchParts()
         ops = ops.sample(fraction=1.0, shuffle=True, seed=trial)
         cuts = sorted(rng.sample(range(n + 1), min(3, n + 1)))

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SAMPLES, real_kineto_files
+from conftest import REAL_TRACES, SAMPLES, real_kineto_files
 from tracelake import ingest
 from tracelake.ingest import kineto_scan, pytorch_profiler_sql
 from tracelake.ingest.model import ParseOptions
@@ -74,6 +74,15 @@ def test_real_traces_read_the_same_with_both_engines(path: Path, tmp_path: Path)
     assert native["host_ops"].num_rows > 0
 
 
+REAL_MTIA = sorted((REAL_TRACES / "pytorch_other" / "hta_mtia_single_rank").glob("*.json.gz"))
+
+
+@pytest.mark.skipif(not REAL_MTIA, reason="../shared/real_traces/pytorch_other/hta_mtia_single_rank is not present")
+def test_the_real_mtia_trace_reads_the_same_with_both_engines(tmp_path: Path) -> None:
+    native = assert_same(REAL_MTIA[0], tmp_path)
+    assert set(native["device_ops"].column("kind").to_pylist()) == {"kernel", "memcpy"}
+
+
 def write_trace(path: Path, events: list[object], **top: object) -> Path:
     path.write_text(json.dumps({"schemaVersion": 1, **top, "traceEvents": events}))
     return path
@@ -123,6 +132,30 @@ def test_odd_values_convert_as_duckdb_converts_them(tmp_path: Path) -> None:
     assert native["steps"].column("step").to_pylist() == [3]
 
 
+def test_mtia_ops_read_the_same_with_both_engines(tmp_path: Path) -> None:
+    """MTIA device ops (docs/formats.md, section 1): DMA requests are copies of ``args.size`` bytes."""
+    dma = {"ph": "X", "cat": "mtia_ccp_events", "name": "dma_request", "pid": 9, "tid": 801, "ts": 5, "dur": 2,
+           "args": {"direction": "HOST_TO_DEVICE", "size": 16, "sqid": 1}}
+    events: list[Any] = [
+        {"ph": "X", "cat": "mtia_runtime", "name": "runFunction - job_prep_and_submit_for_execution", "pid": 1,
+         "tid": 1, "ts": 1, "dur": 1, "args": {"correlation": 18}},
+        {"ph": "X", "cat": "mtia_ccp_events", "name": "fc-dtype_Float", "pid": 9, "tid": 4, "ts": 3, "dur": 1,
+         "args": {"correlation": 18, "stream": 1, "column": "0", "row": "0"}},
+        dma,
+        {**dma, "ts": 8, "args": {**dma["args"], "size": "0x20", "stream": 2}},
+        {**dma, "ts": 9, "args": {"size": 7, "bytes": 3}},
+        {**dma, "name": "dma_request_x", "ts": 10},
+    ]
+    native = assert_same(write_trace(tmp_path / "mtia.json", events), tmp_path)
+    device = native["device_ops"].to_pylist()
+    assert [(d["kind"], d["bytes"], d["device"], d["stream"]) for d in device] == [
+        ("kernel", None, 9, 1), ("memcpy", 16, 9, 801), ("memcpy", 32, 9, 2), ("memcpy", 3, 9, 801),
+        ("kernel", 16, 9, 801)]
+    assert [d["category"] for d in device] == ["compute", "memory", "memory", "memory", "compute"]
+    host = native["host_ops"].to_pylist()
+    assert [(h["cat"], h["correlation"]) for h in host] == [("mtia_runtime", 18)]
+
+
 def test_a_thousand_generated_events_convert_the_same(tmp_path: Path) -> None:
     """Randomised values for every field the scanner reads, in one trace."""
     rng = random.Random(7)
@@ -131,7 +164,7 @@ def test_a_thousand_generated_events_convert_the_same(tmp_path: Path) -> None:
                             "Spawned 12", [], [1, 2], {"a": 1}, "é\u00e9", "a\nb"]
     keys = [key for key, _ in pytorch_profiler_sql.ARGS.values()]
     cats = ["kernel", "Kernel", "cpu_op", "cuda_runtime", "gpu_memcpy", "Memset", "cuda_sync", "python_function",
-            "user_annotation", "gpu_user_annotation", None, 3]
+            "user_annotation", "gpu_user_annotation", None, 3, "mtia_ccp_events", "MTIA_CCP_events", "mtia_runtime"]
     events = []
     for n in range(1000):
         args = {key: rng.choice(values) for key in rng.sample(keys, rng.randint(0, 8))}
@@ -142,7 +175,8 @@ def test_a_thousand_generated_events_convert_the_same(tmp_path: Path) -> None:
             args["device"] = rng.randint(-3, 8)
         events.append({
             "ph": rng.choice(["X", "X", "X", "i", "B", "E"]), "cat": rng.choice(cats),
-            "name": rng.choice(["ProfilerStep#%d" % rng.randint(0, 9), "[memory]", "aten::mm", "hipMalloc", 5]),
+            "name": rng.choice(["ProfilerStep#%d" % rng.randint(0, 9), "[memory]", "aten::mm", "hipMalloc", 5,
+                                "dma_request", "dma_request "]),
             "pid": rng.choice(values[:9] + values[11:20] + ["Spawned 3", "7 x"]), "tid": rng.choice([1, 2, "3", "stream 4", None]),
             "ts": rng.choice([rng.randint(0, 10**7) / 1000, str(rng.randint(0, 99)), 1.0005]),
             "dur": rng.choice([rng.randint(-5, 10**5) / 7, 0, "2.5e1"]), "args": args,
@@ -238,6 +272,8 @@ def test_the_scanner_knows_what_the_sql_reads() -> None:
     known = kineto_scan.constants()
     assert known["args"] == {name: key for name, (key, _) in pytorch_profiler_sql.ARGS.items()}
     assert known["kinds"] == pytorch_profiler_sql.KIND_BY_CAT
+    assert known["kinds_by_name"] == pytorch_profiler_sql.KIND_BY_CAT_NAME
+    assert known["mtia_cat"] == pytorch_profiler_sql.MTIA_CAT
     assert tuple(known["not_host"]) == pytorch_profiler_sql.NOT_HOST_CATS
     assert tuple(known["phases"]) == pytorch_profiler_sql.PHASES
     assert tuple(known["checked"]) == pytorch_profiler_sql.CHECKED_INT_ARGS

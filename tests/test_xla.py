@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import REAL_TRACES, ROOT, len_field, varint
+from tracelake.analysis.classify import classify
 from tracelake.ingest import detect, xla_ops
 from tracelake.ingest.xspace import Space, stat_value
 from tracelake.warehouse import Warehouse
@@ -138,10 +139,12 @@ def test_tpu_sample_breakdown_per_chip(warehouse: Warehouse) -> None:
 
 
 def test_op_classification() -> None:
-    assert xla_ops.category("all-reduce fusion", "x") == "communication"
-    assert xla_ops.category(None, "ncclDevKernel_AllReduce", gpu_kernel=True) == "communication"
-    assert xla_ops.category("copy-start", "copy-start") == "memory"
-    assert xla_ops.category("convolution fusion", "fusion.3") == "compute"
+    """XLA ops go through the one rule table of every format (tests/test_classify.py tests the table)."""
+    assert classify("xla_op", "x", "all-reduce fusion") == "communication"
+    assert classify("kernel", "ncclDevKernel_AllReduce", None) == "communication"
+    assert classify("xla_op", "copy-start", "copy-start") == "memory"
+    assert classify("xla_op", "fusion.3", "convolution fusion") == "compute"
+    assert xla_ops.collective_name(" All-Gather-Start.2 ") == "all_gather" and xla_ops.collective_name("copy") is None
     assert xla_ops.opcode_of("psum.7") == "all-reduce" and xla_ops.opcode_of("add.1") is None
     assert xla_ops.message_bytes(100, 300) == 200 and xla_ops.message_bytes(100, 200) == 100
 
@@ -540,12 +543,15 @@ def test_gzipped_xplane_parses_like_the_plain_one(tmp_path: Path, warehouse: War
         path.parent.mkdir()
     shutil.copy(TPU_SAMPLE, plain)
     packed.write_bytes(gzip.compress(TPU_SAMPLE.read_bytes()))
-    for path, job in ((plain, "plain"), (packed, "packed")):
-        report = warehouse.ingest([path], job=job)
+    counts = {}
+    for path, job in ((plain, "plain"), (packed, "packed")):  # one content, one trace id: a warehouse each
+        wh = Warehouse(tmp_path / f"wh-{job}")
+        report = wh.ingest([path], job=job)
         assert report.ok, [r.error for r in report.failed]
-    counts = dict(warehouse.query("SELECT job, count(*) FROM device_ops WHERE job IN ('plain', 'packed') "
-                                  "GROUP BY 1").rows)
+        counts[job] = wh.query("SELECT count(*) FROM device_ops").rows[0][0]
     assert counts["plain"] == counts["packed"] > 0
+    again = warehouse.ingest([plain, packed], job="both").results  # docs/formats.md, "Trace ids"
+    assert [r.status for r in again] == ["ingested", "duplicate"] and again[0].trace_id == again[1].trace_id
 
 
 def test_gzip_bomb_stops_at_the_cap_and_names_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

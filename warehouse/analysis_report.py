@@ -35,6 +35,11 @@ class Analysis:
     bandwidth_by_size: pl.DataFrame
     slowest_collectives: pl.DataFrame
     findings: list[findings.Finding] = field(default_factory=list)
+    #: The runs the selection spans, one row each (:mod:`tracelake.analysis.runs`; docs/analyses.md, "Runs within a
+    #: job"); with more than one, every other frame has a leading ``run`` column.
+    runs: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: One row per CUDA/HIP graph launch (table ``graph_launches``; docs/analyses.md, "Launches").
+    graphs: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     def as_dict(self) -> dict[str, Any]:
         """Everything as JSON-friendly lists of dicts."""
@@ -45,12 +50,13 @@ class Analysis:
                          "nccl_tuning", "topology",
                          "bandwidth_by_size", "slowest_collectives")
         }
-        return {"findings": [f.as_dict() for f in self.findings], **frames}
+        return {"findings": [f.as_dict() for f in self.findings], **frames, "runs": self.runs.to_dicts(),
+                "graphs": self.graphs.to_dicts()}
 
 
 #: Tables :func:`compute` takes rows of (stored at ingest or parsed; small per trace).
 STORED = ("traces", "stream_idle", "launch_stats", "stream_queues", "steps", "collectives", "nccl_benchmarks",
-          "flight_recorder_status", "communicators", "comm_channels")
+          "flight_recorder_status", "communicators", "comm_channels", "graph_launches")
 
 
 def _ranks(frame: pl.DataFrame) -> int:
@@ -87,16 +93,21 @@ def compute(
         topology=nccl.topology(stored["communicators"], stored["comm_channels"]),
         bandwidth_by_size=collectives.bandwidth_by_size(instances),
         slowest_collectives=collectives.slowest(instances),
+        graphs=stored["graph_launches"].sort("trace_id", "rank", "launch_ns") if "graph_launches" in stored
+        else pl.DataFrame(),
     )
     result.findings = findings.rank(
         findings.from_breakdown(whole)
         + findings.from_last_arrivals(arrivals, ranks=max(whole.height, _ranks(stored["collectives"])), whole=whole)
         + findings.from_idle(result.idle_by_stream, whole)
-        + findings.from_launches(result.launches)
+        + findings.from_launches(result.launches, whole)
+        + findings.from_graphs(result.graphs)
         + findings.from_step_outliers(result.step_outliers)
         + findings.from_nccl_benchmarks(result.nccl_benchmarks)
         + findings.from_lagging_ranks(result.lagging_ranks)
         + findings.from_unreached(result.unreached)
         + findings.from_topology(result.topology)
+        + findings.from_traces(stored["traces"], whole),
+        findings.spans(whole, stored["traces"], stored["collectives"]),
     )
     return result

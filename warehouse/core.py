@@ -21,7 +21,7 @@ from tracelake.analysis import kernels
 from tracelake.analysis import nccl as nccl_analysis
 from tracelake.ingest.model import ByteCallback
 
-from . import analysis_report, catalog, fleet_report, job_report, staging
+from . import analysis_report, catalog, fleet_report, job_report, runs, staging, trace_ids
 from .analysis_report import Analysis
 from .check import STALE_AFTER, CheckReport
 from .check import check as check_warehouse
@@ -68,6 +68,7 @@ class Warehouse:
         self.store = Store(self.home)
         self.registry = Registry(self.store)
         self._fleet_rows = fleet_report.FleetRows(self.store)
+        self._runs = runs.RunCache()  # each trace's run within its job (docs/analyses.md, "Runs within a job")
         try:
             self.store.initialise()
             if not catalog.catalog_is_current(self.store):
@@ -122,6 +123,7 @@ class Warehouse:
                     progress.file_done(result)
         if any(r.status == "ingested" for r in report.results):
             self.refresh_caches({job})
+            runs.warn_repeats(self._runs.runs(self.registry.frame()), report.results)  # docs/analyses.md
         return report
 
     def _ingest_parallel(
@@ -237,6 +239,10 @@ class Warehouse:
             NotFound: nothing matches ``trace_id`` / ``job``.
         """
         selection = self._selection(trace_id, job)
+        return runs.analyze_by_run(self._runs.runs(self.registry.frame()), selection.traces,
+                                   lambda pairs: self._analyze(runs.narrow(selection, pairs), top))
+
+    def _analyze(self, selection: _Selection, top: int) -> Analysis:
         names = ("breakdown", "kernel_stats", *analysis_report.STORED)
         stored = {name: self._stored(name, selection) for name in names}
         whole = self._whole(stored.pop("breakdown"))
@@ -351,27 +357,30 @@ class Warehouse:
 
     def _selection(self, trace_id: str | None, job: str | None) -> _Selection:
         """The SQL filter for one trace or one job, checked to match something (on the file system)."""
-        if trace_id is not None:
-            found = self.store.registered_job(trace_id)
-            if found is None:
-                raise NotFound(f"no trace with id {trace_id!r}")
-            return _Selection(((found, trace_id),), "trace_id = ?", [trace_id])
+        if trace_id is not None:  # a whole id or a unique prefix (warehouse/trace_ids.py)
+            return _Selection(((hit := self._trace(trace_id)),), "trace_id = ?", [hit[1]])
         if job is not None:
-            ids = self.store.job_traces(job)
-            if not ids:
+            if not (ids := self.store.job_traces(job)):
                 raise NotFound(f"no traces in job {job!r}")
             return _Selection(tuple((job, i) for i in ids), "job = ?", [job])
         raise InvalidArgument("give a trace id or a job")
 
     def _resolve(self, name: str) -> _Selection:
-        """The selection ``name`` stands for: a trace id, else a job name."""
-        found = self.store.registered_job(name)
-        if found is not None:
+        """The selection ``name`` stands for: a trace id, else a job name, else a unique trace id prefix."""
+        if (found := self.store.registered_job(name)) is not None:
             return _Selection(((found, name),), "trace_id = ?", [name])
-        ids = self.store.job_traces(name)
-        if ids:
+        if ids := self.store.job_traces(name):
             return _Selection(tuple((name, i) for i in ids), "job = ?", [name])
-        raise NotFound(f"{name!r} is neither a trace id nor a job (see `tracelake traces`)")
+        if (hit := trace_ids.resolve(self.store, name)) is not None:
+            return _Selection((hit,), "trace_id = ?", [hit[1]])
+        hint = trace_ids.not_found_hint(name)
+        raise NotFound(f"{name!r} is neither a trace id nor a job (see `tracelake traces`){hint}")
+
+    def _trace(self, text: str) -> tuple[str, str]:
+        """``(job, trace_id)`` of the trace ``text`` names (an id or a unique prefix); NotFound, AmbiguousTraceId."""
+        if (hit := trace_ids.resolve(self.store, text)) is None:
+            raise NotFound(f"no trace with id {text!r}{trace_ids.not_found_hint(text)}")
+        return hit
 
     def traces(
         self,
@@ -412,19 +421,15 @@ class Warehouse:
     def _traces_frame(
         self, job: str | None, labels: dict[str, str] | None, since: dt.datetime | None, until: dt.datetime | None
     ) -> pl.DataFrame:
-        return select_traces(self.registry.frame(), job=job, labels=labels, since=since, until=until)
+        frame = self.registry.frame()
+        return self._runs.with_run(select_traces(frame, job=job, labels=labels, since=since, until=until), frame)
 
     def delete(self, trace_id: str) -> str:
         """Remove a trace and all its rows from the warehouse; returns the job it was in.
 
-        Its registration goes first, so queries stop seeing it at once.
-
-        Raises:
-            NotFound: no trace has this id.
+        Its registration goes first, so queries stop seeing it at once. ``trace_id`` may be a unique prefix.
         """
-        job = self.store.registered_job(trace_id)
-        if job is None:
-            raise NotFound(f"no trace with id {trace_id!r}")
+        job, trace_id = self._trace(trace_id)
         try:
             self.store.remove(job, trace_id)
         except OSError as exc:
@@ -468,17 +473,14 @@ class Warehouse:
         return local_query(self.store, self.settings, sql, out=out)
 
     def trace(self, trace_id: str) -> dict[str, Any]:
-        """One trace's registry row (read from its own file: as fast with 10,000 traces as with one).
-
-        Raises:
-            NotFound: no trace has this id.
-        """
-        job = self.store.registered_job(trace_id)
-        rows = self.store.read("traces", [(job, trace_id)]).to_pylist() if job is not None else []
+        """One trace's registry row, by id or unique prefix (one file read: as fast with 10,000 traces as with one)."""
+        job, trace_id = self._trace(trace_id)
+        rows = self.store.read("traces", [(job, trace_id)]).to_pylist()
         if not rows:
             raise NotFound(f"no trace with id {trace_id!r}")
         row = rows[0]
         row["labels"] = dict(row["labels"] or [])
+        row["run"] = self._runs.run_of(self.registry.frame(), trace_id)
         return {"trace_id": trace_id, "job": job, **{k: v for k, v in row.items() if k != "trace_id"}}
 
 

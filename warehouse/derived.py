@@ -20,8 +20,17 @@ import pyarrow.parquet as pq
 
 from tracelake.analysis import breakdown, idle
 from tracelake.analysis.breakdown import breakdown_sql
+from tracelake.analysis.classify import Category
+from tracelake.analysis.graphs import graph_launches_sql, graph_rows
 from tracelake.analysis.idle import idle_sql
-from tracelake.analysis.launches import LaunchParts, launch_calls, launch_stats_sql, queue_lengths_sql
+from tracelake.analysis.launches import (
+    GRAPH_CALL,
+    LaunchParts,
+    launch_calls,
+    launch_stats_sql,
+    queue_lengths_sql,
+    shared_correlations,
+)
 
 from . import schema
 from .schema import sql_literal
@@ -68,11 +77,11 @@ def _connect(parsed: Path, out_dir: Path, threads: int, memory_limit: str) -> It
 #: Their SQL (the readable reference) runs instead when this is True; tests keep both ways equal.
 REFERENCE_SQL = False
 
-_KERNEL_STATS_SQL = """
+_KERNEL_STATS_SQL = f"""
     SELECT trace_id, rank, name, any_value(category) AS category, count(*) AS count, sum(dur_ns) AS total_ns,
            round(sum(dur_ns) / count(*)) AS mean_ns, round(quantile_cont(dur_ns, 0.5)) AS p50_ns,
            round(quantile_cont(dur_ns, 0.95)) AS p95_ns, max(dur_ns) AS max_ns
-    FROM device_ops WHERE category <> 'sync' GROUP BY ALL
+    FROM device_ops WHERE category <> '{Category.SYNC}' GROUP BY ALL
 """
 
 
@@ -83,6 +92,7 @@ def _write_in_sql(con: duckdb.DuckDBPyConnection, out_dir: Path) -> None:
     _copy(con, schema.STREAM_IDLE, f"({idle_sql('device_ops', 'host_ops')})", out_dir)
     _copy(con, schema.LAUNCH_STATS, f"({launch_stats_sql('device_ops', 'host_ops')})", out_dir)
     _copy(con, schema.STREAM_QUEUES, f"({queue_lengths_sql('device_ops', 'host_ops')})", out_dir)
+    _copy(con, schema.GRAPH_LAUNCHES, f"({graph_launches_sql('device_ops', 'host_ops')})", out_dir)
 
 
 #: Rows of a rank's device ops analysed at once: memory follows this, not the trace.
@@ -90,7 +100,7 @@ CHUNK_ROWS = 100_000
 
 #: The device_ops columns the windowed analyses read.
 _WINDOW_COLUMNS = ("trace_id", "rank", "stream", "step", "kind", "category", "name", "ts_ns", "dur_ns",
-                   "correlation", "flops")
+                   "correlation", "flops", "graph_id")
 
 
 def _write_per_rank(con: duckdb.DuckDBPyConnection, parsed: Path, out_dir: Path) -> None:
@@ -105,7 +115,7 @@ def _write_per_rank(con: duckdb.DuckDBPyConnection, parsed: Path, out_dir: Path)
     windows = windows.filter(pl.col("is_async").fill_null(False)).drop("is_async").sort("ts_ns")
     devices = pl.read_parquet(parsed / "devices.parquet", columns=["trace_id", "rank", "peak_tflops"])
     peaks = {(str(t), int(r)): float(p) for t, r, p in devices.drop_nulls().iter_rows()}
-    launches = _launch_times(parsed / "host_ops.parquet")
+    launches, graph_calls = _launch_times(parsed / "host_ops.parquet", parsed / "device_ops.parquet")
     keys = con.sql("SELECT DISTINCT trace_id, rank FROM device_ops WHERE trace_id IS NOT NULL "
                    "AND rank IS NOT NULL ORDER BY ALL").fetchall()
     rows: list[dict[str, object]] = []
@@ -113,6 +123,7 @@ def _write_per_rank(con: duckdb.DuckDBPyConnection, parsed: Path, out_dir: Path)
     stats_parts: list[pl.DataFrame] = []
     launch_parts: list[pl.DataFrame] = []
     queue_parts: list[pl.DataFrame] = []
+    graph_parts: list[pl.DataFrame] = []
     for trace_id, rank in keys:
         parts = breakdown.BreakdownParts()
         carry: dict[int, int] = {}
@@ -123,7 +134,7 @@ def _write_per_rank(con: duckdb.DuckDBPyConnection, parsed: Path, out_dir: Path)
             parts.add(ops, mine.filter((pl.col("ts_ns") >= low) & (pl.col("ts_ns") < high)), low, high)
             ops = ops.with_columns(_launch_of(ops["correlation"], launches.get(trace_id)))
             launched.add(ops)
-            work = ops.filter(pl.col("category") != "sync")
+            work = ops.filter(pl.col("category") != Category.SYNC)
             idle_parts.append(idle.idle_window(work.select(
                 "trace_id", "rank", "stream", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
                 "launch_ns"), carry))
@@ -132,10 +143,12 @@ def _write_per_rank(con: duckdb.DuckDBPyConnection, parsed: Path, out_dir: Path)
         stats_parts.append(counts.kernel_stats(trace_id, rank))
         launch_parts.append(launched.stats(trace_id, rank))
         queue_parts.append(launched.queues(trace_id, rank))
+        graph_parts.append(graph_rows(launched.graph_kernels(), trace_id, rank, graph_calls.get(trace_id, {})))
     results = {"breakdown": breakdown.rows_frame(rows), "stream_idle": idle.combine_windows(idle_parts),
                "kernel_stats": pl.concat(stats_parts) if stats_parts else None,
                "launch_stats": pl.concat(launch_parts) if launch_parts else None,
-               "stream_queues": pl.concat(queue_parts) if queue_parts else None}
+               "stream_queues": pl.concat(queue_parts) if queue_parts else None,
+               "graph_launches": pl.concat(graph_parts) if graph_parts else None}
     for name, frame in results.items():
         tbl = schema.table(name)
         if frame is None:
@@ -146,42 +159,74 @@ def _write_per_rank(con: duckdb.DuckDBPyConnection, parsed: Path, out_dir: Path)
         pq.write_table(arrow.cast(tbl.arrow_schema), out_dir / f"{name}.parquet", compression="zstd")
 
 
-#: Per trace: correlation ids (sorted), and the start and duration of the host call carrying each.
+#: Per trace: correlation ids (sorted), and the start and duration of the host call carrying each, and
+#: whether that call is a graph launch (named like one, or its id is carried by more than one kernel).
 _Launches = tuple[np.ndarray, ...]
 
 
-def _launch_times(host_ops: Path) -> dict[str, _Launches]:
-    """The host calls of :func:`launch_calls`, per trace: read a row group at a time, 24 bytes per call kept.
+def _launch_times(host_ops: Path, device_ops: Path) -> tuple[dict[str, _Launches], dict[str, dict[int, str]]]:
+    """The host calls of :func:`launch_calls`, per trace: read a row group at a time, 25 bytes per call kept.
 
     Only host events that carry a correlation id are kept (the runtime's launch calls, a
-    fraction of all host events).
+    fraction of all host events). Also returns, per trace, the name of each graph launch call
+    (named like :data:`GRAPH_CALL`) by correlation.
     """
     file = pq.ParquetFile(host_ops, read_dictionary=["trace_id"])
-    columns = ("correlation", "ts_ns", "dur_ns")
+    columns = ("correlation", "ts_ns", "dur_ns", "graph_call")
     calls: dict[str, list[list[np.ndarray]]] = {}  # per trace and column: the row groups' pieces
+    names: dict[str, dict[int, str]] = {}
     for group in range(file.num_row_groups):
-        part = pl.DataFrame(file.read_row_group(group, columns=["trace_id", *columns])).filter(
+        part = pl.DataFrame(file.read_row_group(group, columns=["trace_id", "correlation", "ts_ns", "dur_ns",
+                                                                "name"])).filter(
             pl.col("correlation").is_not_null() & pl.col("ts_ns").is_not_null() & pl.col("trace_id").is_not_null())
+        part = part.with_columns(pl.col("name").cast(pl.String).str.contains(GRAPH_CALL).fill_null(False)
+                                 .alias("graph_call"))
         for (trace_id,), mine in part.partition_by("trace_id", as_dict=True).items():
             pieces = calls.setdefault(str(trace_id), [[] for _ in columns])
             for piece, column in zip(pieces, columns, strict=True):
                 piece.append(mine[column].fill_null(0).to_numpy())
+            named = names.setdefault(str(trace_id), {})
+            for correlation, name in mine.filter(pl.col("graph_call")).select("correlation", "name").iter_rows():
+                named[int(correlation)] = min(named.get(int(correlation), name), name)
         del part
-    return {trace_id: launch_calls(*(np.concatenate(piece) for piece in pieces))
-            for trace_id, pieces in calls.items()}
+    shared = _shared_correlations(device_ops)
+    found: dict[str, _Launches] = {}
+    for trace_id, pieces in calls.items():
+        ids, starts, durations, graph = launch_calls(*(np.concatenate(piece) for piece in pieces))
+        found[trace_id] = (ids, starts, durations, graph | np.isin(ids, shared.get(trace_id, ids[:0])))
+    return found, names
+
+
+def _shared_correlations(device_ops: Path) -> dict[str, np.ndarray]:
+    """Per trace, the correlation ids that more than one kernel carries (:func:`shared_correlations`).
+
+    Reads a row group at a time; holds 8 bytes per kernel of a trace until its ids are counted.
+    """
+    file = pq.ParquetFile(device_ops, read_dictionary=["trace_id", "kind"])
+    pieces: dict[str, list[np.ndarray]] = {}
+    for group in range(file.num_row_groups):
+        part = pl.DataFrame(file.read_row_group(group, columns=["trace_id", "kind", "correlation", "ts_ns"])).filter(
+            (pl.col("kind") == "kernel") & pl.col("correlation").is_not_null() & pl.col("ts_ns").is_not_null()
+            & pl.col("trace_id").is_not_null())
+        for (trace_id,), mine in part.partition_by("trace_id", as_dict=True).items():
+            pieces.setdefault(str(trace_id), []).append(mine["correlation"].to_numpy().astype(np.int64))
+        del part
+    return {trace_id: shared_correlations(np.concatenate(piece)) for trace_id, piece in pieces.items()}
 
 
 def _launch_of(correlation: pl.Series, launches: _Launches | None) -> list[pl.Series]:
-    """``launch_ns`` and ``call_ns`` of each op: of its correlation's host call, null where none."""
+    """``launch_ns``, ``call_ns`` and ``graph`` of each op: of its correlation's host call, null where none."""
+    names = ("launch_ns", "call_ns", "graph")
     if launches is None or not len(launches[0]) or correlation.null_count() == len(correlation):
-        return [pl.repeat(None, len(correlation), dtype=pl.Int64, eager=True).alias(name)
-                for name in ("launch_ns", "call_ns")]
-    keys, starts, durations = launches
+        return [pl.repeat(None, len(correlation), dtype=pl.Boolean if name == "graph" else pl.Int64,
+                          eager=True).alias(name) for name in names]
+    keys, *values = launches
     wanted = correlation.fill_null(0).to_numpy().astype(np.int64)
     at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
     missing = ~((keys[at] == wanted) & correlation.is_not_null().to_numpy())
-    return [pl.Series(name, pa.array(values[at], mask=missing, type=pa.int64()))
-            for name, values in (("launch_ns", starts), ("call_ns", durations))]
+    return [pl.Series(name, pa.array(column[at], mask=missing,
+                                     type=pa.bool_() if name == "graph" else pa.int64()))
+            for name, column in zip(names, values, strict=True)]
 
 
 def _row_groups(meta: pq.FileMetaData, rank: int) -> list[tuple[int, int]]:
@@ -217,7 +262,7 @@ def _windows(path: Path, trace_id: str, rank: int, chunk_rows: int) -> Iterator[
     held = 0
     low = breakdown.LOWEST
     for position, (index, _) in enumerate(groups):
-        part = pl.DataFrame(file.read_row_group(index, columns=list(_WINDOW_COLUMNS))).filter(
+        part = _with_graph_id(pl.DataFrame(file.read_row_group(index, columns=_present(file)))).filter(
             (pl.col("rank") == rank) & (pl.col("trace_id") == trace_id) & pl.col("ts_ns").is_not_null())
         pending.append(part)
         held += part.height
@@ -236,7 +281,19 @@ def _windows(path: Path, trace_id: str, rank: int, chunk_rows: int) -> Iterator[
 
 
 def _window_schema(path: Path) -> dict[str, pl.DataType]:
-    return dict(pl.DataFrame(pq.read_schema(path).empty_table().select(list(_WINDOW_COLUMNS))).schema)
+    empty = pq.read_schema(path).empty_table()
+    return dict(_with_graph_id(pl.DataFrame(empty.select([c for c in _WINDOW_COLUMNS if c in empty.column_names])))
+                .schema)
+
+
+def _present(file: pq.ParquetFile) -> list[str]:
+    """The :data:`_WINDOW_COLUMNS` the file has: files stored before ``graph_id`` existed lack it."""
+    names = set(file.schema_arrow.names)
+    return [c for c in _WINDOW_COLUMNS if c in names]
+
+
+def _with_graph_id(ops: pl.DataFrame) -> pl.DataFrame:
+    return ops if "graph_id" in ops.columns else ops.with_columns(pl.lit(None, dtype=pl.Int64).alias("graph_id"))
 
 
 def _cut(ops: pl.DataFrame, low: int, high: int, chunk_rows: int) -> Iterator[tuple[int, int, pl.DataFrame]]:

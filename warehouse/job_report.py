@@ -52,6 +52,13 @@ def link_of(traces: pl.DataFrame, topology: pl.DataFrame) -> str | None:
     return "ib" if traces["host"].drop_nulls().n_unique() > 1 else "nvlink"
 
 
+def _run_of(runs: pl.DataFrame) -> pl.DataFrame:
+    """``run``, ``trace_id`` per trace from an analysis' ``runs`` summary (docs/analyses.md, "Runs within a job")."""
+    if runs.is_empty() or "trace_ids" not in runs.columns:
+        return pl.DataFrame(schema={"run": pl.String, "trace_id": pl.String})
+    return runs.select("run", "trace_ids").explode("trace_ids").rename({"trace_ids": "trace_id"})
+
+
 def compute(
     job: str,
     traces: pl.DataFrame,
@@ -63,13 +70,24 @@ def compute(
 ) -> JobReport:
     """Assemble a :class:`JobReport` from a job's analysis and its stored ``breakdown`` and ``collectives`` rows."""
     link = link_of(traces, analysis.topology)
+    steps = breakdown.filter(pl.col("step").is_not_null()).sort("rank", "step", "trace_id")
+    runs = _run_of(analysis.runs)
+    if runs.height > 1 and runs["run"].n_unique() > 1:  # several runs: never line up ranks across them
+        steps = runs.join(steps, on="trace_id", how="inner").sort("run", "rank", "step", "trace_id")
+        lateness = pl.concat([
+            collectives.lateness(collective_rows.filter(pl.col("trace_id").is_in(ids["trace_id"].implode())))
+            .select(pl.lit(run, dtype=pl.String).alias("run"), pl.all())
+            for (run,), ids in runs.group_by("run", maintain_order=True)
+        ], how="diagonal_relaxed")
+    else:
+        lateness = collectives.lateness(collective_rows)
     return JobReport(
         job=job,
         traces=traces,
         analysis=analysis,
         summary=fleet.summarise(fleet.device_rows(traces, breakdown)),
-        steps=breakdown.filter(pl.col("step").is_not_null()).sort("rank", "step", "trace_id"),
-        lateness=collectives.lateness(collective_rows),
+        steps=steps,
+        lateness=lateness,
         link=link,
         link_peak_gbs=link_peaks.get(link) if link is not None else None,
         generated_at=now or dt.datetime.now(dt.timezone.utc),

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 #: Bumped whenever a table or column changes meaning or type.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _ARROW_TYPES: dict[str, pa.DataType] = {
     "VARCHAR": pa.string(),
@@ -105,7 +105,7 @@ TRACES = Table(
         _c("world_size", "INTEGER", "Number of ranks in the job, when the trace says."),
         _c("backend", "VARCHAR", "Distributed backend (`nccl`, `gloo`, ...)."),
         _c("nccl_version", "VARCHAR", "NCCL version the trace reports."),
-        _c("device_type", "VARCHAR", "`cuda`, `rocm`, `tpu` or `cpu`."),
+        _c("device_type", "VARCHAR", "`cuda`, `rocm`, `mtia`, `tpu` or `cpu` (no device op recognised)."),
         _c("device_name", "VARCHAR", "Accelerator model, e.g. `NVIDIA H100 80GB HBM3`."),
         _c("device_count", "INTEGER", "Number of devices with operations in the trace."),
         _c("start_ns", "BIGINT", "First event start, ns."),
@@ -135,7 +135,7 @@ DEVICE_OPS = Table(
         _c("device", "INTEGER", "Device index on the host (CUDA/HIP ordinal, TPU chip, XLA CPU device)."),
         _c("stream", "BIGINT", "Stream (or XLA line) the op ran on."),
         _c("kind", "VARCHAR", "`kernel`, `memcpy`, `memset`, `sync`, or `xla_op` (an XLA op on TPU or the CPU back-end)."),
-        _c("category", "VARCHAR", "`compute`, `communication`, `memory` or `sync` (rules: `tracelake.analysis.classify.RULES`)."),
+        _c("category", "VARCHAR", "`compute`, `communication`, `memory` or `sync`: a `tracelake.analysis.classify.Category` (rules: `tracelake.analysis.classify.RULES`)."),
         _c("name", "VARCHAR", "Kernel or operation name."),
         TS,
         DUR,
@@ -154,6 +154,8 @@ DEVICE_OPS = Table(
         _c("long_name", "VARCHAR", "XLA: the op's full HLO text (TPU) or kernel name."),
         _c("flops", "DOUBLE", "XLA: floating-point operations of the op, when the profile gives them."),
         _c("bytes_accessed", "BIGINT", "XLA: bytes the op reads and writes, when the profile gives them."),
+        _c("graph_id", "BIGINT", "CUDA/HIP graph the op ran in (Kineto's `graph id` arg, CUDA 12+); null outside a "
+           "graph or where the trace does not say."),
     ),
     (JOB,),
 )
@@ -216,6 +218,9 @@ COLLECTIVES = Table(
         _c("algorithm", "VARCHAR", "NCCL algorithm (`RING`, `TREE`, `NVLS`, ...), when the source says."),
         _c("protocol", "VARCHAR", "NCCL protocol (`LL`, `LL128`, `SIMPLE`), when the source says."),
         _c("channels", "INTEGER", "NCCL channels used, when the source says."),
+        _c("reduction", "VARCHAR", "Reduction (`sum`, `prod`, `min`, `max`, `avg`, `premul_sum`), when the source says."),
+        _c("source", "VARCHAR", "Where the row's facts came from: `record_param_comms`, `kernel_args`, `kernel_name`, "
+           "`cpu_op` (Kineto); `xla`, `nccl_inspector`, `nccl_log`, `flight_recorder`, `nccl_profiler`."),
     ),
     (JOB,),
 )
@@ -363,7 +368,7 @@ BREAKDOWN = Table(
         TRACE_ID,
         RANK,
         _c("step", "BIGINT", "Step number, or null for the row covering the whole trace."),
-        _ns("span_ns", "Last device op end minus first device op start in the window."),
+        _ns("span_ns", "Last device op end minus first device op start in the window (syncs excluded)."),
         _ns("busy_ns", "Union of all device ops except syncs."),
         _ns("idle_ns", "span_ns - busy_ns: no device work at all."),
         _ns("compute_ns", "Union of compute ops."),
@@ -433,14 +438,43 @@ LAUNCH_STATS = Table(
     (
         TRACE_ID,
         RANK,
-        _c("launches", "BIGINT", "Kernels joined to their runtime call."),
+        _c("launches", "BIGINT", "Kernels launched one by one: joined to a runtime call that is not a graph launch."),
         _ns("mean_delay_ns", "Mean of kernel start - end of its launch call (floored at 0), rounded to ns."),
         _ns("p50_delay_ns", "Median launch delay, rounded to ns."),
         _ns("p95_delay_ns", "95th percentile launch delay, rounded to ns."),
         _ns("max_delay_ns", "Longest launch delay."),
         _c("shorter_than_launch", "BIGINT", "Kernels that ran for less time than their launch call took."),
         _c("shorter_than_launch_pct", "DOUBLE", "Their share of launches, percent."),
-        _ns("launch_overhead_ns", "Summed launch-call time of those kernels."),
+        _ns("launch_overhead_ns", "Summed launch-call time of those kernels (one call each)."),
+        _c("graph_launches", "BIGINT", "CUDA/HIP graph launch calls that started kernels (docs/analyses.md)."),
+        _c("graph_kernels", "BIGINT", "Kernels those graph launches started."),
+        _ns("graph_launch_ns", "Summed duration of the graph launch calls, each call once."),
+        _ns("graph_mean_delay_ns", "Mean of first kernel start - end of the graph launch call (floored at 0)."),
+        _ns("graph_max_delay_ns", "Longest graph launch delay."),
+    ),
+    (JOB,),
+    derived=True,
+)
+
+GRAPH_LAUNCHES = Table(
+    "graph_launches",
+    "One row per CUDA/HIP graph launch (docs/analyses.md, \"Launches\"): the call, the kernels it started, "
+    "their device time and the gaps between them.",
+    (
+        TRACE_ID,
+        RANK,
+        _c("correlation", "BIGINT", "Correlation id the launch call and its kernels share."),
+        _c("graph_id", "BIGINT", "Graph id from the kernels' args (smallest if several); null where the trace has none."),
+        _c("call", "VARCHAR", "Name of the launch call (`cudaGraphLaunch`, `hipGraphLaunch`, ...)."),
+        _ns("launch_ns", "Start of the launch call."),
+        _ns("call_ns", "Duration of the launch call."),
+        _c("kernels", "BIGINT", "Kernels the launch started."),
+        _c("streams", "BIGINT", "Streams they ran on."),
+        _ns("first_ns", "Start of the first kernel."),
+        _ns("device_ns", "Summed kernel time."),
+        _ns("span_ns", "First kernel start to last kernel end."),
+        _ns("gaps_ns", "span_ns minus the union of the kernels' busy time: idle inside the graph."),
+        _ns("delay_ns", "First kernel start - end of the launch call, floored at 0."),
     ),
     (JOB,),
     derived=True,
@@ -468,7 +502,7 @@ TABLES: dict[str, Table] = {
     t.name: t
     for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, DEVICES, NCCL_BENCHMARKS, COMMUNICATORS,
               COMM_CHANNELS, FLIGHT_RECORDER_STATUS, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
-              LAUNCH_STATS, STREAM_QUEUES, TRACES)
+              LAUNCH_STATS, STREAM_QUEUES, GRAPH_LAUNCHES, TRACES)
 }
 
 #: Tables holding one trace's data (everything except the registry itself).

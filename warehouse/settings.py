@@ -30,7 +30,7 @@ class Settings:
     kineto_engine: str = "auto"
     #: Bus bandwidth each link type carries at best, GB/s per GPU, over the defaults: ``nvlink=450,ib=50``.
     link_peaks: str = ""
-    #: API bearer tokens and their scopes: ``tokenA:read,write;tokenB:read`` (scopes: read, write, admin).
+    #: API bearer tokens and their scopes: ``ci-uploader-7f3a:read,write;dashboard-9c2e:read`` (scopes: read, write, admin).
     tokens: str = ""
     #: A file of API tokens, one ``token:scopes`` per line (``#`` starts a comment).
     tokens_file: str = ""
@@ -136,7 +136,7 @@ SETTINGS_DOC: dict[str, str] = {
     "built at install where gcc and the Python headers are present, else DuckDB's JSON reader), `native` "
     "(fail where it is not built) or `duckdb` (the reference reader, about half the speed).",
     "link_peaks": "Bus bandwidth per link type, GB/s, e.g. `nvlink=450,pcie=50,ib=50,socket=12.5` (the defaults).",
-    "tokens": "API bearer tokens with scopes, `tokenA:read,write;tokenB:read` (scopes `read`, `write`, `admin`); "
+    "tokens": "API bearer tokens with scopes, `ci-uploader-7f3a:read,write;dashboard-9c2e:read` (scopes `read`, `write`, `admin`); "
     "none set: the server serves loopback only.",
     "tokens_file": "A file of API tokens, one `token:scopes` per line; read with `tokens`.",
     "max_file_bytes": "Largest file one upload may carry (default 4 GiB).",

@@ -104,7 +104,7 @@ def _stage(
     if not path.is_file():
         raise NotFound(f"{path}: no such file")
     result.source_bytes = path.stat().st_size
-    trace_id = ingest.content_id(path)
+    trace_id = ingest.content_id(path, source_name)
     result.trace_id = trace_id
     existing = store.registered_job(trace_id)
     if existing is not None:

@@ -69,6 +69,11 @@ def _has_schema(path: Path, expected: pa.Schema) -> bool:
     return [(f.name, f.type) for f in found] == [(f.name, f.type) for f in expected]
 
 
+def is_warehouse(home: Path) -> bool:
+    """Whether ``home`` holds a tracelake warehouse (its catalog or its tables), so a reader need not create one."""
+    return (home / "tracelake.duckdb").is_file() or (home / "tables").is_dir()
+
+
 def check_job(job: str) -> str:
     """Return ``job`` if it is a valid job name, else raise :class:`InvalidArgument`."""
     if not _JOB.match(job) or job == SCHEMA_JOB:

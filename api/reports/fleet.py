@@ -113,7 +113,7 @@ def _over_time(fleet: Fleet, unit: HoursUnit) -> Html:
     for values, name, colour in (
         (days["compute_hours"], "compute", COLOURS["compute"]),
         (days["exposed_communication_hours"], "exposed communication", COLOURS["exposed"]),
-        (other.clip(lower_bound=0), "other busy (memory, overlaps)", COLOURS["memory"]),
+        (other.clip(lower_bound=0), "memory only", COLOURS["memory"]),  # busy, neither compute nor communication
         (days["idle_hours"], "idle", COLOURS["idle"]),
     ):
         fig.add_trace(go.Bar(name=name, x=x, y=[unit.convert(v) for v in values.to_list()], marker_color=colour,
@@ -134,8 +134,8 @@ def _over_time(fleet: Fleet, unit: HoursUnit) -> Html:
                         Column("utilisation", "num"), Column(f"wasted {unit.name}", "num"), Column("wasted", "num")],
                        rows)
     return section("Utilisation over time", note("Device time per day of ingest (UTC), split into compute, "
-                                                 "exposed communication, other busy time and idle; the line is "
-                                                 "compute / span."),
+                                                 "exposed communication (not overlapped by compute), memory only "
+                                                 "and idle, which add up to it; the line is compute / span."),
                    figure(fig, "over-time", 400), weekly, id_="over-time")
 
 

@@ -39,7 +39,7 @@ LINES_PER_RANK = 32
 BUCKETS = (
     ("compute_only_ns", "compute only", COLOURS["compute"]),
     ("compute_communication_ns", "communication hidden by compute", COLOURS["overlapped"]),
-    ("communication_only_ns", "exposed communication", COLOURS["exposed"]),
+    ("communication_only_ns", "communication only (exposed)", COLOURS["exposed"]),
     ("memory_only_ns", "memory only", COLOURS["memory"]),
     ("other_overlap_ns", "other overlaps", COLOURS["other"]),
     ("idle_ns", "idle", COLOURS["idle"]),
@@ -56,6 +56,7 @@ def render(report: JobReport) -> str:
             + (f" on {devices}" if devices else "") + f"; {analysis.breakdown.height} device timelines")
     body = [
         _findings(report),
+        _runs(report),
         _summary(report),
         _breakdown(report),
         _steps(report),
@@ -70,7 +71,12 @@ def render(report: JobReport) -> str:
 
 
 def _rank_labels(frame: pl.DataFrame) -> list[str]:
-    """``rank N`` per row; with the trace id when a rank appears in more than one trace."""
+    """``rank N`` per row (``run-2 rank N`` when the rows span runs); with the trace id when a rank still repeats."""
+    if "run" in frame.columns and frame["run"].n_unique() > 1:
+        keys = list(zip(frame["run"].to_list(), frame["rank"].to_list()))
+        if len(set(keys)) == len(keys) or "trace_id" not in frame.columns:
+            return [f"{run} rank {r}" for run, r in keys]
+        return [f"{run} rank {r} ({t[:8]})" for (run, r), t in zip(keys, frame["trace_id"].to_list())]
     ranks = frame["rank"].to_list()
     if len(set(ranks)) == len(ranks) or "trace_id" not in frame.columns:
         return [f"rank {r}" for r in ranks]
@@ -87,6 +93,21 @@ def _findings(report: JobReport) -> Html:
         items.append(tag("li", tag("strong", f.title[:1].upper() + f.title[1:]), ": ", f.detail, gain))
     return section("Findings", note("Largest estimated gain first; each gain is an upper bound on the worst rank's "
                                     "timeline."), tag("ol", *items, class_="findings"), id_="findings")
+
+
+def _runs(report: JobReport) -> Html:
+    """The job's runs, when it holds more than one or a rank repeats in one (docs/analyses.md, "Runs within a job")."""
+    runs = report.analysis.runs
+    if runs.is_empty() or (runs.height == 1 and not runs["warning"].drop_nulls().len()):
+        return Html("")
+    rows = [[r["run"], r["rule"], r["traces"], r["ranks"], r["world_size"] or "",
+             ms(r["end_ns"] - r["start_ns"], 2) if r["start_ns"] is not None and r["end_ns"] is not None else "",
+             r["warning"] or ""] for r in runs.to_dicts()]
+    columns = [Column("run"), Column("grouped by"), Column("traces", "num"), Column("ranks", "num"),
+               Column("world size", "num"), Column("span", "num"), Column("warning", "name")]
+    return section("Runs", note("The job's traces grouped into runs (a run label, else the same world size and "
+                                "overlapping time); every analysis below is made run by run."),
+                   table(columns, rows), id_="runs")
 
 
 def _summary(report: JobReport) -> Html:
@@ -125,14 +146,27 @@ def _breakdown(report: JobReport) -> Html:
     def share(column: str) -> pl.Expr:
         return pl.when(span > 0).then(100 * pl.col(column) / span).alias(column)
 
-    view = whole.select(span, share("compute_ns"), share("communication_ns"), share("exposed_communication_ns"),
-                        "overlap_pct", share("memory_ns"), share("idle_ns"), "flops_utilisation_pct")
-    rows = [[label, ms(r[0], 2), *(pct(v) for v in r[1:])] for label, r in zip(_rank_labels(whole), view.rows())]
-    columns = [Column("rank"), Column("span", "num"), Column("compute", "num"), Column("communication", "num"),
-               Column("exposed comm.", "num"), Column("comm. hidden", "num"), Column("memory", "num"),
-               Column("idle", "num"), Column("FLOPs util.", "num")]
-    return section(title, note("Exclusive buckets of each rank's span: they add up to it."),
-                   figure(fig, "breakdown", 420), table(columns, rows), id_="breakdown")
+    labels_text = _rank_labels(whole)
+    # docs/analyses.md, "Breakdown": the exclusive buckets add up to the span; the inclusive unions overlap
+    total = pl.sum_horizontal(pl.col(c).fill_null(0) for c, _, _ in BUCKETS)
+    exclusive = whole.select(span, *(share(c) for c, _, _ in BUCKETS),
+                             pl.when(span > 0).then(100 * total / span).alias("total"))
+    rows = [[label, ms(r[0], 2), *(pct(v) for v in r[1:])] for label, r in zip(labels_text, exclusive.rows())]
+    columns = [Column("rank"), Column("span", "num"), *(Column(name, "num") for _, name, _ in BUCKETS),
+               Column("total", "num")]
+    inclusive = whole.select(share("compute_ns"), share("communication_ns"), share("exposed_communication_ns"),
+                             "overlap_pct", share("memory_ns"), "flops_utilisation_pct")
+    inclusive_rows = [[label, *(pct(v) for v in r)] for label, r in zip(labels_text, inclusive.rows())]
+    inclusive_columns = [Column("rank"), Column("compute", "num"), Column("communication", "num"),
+                         Column("exposed comm.", "num"), Column("share of comm. hidden", "num"),
+                         Column("memory", "num"), Column("FLOPs util.", "num")]
+    return section(title, note("Exclusive buckets of each rank's span, as the chart stacks them: each instant "
+                               "counts in one bucket, so they add up to 100% of the span."),
+                   figure(fig, "breakdown", 420), tag("div", table(columns, rows), id="breakdown-exclusive"),
+                   note("Inclusive, per class of op (% of the span): time when two classes overlap counts in "
+                        "both, so these do not add up. Exposed communication is communication that no compute "
+                        "overlaps; the share hidden is of the communication time."),
+                   tag("div", table(inclusive_columns, inclusive_rows), id="breakdown-inclusive"), id_="breakdown")
 
 
 def _steps(report: JobReport) -> Html:
@@ -149,9 +183,10 @@ def _steps(report: JobReport) -> Html:
     per_step.update_layout(barmode="stack", xaxis_title="step", yaxis_title="ms (mean over ranks)",
                            legend={"orientation": "h", "y": -0.2}, title="Each step's time, mean over ranks")
     lines = go.Figure()
-    timelines = steps.select("trace_id", "rank").unique().sort("rank", "trace_id")
+    by = ["run"] if "run" in steps.columns else []
+    timelines = steps.select(*by, "trace_id", "rank").unique().sort(*by, "rank", "trace_id")
     if timelines.height <= LINES_PER_RANK:
-        for label, (trace_id, rank) in zip(_rank_labels(timelines), timelines.rows()):
+        for label, (trace_id, rank) in zip(_rank_labels(timelines), timelines.select("trace_id", "rank").rows()):
             mine = steps.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank)).sort("step")
             lines.add_trace(go.Scatter(name=plot_text(label), x=mine["step"].to_list(),
                                        y=(mine["span_ns"] / 1e6).to_list(), mode="lines+markers",
@@ -168,11 +203,16 @@ def _steps(report: JobReport) -> Html:
     if mean.height <= 30:  # whole steps only on the axis
         for chart in (per_step, lines):
             chart.update_xaxes(dtick=1)
-    outliers = report.analysis.step_outliers
+    flagged = report.analysis.step_outliers
+    outliers, warm = flagged.filter(~pl.col("warmup")), flagged.filter(pl.col("warmup"))
     remark = note(f"{outliers.height} step(s) run far slower than their rank's median; the worst is step "
                   f"{outliers['step'][0]} on rank {outliers['rank'][0]} ({ms(outliers['dur_ns'][0])}).") \
         if outliers.height else note("No step runs far slower than its rank's median.")
-    return section(title, figure(per_step, "steps", 380), figure(lines, "step-timeline", 360), remark, id_="steps")
+    warmup = note(f"Warm-up: the first profiled step runs far slower than the later ones on {warm.height} "
+                  f"rank(s) (step {warm['step'][0]} on rank {warm['rank'][0]}: {ms(warm['dur_ns'][0])}); it is "
+                  "not counted as an outlier (docs/analyses.md, \"Steps\").") if warm.height else Html("")
+    return section(title, figure(per_step, "steps", 380), figure(lines, "step-timeline", 360), remark, warmup,
+                   id_="steps")
 
 
 def _idle(report: JobReport) -> Html:
@@ -201,28 +241,31 @@ def _stragglers(report: JobReport) -> Html:
     title = "Stragglers: who arrives late at collectives"
     if late.is_empty():
         return section(title, note("No collective seen on more than one rank."))
-    instances = late.select("process_group", "seq", "collective", "first_ns").unique().sort(
-        "first_ns", "process_group", "seq")
+    if "run" not in late.columns:
+        late = late.with_columns(pl.lit(None, dtype=pl.String).alias("run"))
+    instances = late.select("run", "process_group", "seq", "collective", "first_ns").unique().sort(
+        "first_ns", "run", "process_group", "seq")
     total = instances.height
     instances = instances.head(HEATMAP_INSTANCES).with_row_index("column")
     groups = instances["process_group"].n_unique()
     names = [plot_text(f"{c} {pg}:{s}" if groups > 1 else f"{c} #{s}")
              for pg, s, c in instances.select("process_group", "seq", "collective").rows()]
-    cells = late.join(instances.select("process_group", "seq", "column"), on=["process_group", "seq"])
-    ranks = sorted(set(cells["rank"].to_list()))
+    cells = late.join(instances.select("run", "process_group", "seq", "column"), on=["run", "process_group", "seq"],
+                      nulls_equal=True)
+    ranks = sorted(set(cells.select("run", "rank").rows()), key=lambda k: (k[0] or "", k[1]))
     row_of = {r: i for i, r in enumerate(ranks)}
     z: list[list[float | None]] = [[None] * instances.height for _ in ranks]
-    for rank, column, lateness in cells.select("rank", "column", "lateness_ns").rows():
-        z[row_of[rank]][column] = lateness / 1e3
+    for run, rank, column, lateness in cells.select("run", "rank", "column", "lateness_ns").rows():
+        z[row_of[(run, rank)]][column] = lateness / 1e3
     fig = go.Figure(go.Heatmap(
-        z=z, x=names, y=[f"rank {r}" for r in ranks], colorscale="Reds", colorbar={"title": {"text": "late by, us"}},
+        z=z, x=names, y=[f"{run} rank {r}" if run else f"rank {r}" for run, r in ranks], colorscale="Reds", colorbar={"title": {"text": "late by, us"}},
         hovertemplate="%{y}, %{x}: %{z:,.1f} us after the first rank<extra></extra>", hoverongaps=False))
     fig.update_layout(xaxis={"title": "collective (in time order)", "showticklabels": total <= 60},
                       yaxis={"autorange": "reversed"})
     shown = note(f"Showing the first {HEATMAP_INSTANCES:,} of {total:,} collectives.") if total > HEATMAP_INSTANCES \
         else Html("")
     arrivals = report.analysis.last_arrivals
-    rows = [[f"rank {r['rank']}", r["times_last"], r["collectives"],
+    rows = [[f"{r['run']} rank {r['rank']}" if r.get("run") else f"rank {r['rank']}", r["times_last"], r["collectives"],
              pct(100 * r["times_last"] / r["collectives"] if r["collectives"] else None), number(r["mean_skew_us"])]
             for r in arrivals.to_dicts()]
     columns = [Column("rank"), Column("times last", "num"), Column("of collectives", "num"),
@@ -246,12 +289,9 @@ def _kernels(report: JobReport) -> Html:
                                "the rest."), table(columns, rows), id_="kernels")
 
 
-def _kernel_name(name: str | None, width: int = 160) -> Html:
-    """A kernel name cut to ``width`` characters, the whole of it on hover."""
-    text = name or ""
-    if len(text) <= width:
-        return esc(text)
-    return tag("span", text[: width - 3] + "...", title=text)
+def _kernel_name(name: str | None) -> Html:
+    """A kernel name whole (the cell wraps it): two kernels that differ only near the end must read differently."""
+    return esc(name or "")
 
 
 def _bandwidth(report: JobReport) -> Html:
@@ -304,12 +344,13 @@ def _nccl_benchmarks(report: JobReport) -> Html:
 
 
 def _traces(report: JobReport) -> Html:
-    traces = report.traces.sort("rank", "source_name", nulls_last=True)
-    rows = [[tag("code", r["trace_id"]), r["rank"], r["format"], r["source_name"], r["host"], r["device_name"],
-             r["ingested_at"].strftime("%Y-%m-%d %H:%M") if r["ingested_at"] else ""]
+    traces = report.traces.sort(*(["run"] if "run" in report.traces.columns else []), "rank", "source_name",
+                                nulls_last=True)
+    rows = [[tag("code", r["trace_id"]), r.get("run") or "", r["rank"], r["format"], r["source_name"], r["host"],
+             r["device_name"], r["ingested_at"].strftime("%Y-%m-%d %H:%M") if r["ingested_at"] else ""]
             for r in traces.to_dicts()]
-    columns = [Column("trace"), Column("rank", "num"), Column("format"), Column("file", "name"), Column("host"),
-               Column("device"), Column("ingested (UTC)")]
+    columns = [Column("trace"), Column("run"), Column("rank", "num"), Column("format"), Column("file", "name"),
+               Column("host"), Column("device"), Column("ingested (UTC)")]
     labels = {k: v for r in traces["labels"].to_list() for k, v in _label_items(r)}
     label_line = note(concat(["Labels: ", ", ".join(f"{k}={v}" for k, v in sorted(labels.items()))])) if labels \
         else Html("")

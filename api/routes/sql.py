@@ -13,10 +13,12 @@ import asyncio
 import functools
 import hashlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
+from fastapi.routing import APIRoute
 from starlette.types import Receive, Scope, Send
 
 from tracelake.warehouse.sql_pool import QueryStream
@@ -25,7 +27,27 @@ from ..deps import Read, State
 from ..models import ErrorAnswer, SqlAnswer, SqlQuery
 from ..sql_gate import SqlGate
 
-router = APIRouter(prefix="/api/v1/sql", tags=["sql"])
+
+
+class _JsonBody(APIRoute):
+    """Reads the body as JSON whatever its Content-Type says (docs/api.md, "SQL").
+
+    ``curl -d '{"sql": ...}'`` labels its body ``application/x-www-form-urlencoded``, and a body
+    without the header is as plainly JSON: the one body this route takes is a JSON object.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def as_json(request: Request) -> Response:
+            headers = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"]
+            request.scope["headers"] = [*headers, (b"content-type", b"application/json")]
+            return await handler(Request(request.scope, request.receive))
+
+        return as_json
+
+
+router = APIRouter(prefix="/api/v1/sql", tags=["sql"], route_class=_JsonBody)
 
 
 @router.post(

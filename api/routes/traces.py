@@ -160,7 +160,8 @@ def list_traces(
     return TracePage(traces=rows, total=total, limit=limit, offset=offset, next=following)
 
 
-TraceId = Annotated[str, PathParam(pattern=TRACE_ID, description="A trace id, as an upload answered it.")]
+TraceId = Annotated[str, PathParam(pattern=TRACE_ID, description="A trace id, as an upload answered it, or a unique "
+                                                                  "prefix of one (at least 4 characters).")]
 
 
 @router.get("/{trace_id}", response_model=TraceDetail, dependencies=[Read],
@@ -168,8 +169,8 @@ TraceId = Annotated[str, PathParam(pattern=TRACE_ID, description="A trace id, as
 def get_trace(state: State, trace_id: TraceId) -> TraceDetail:
     """A trace's status (queued, ingesting, done, failed with the error) and, once done, its `traces` row."""
     try:
-        row = state.warehouse.trace(trace_id)
-        return TraceDetail(trace_id=trace_id, job=row["job"], status="done", error=None, trace=row)
+        row = state.warehouse.trace(trace_id)  # a whole id or a unique prefix (warehouse/trace_ids.py)
+        return TraceDetail(trace_id=row["trace_id"], job=row["job"], status="done", error=None, trace=row)
     except NotFound:  # not in the warehouse: queued, failed, deleted or unknown
         pass
     task = state.queue.task(trace_id)
@@ -184,8 +185,9 @@ def get_trace(state: State, trace_id: TraceId) -> TraceDetail:
                summary="Delete a trace")
 def delete_trace(state: State, trace_id: TraceId) -> dict[str, Any]:
     """Remove a trace and all its rows from the warehouse (needs the `admin` scope)."""
-    job = state.warehouse.delete(trace_id)
-    return {"trace_id": trace_id, "job": job, "deleted": True}
+    full = state.warehouse.trace(trace_id)["trace_id"]  # a unique prefix names one trace
+    job = state.warehouse.delete(full)
+    return {"trace_id": full, "job": job, "deleted": True}
 
 
 def _state(task: Task) -> TraceState:
