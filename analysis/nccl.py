@@ -8,24 +8,28 @@ from __future__ import annotations
 
 import polars as pl
 
-#: Bus bandwidth (GB/s) a link type carries at best, per GPU: the defaults of
-#: ``TRACELAKE_LINK_PEAKS`` (H100 NVLink 4 about 450 unidirectional, PCIe 5 x16,
-#: one 400 Gb/s InfiniBand NIC, 100 Gb/s Ethernet sockets).
+from . import hardware
+
+#: Family figures a job report draws when nothing better is known (docs/analyses.md, "Link peaks");
+#: nccl-tests summaries use :mod:`tracelake.analysis.hardware` instead.
 DEFAULT_LINK_PEAKS = {"nvlink": 450.0, "pcie": 50.0, "ib": 50.0, "socket": 12.5}
 #: A benchmark peaking under this share of its link's bandwidth is reported.
 LOW_SHARE = 0.7
+#: Measured past this multiple of the chosen link's figure, the choice is wrong, not the link fast.
+OVER_PEAK = 1.1
 
 SUMMARY_COLUMNS = ("trace_id", "collective", "in_place", "ranks", "nodes", "sizes", "peak_busbw_gbs",
-                   "peak_at_bytes", "half_peak_bytes", "small_time_us", "link", "link_peak_gbs", "peak_share_pct")
+                   "peak_at_bytes", "half_peak_bytes", "small_time_us", "gpu", "link", "link_peak_gbs",
+                   "peak_share_pct", "link_note")
 
 
 def link_peaks(text: str | None) -> dict[str, float]:
-    """``nvlink=450,ib=50`` -> peaks by link type, over the defaults.
+    """``nvlink=450,ib_ndr=50`` -> the ``TRACELAKE_LINK_PEAKS`` overrides, by link name or family.
 
     Raises:
         ValueError: an entry that is not ``name=number``.
     """
-    peaks = dict(DEFAULT_LINK_PEAKS)
+    peaks: dict[str, float] = {}
     for item in filter(None, (part.strip() for part in (text or "").split(","))):
         name, _, value = item.partition("=")
         try:
@@ -35,13 +39,80 @@ def link_peaks(text: str | None) -> dict[str, float]:
     return peaks
 
 
-def benchmark_summary(rows: pl.DataFrame, peaks: dict[str, float] | None = None) -> pl.DataFrame:
+def choose_link(nodes: int, model: str | None, transports: list[str],
+                overrides: dict[str, float]) -> tuple[str, float | None, str | None]:
+    """The bottleneck link of an nccl-tests run, its figure, and why it is unknown (docs/analyses.md, "Link peaks").
+
+    Across nodes the network NCCL used (``comm_channels.transport``), per rank: NICs seen x the
+    NIC of the GPU's reference system; within a node the GPU's NVLink/Infinity Fabric, or PCIe.
+    Returns ``(link, GB/s or None, note or None)``; ``link`` is ``unknown`` when it cannot be told.
+    """
+    row = hardware.gpu(model)
+    kinds = {_transport_kind(t) for t in transports}
+    if nodes > 1:
+        nics = {t.split("/")[2] for t in transports if _transport_kind(t) == "NET/IB" and len(t.split("/")) > 2}
+        if "NET/IB" in kinds:
+            nic = row.nic if row else None
+            if (nic and nic in overrides) or "ib" in overrides:  # the user said what a rank gets
+                return nic or "ib", overrides[nic] if nic is not None and nic in overrides else overrides["ib"], None
+            if nic is None:
+                return "ib", None, f"link unknown: NET/IB, but no reference NIC for GPU {model or 'not named'}"
+            if not nics:
+                return nic, None, "link unknown: NET/IB, but the logs name no NIC, so their count per node is unknown"
+            return nic, len(nics) * hardware.LINKS[nic][1], None
+        if any("Libfabric" in k or "OFI" in k for k in kinds):
+            efa = row.efa if row else None
+            figure = hardware.peak(efa, overrides) if efa else overrides.get("efa")
+            if figure is None:
+                return "efa", None, f"link unknown: EFA, but no AWS instance known for GPU {model or 'not named'}"
+            return efa or "efa", figure, None
+        if "NET/Socket" in kinds:
+            figure = overrides.get("socket")
+            return "socket", figure, None if figure else \
+                "link unknown: NET/Socket, the host NIC's speed is in no log (set TRACELAKE_LINK_PEAKS socket=GB/s)"
+        return "unknown", None, (f"link unknown: {nodes} nodes, and no NCCL debug log of this job says which "
+                                 "network (NET/IB, NET/Socket, EFA) carried the traffic")
+    if row is None:
+        return "unknown", None, f"link unknown: GPU {model!r} is not in the table" if model else \
+            "link unknown: the output names no GPU"
+    link = row.host_link if row.peer_link is None or ("SHM" in kinds and "P2P" not in kinds) else row.peer_link
+    return link, hardware.peak(link, overrides), None
+
+
+def _trace_links(summary: pl.DataFrame, peaks: dict[str, float], devices: pl.DataFrame | None,
+                 traces: pl.DataFrame | None, channels: pl.DataFrame | None) -> pl.DataFrame:
+    """Per trace of ``summary``: ``gpu``, ``link``, ``link_peak_gbs``, ``link_note``."""
+    rows = []
+    all_transports = channels["transport"].drop_nulls().to_list() if channels is not None and channels.height else []
+    for trace_id, nodes in summary.select("trace_id", "nodes").unique("trace_id", maintain_order=True).iter_rows():
+        models: set[str] = set()
+        if devices is not None and devices.height:
+            mine = devices.filter((pl.col("trace_id") == trace_id) & (pl.col("kind") == "gpu"))
+            models = set(mine["name"].drop_nulls().to_list())
+        if not models and traces is not None and "device_name" in traces.columns:
+            models = set(traces.filter(pl.col("trace_id") == trace_id)["device_name"].drop_nulls().to_list())
+        own = channels.filter(pl.col("trace_id") == trace_id)["transport"].drop_nulls().to_list() \
+            if channels is not None and channels.height else []
+        model: str | None = next(iter(models)) if len(models) == 1 else None
+        link, figure, note = choose_link(nodes or 1, model, own or all_transports, peaks) if len(models) <= 1 \
+            else ("unknown", None, f"link unknown: mixed GPUs ({', '.join(sorted(models))})")
+        rows.append({"trace_id": trace_id, "gpu": model, "link": link, "link_peak_gbs": figure, "link_note": note})
+    return pl.DataFrame(rows, schema={"trace_id": summary.schema["trace_id"], "gpu": pl.String, "link": pl.String,
+                                      "link_peak_gbs": pl.Float64, "link_note": pl.String})
+
+
+def benchmark_summary(rows: pl.DataFrame, peaks: dict[str, float] | None = None, *,
+                      devices: pl.DataFrame | None = None, traces: pl.DataFrame | None = None,
+                      channels: pl.DataFrame | None = None) -> pl.DataFrame:
     """Per (trace, collective, placement): peak busbw and the size it is reached at, the smallest size
     reaching half of it, the time of the smallest message (latency), and the peak against the link's.
 
-    The link is NVLink when every rank is on one node, else InfiniBand.
+    The link follows :func:`choose_link` from the trace's GPU (``devices`` rows, else
+    ``traces.device_name``) and the transports of ``channels``; ``peaks`` are the
+    ``TRACELAKE_LINK_PEAKS`` overrides. No share is given when the link is unknown, or when
+    the peak passes the link's figure by more than :data:`OVER_PEAK` (then the choice was wrong).
     """
-    peaks = peaks or DEFAULT_LINK_PEAKS
+    peaks = peaks or {}
     if rows.is_empty():
         return pl.DataFrame(schema={c: pl.String for c in SUMMARY_COLUMNS})
     keys = ["trace_id", "collective", "in_place"]
@@ -52,13 +123,18 @@ def benchmark_summary(rows: pl.DataFrame, peaks: dict[str, float] | None = None)
         pl.col("size_bytes").sort_by("busbw_gbs", "size_bytes").last().alias("peak_at_bytes"),
         pl.col("size_bytes").filter(pl.col("busbw_gbs") >= 0.5 * pl.col("busbw_gbs").max()).min()
         .alias("half_peak_bytes"),
-        pl.col("time_us").first().alias("small_time_us"),
+        pl.col("time_us").filter(pl.col("size_bytes") > 0).first().alias("small_time_us"),  # 0 B rows time no data
     )
-    link = pl.when(pl.col("nodes").fill_null(1) <= 1).then(pl.lit("nvlink")).otherwise(pl.lit("ib"))
-    return summary.with_columns(link.alias("link")).with_columns(
-        pl.col("link").replace_strict(peaks, default=None, return_dtype=pl.Float64).alias("link_peak_gbs"),
-    ).with_columns(
-        (100 * pl.col("peak_busbw_gbs") / pl.col("link_peak_gbs")).alias("peak_share_pct"),
+    links = _trace_links(summary, peaks, devices, traces, channels)
+    over = pl.col("peak_busbw_gbs") > OVER_PEAK * pl.col("link_peak_gbs")
+    wrong = (pl.lit("link unknown: ") + pl.col("peak_busbw_gbs").round(1).cast(pl.String)
+             + pl.lit(" GB/s is over the ") + pl.col("link") + pl.lit(" figure of ")
+             + pl.col("link_peak_gbs").round(1).cast(pl.String)
+             + pl.lit(" GB/s, so that is not the bottleneck: the run may be within one node, or use more NICs"))
+    return summary.join(links, on="trace_id", how="left").with_columns(
+        pl.when(over).then(wrong).otherwise(pl.col("link_note")).alias("link_note"),
+        pl.when(over).then(None).otherwise(100 * pl.col("peak_busbw_gbs") / pl.col("link_peak_gbs"))
+        .alias("peak_share_pct"),
     ).select(SUMMARY_COLUMNS)
 
 

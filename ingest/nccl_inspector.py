@@ -3,8 +3,14 @@
 A record (docs/formats.md, section 3) is ``{"header": {id, comm_name, rank, n_ranks, nnodes},
 "metadata": {inspector_output_format_version, dump_timestamp_us, hostname, pid, ...},
 "coll_perf": {coll, coll_sn, coll_msg_size_bytes, coll_exec_time_us, ...}}`` or the same
-with ``p2p_perf`` (``p2p``, ``p2p_sn``, ``p2p_peer``, ...). Lines that are not JSON
-records are skipped and counted (a warning says how many); a file with none is an error.
+with ``p2p_perf`` (``p2p``, ``p2p_sn``, ``p2p_peer``, ...). A record is one line (the
+plugin's own JSON lines) or pretty-printed over several (``jq .`` or a re-dump with an
+indent): :func:`_records` yields each top-level ``{...}`` object with the line it starts
+on, holding at most one record in memory. Lines outside a record that do not open one
+(launcher noise) and records that are not Inspector records are skipped and counted (a
+warning says how many); a file with none is an error, and so are a record still open at
+the end of the file, one longer than ``MAX_RECORD_BYTES`` and a multi-line one that is not
+JSON (an unbalanced brace would swallow the records after it): all name its first line.
 
 Mapping: ``collective`` in snake case (``AllReduce`` -> ``all_reduce``), ``process_group``
 the communicator name (else its id), ``seq`` = ``coll_sn`` (the same on every rank of
@@ -17,6 +23,8 @@ estimate; the dump follows completion closely).
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,16 +39,25 @@ from .tables import fit_int, write_table
 
 FORMAT = "nccl_inspector"
 
+#: One record larger than this is not an Inspector record (they are a few hundred bytes, a few KiB in
+#: verbose mode): stop rather than hold an unbounded buffer.
+MAX_RECORD_BYTES = 16 << 20
+
 _COLUMNS = ("event_id", "rank", "collective", "process_group", "group_size", "seq", "message_bytes", "src_rank",
             "dst_rank", "ts_ns", "dur_ns", "cpu_ts_ns", "cpu_dur_ns", "is_async", "source")
 
 
 def sniff(head: bytes, filename: str) -> bool:
     """JSON lines whose first record has an Inspector ``header`` and a ``coll_perf``/``p2p_perf``."""
-    for line in head.split(b"\n")[:20]:  # launcher noise may come first
+    lines = head.split(b"\n")
+    for number, line in enumerate(lines[:20]):  # launcher noise may come first
         line = line.strip()
-        if line.startswith(b"{") and b'"header"' in line and (
-                b'"coll_perf"' in line or b'"p2p_perf"' in line or b"inspector_output_format_version" in line):
+        if not line.startswith(b"{"):
+            continue
+        # a JSON line holds the whole record; a pretty-printed one spreads it over the next lines
+        record = line if b'"header"' in line else b"\n".join(lines[number:number + 40])
+        if b'"header"' in record and (b'"coll_perf"' in record or b'"p2p_perf"' in record
+                                      or b"inspector_output_format_version" in record):
             return True
     return False
 
@@ -71,18 +88,17 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     rows: dict[str, list[object]] = {c: [] for c in _COLUMNS}
     skipped = lines = 0
     facts: dict[str, Any] = {}
-    pending = b""
-    line_no = 0
-    for chunk in iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name):
-        parts = (pending + chunk).split(b"\n")
-        pending = parts.pop()
-        for raw in parts:
-            line_no += 1
-            lines, skipped = _line(raw, decoder, rows, facts, lines, skipped)
-    if pending.strip():
-        lines, skipped = _line(pending, decoder, rows, facts, lines, skipped)
+    chunks = iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name)
+    for start, raw in _records(chunks, options.source_name):
+        if raw[:1] == b"{" and b"\n" in raw:  # pretty-printed: a broken one would hide the records it swallowed
+            try:
+                decoder.decode(raw)
+            except (msgspec.DecodeError, RecursionError) as exc:
+                raise TraceFormatError(options.source_name, f"a record spanning lines is not valid JSON ({exc})",
+                                       where=f"line {start}") from None
+        lines, skipped = _line(raw, decoder, rows, facts, lines, skipped)
     if not rows["seq"]:
-        raise TraceFormatError(options.source_name, f"no NCCL Inspector records in {lines} non-empty lines")
+        raise TraceFormatError(options.source_name, f"no NCCL Inspector records in {lines} non-empty lines or records")
     rows["event_id"] = list(range(len(rows["seq"])))
     write_table(staging, "collectives", rows, trace_id=options.trace_id)
     info = TraceInfo(format=FORMAT, event_count=len(rows["seq"]), uncompressed_bytes=source.stat().st_size)
@@ -96,8 +112,114 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
             if isinstance(t, int) and isinstance(d, int)]
     info.start_ns, info.end_ns = (min(starts), max(ends)) if starts and ends else (None, None)
     if skipped:
-        info.warnings.append(f"{skipped} of {lines} lines were not Inspector records and were skipped")
+        info.warnings.append(f"{skipped} of {lines} lines or records were not Inspector records and were skipped")
     return info
+
+
+def _records(chunks: Iterable[bytes], name: str) -> Iterator[tuple[int, bytes]]:
+    """Each top-level JSON object in ``chunks`` (one line or several), and each other non-empty line,
+    with the line it starts on.
+
+    Scans braces outside strings, so a record may span lines and chunks; only the record being
+    read is held in memory.
+
+    Raises:
+        TraceFormatError: a record is never closed, or grows past ``MAX_RECORD_BYTES``; the
+            error names the line the record starts on.
+    """
+    record = bytearray()
+    depth, in_string, escaped, line, start_line = 0, False, False, 1, 0
+    noise = bytearray()
+    for chunk in chunks:
+        index = 0
+        while index < len(chunk):
+            if depth == 0:
+                # between records: a line that does not open one (after blanks) is noise
+                newline = chunk.find(b"\n", index)
+                end = len(chunk) if newline < 0 else newline
+                segment = chunk[index:end]
+                if not noise.strip() and newline >= 0 and segment.lstrip()[:1] == b"{" and \
+                        segment.rstrip()[-1:] == b"}" and segment.count(b"{") == segment.count(b"}"):
+                    yield line, segment.strip()  # a JSON line (the plugin's own shape): no byte scan
+                    line, index = line + 1, newline + 1
+                    continue
+                if not noise.strip() and segment.lstrip()[:1] == b"{":
+                    noise.clear()
+                    index += len(segment) - len(segment.lstrip())
+                    start_line, depth = line, 0
+                    record.clear()
+                    index = _scan_into(record, chunk, index, state := [0, False, False])
+                    depth, in_string, escaped = state[0], bool(state[1]), bool(state[2])
+                    line += record.count(b"\n")
+                    if depth == 0:
+                        yield start_line, bytes(record)
+                        record.clear()
+                    continue
+                noise += segment
+                if len(noise) > MAX_RECORD_BYTES:
+                    raise TraceFormatError(name, "a line longer than 16 MiB (not Inspector output)",
+                                           where=f"line {line}")
+                if newline < 0:
+                    break
+                if noise.strip():
+                    yield line, bytes(noise)
+                noise.clear()
+                line += 1
+                index = newline + 1
+            else:
+                state = [depth, in_string, escaped]
+                before = len(record)
+                index = _scan_into(record, chunk, index, state)
+                depth, in_string, escaped = state[0], bool(state[1]), bool(state[2])
+                line += record.count(b"\n", before)
+                if depth == 0:
+                    yield start_line, bytes(record)
+                    record.clear()
+            if len(record) > MAX_RECORD_BYTES:
+                raise TraceFormatError(name, f"a record longer than {MAX_RECORD_BYTES >> 20} MiB "
+                                       "(not Inspector output, or a missing closing brace)",
+                                       where=f"line {start_line}")
+    if depth:
+        raise TraceFormatError(name, "a record is never closed (file truncated, or a missing '}')",
+                               where=f"line {start_line}")
+    if noise.strip():
+        yield line, bytes(noise)
+
+
+def _scan_into(record: bytearray, chunk: bytes, index: int, state: list[Any]) -> int:
+    """Copy ``chunk[index:]`` into ``record`` up to the brace closing the object; return where it stopped.
+
+    ``state`` is ``[depth, in_string, escaped]``, read and updated in place across chunks. Jumps
+    from one quote, backslash or brace to the next, so long strings cost no Python steps.
+    """
+    depth, in_string, escaped = state
+    start = index
+    while index < len(chunk) and index - start + len(record) <= MAX_RECORD_BYTES:
+        if escaped:
+            escaped, index = False, index + 1
+            continue
+        found = (_IN_STRING if in_string else _STRUCTURE).search(chunk, index)
+        if found is None:
+            index = len(chunk)
+            break
+        byte, index = chunk[found.start()], found.start() + 1
+        if byte == 0x5C:  # backslash, inside a string
+            escaped = True
+        elif byte == 0x22:  # quote
+            in_string = not in_string
+        elif byte == 0x7B:  # {
+            depth += 1
+        else:  # }
+            depth -= 1
+            if depth == 0:
+                break
+    record += chunk[start:index]
+    state[:] = [depth, in_string, escaped]
+    return index
+
+
+_IN_STRING = re.compile(rb'["\\]')
+_STRUCTURE = re.compile(rb'["{}]')
 
 
 def _line(raw: bytes, decoder: msgspec.json.Decoder[Any], rows: dict[str, list[object]], facts: dict[str, Any],

@@ -5,12 +5,15 @@ Lines read ``[timestamp ]host:pid:tid [cudaDev] NCCL INFO <msg>``, possibly behi
 launcher prefix (``[1,0]<stdout>:``, ``host: ``), ranks interleaved. The log is read in
 chunks of :data:`CHUNK_BYTES`; polars splits each into lines and picks each message kind's
 lines by a literal marker (the rare kinds' markers at once), then matches them with one
-regular expression (Rust, vectorised), except COLL lines, most of a log, which are cut at
-literal markers instead (:func:`coll_fields`); Python never touches a line:
+regular expression (Rust, vectorised; every shape is in :mod:`.nccl_log_lines`), except
+COLL lines, most of a log, which are cut at literal markers instead (:func:`coll_fields`);
+Python never touches a line:
 
-- communicator init (``comm 0x.. rank R nranks N cudaDev D [nvmlDev M] busId B
+- communicator init (``comm 0x.. rank R nranks N cudaDev D [nvmlDev M] [busId B]
   [commId 0x..] - Init COMPLETE``) and ``nRanks .. nNodes .. localRanks ..`` lines;
-- transports per channel (``Channel 00/0 : 0[0] -> 1[1] via P2P/IPC``);
+- transports per channel (``Channel 00/0 : 0[0] -> 1[1] via P2P/IPC``, ``Ring 00 : 0 -> 1 [send] via ..``),
+  each the row of the rank that wrote it, the transport whole;
+- ring orders, trees, ``Connected all rings``, network choices and the like: counted, not stored;
 - COLL lines (``AllReduce: opCount 1a ... count .. datatype .. op .. root .. comm 0x..
   [nranks=8] stream 0x..``): a ``collectives`` row each, ``seq`` = opCount (the same on
   every rank of the communicator), ``process_group`` = the communicator's ``commId``
@@ -46,35 +49,13 @@ import pyarrow as pa
 from tracelake.warehouse.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
+from .nccl_log_lines import _COLL, _VERSION, COLL_MARKER, COUNTED, KINDS  # noqa: F401  (_COLL: tests match it)
 from .nccl_log_writer import COMM_KEY, PART_ROWS, TUNING_KEY, Parts, write_collectives
 from .nccl_ops import collective_name
 from .source import iter_chunks
 from .tables import write_table
 
 FORMAT = "nccl_log"
-
-_LINE = (r"^(?:\[\d+,\d+\]<std(?:out|err)>:|[\w.-]+: )?(?:\[(?P<ts>\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?)\] ?)?"
-         r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO ")
-#: (marker text that every such line holds, pattern); lines are picked by the marker, then matched
-#: by polars (Rust regex, vectorised) so that GB logs parse at scanning speed.
-_INIT = ("Init COMPLETE",
-         _LINE + r"(?:\w+ )?comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cuda>\d+)"
-         r"(?: nvmlDev (?P<nvml>\d+))? busId (?P<bus>\w+)(?: commId (?P<commid>0x[0-9a-f]+))?")
-_NODES = (" nNodes ",
-          _LINE + r"comm (?P<comm>0x[0-9a-f]+) rank (?P<rank>\d+) nRanks (?P<nranks>\d+) nNodes (?P<nodes>\d+) "
-          r"localRanks (?P<local_ranks>\d+) localRank (?P<local_rank>\d+)")
-_CHANNEL = (" via ",
-            _LINE + r"Channel (?P<channel>\d+)(?:/\d+)? : (?P<src>\d+)\[(?P<srcdev>\d+)\] -> (?P<dst>\d+)\[(?P<dstdev>\d+)\] "
-            r"(?:\[(?P<direction>send|receive)\] )?via (?P<transport>\S+)")
-_COLL = (" opCount ",
-         _LINE + r"(?P<op>\w+): opCount (?P<opcount>[0-9a-f]+) sendbuff \S+ recvbuff \S+ count (?P<count>\d+) "
-         r"datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>\d+) comm (?P<comm>0x[0-9a-f]+)"
-         r"(?: \[nranks=(?P<nranks>\d+)\])? stream (?P<stream>0x[0-9a-f]+)")
-_TUNING = (" Bytes -> Algo ",
-           _LINE + r"(?P<op>\w+): (?P<bytes>\d+) Bytes -> Algo (?P<algo>\w+) proto (?P<proto>\w+)"
-           r"(?: channel\{Lo\.\.Hi\}=\{(?P<lo>\d+)\.\.(?P<hi>\d+)\})?")
-_WARN = ("NCCL WARN", r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[\d+\] (?:\S+:\d+ )?(?:\(\w+\) )?NCCL WARN (?P<msg>.*)$")
-_VERSION = re.compile(r"NCCL version (?P<version>[\w.+-]+)")
 
 #: docs/formats.md (NCCL debug log): datatype codes -> bytes per element.
 DTYPE = {0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8), 5: ("uint64", 8),
@@ -109,12 +90,14 @@ class _State:
         self.parts = parts
         self.matched = dict.fromkeys(_KINDS, 0)
         self.version: str | None = None
+        self.version_lines = 0
         self.lines = 0
 
     def merge(self, found: _Found) -> None:
         """Take in the next chunk's lines."""
         self.lines += found.lines
         self.version = self.version or found.version
+        self.version_lines += found.version_lines
         for kind, rows in found.kinds.items():
             self.matched[kind] += rows.height
             if not rows.height:
@@ -125,6 +108,8 @@ class _State:
                 self.keep_tuning(rows)
             elif kind == "warn":
                 self.keep_warnings(rows)
+            elif kind in COUNTED:
+                continue
             else:
                 self.found[kind].append(rows)
 
@@ -148,12 +133,13 @@ class _State:
         self.warnings = found
 
 
-_KINDS = {"init": _INIT, "nodes": _NODES, "channel": _CHANNEL, "coll": _COLL, "tuning": _TUNING, "warn": _WARN}
+_KINDS = KINDS
 
 
-#: The markers of every kind but COLL, and of the version line: lines holding none are COLL lines or not NCCL's.
-#: One regex of literals (SIMD-searched) picks them in a fraction of the time of one filter per marker.
-_RARE = "|".join(re.escape(marker) for marker in [*(v[0] for k, v in _KINDS.items() if k != "coll"), "NCCL version"])
+#: Every line but COLL lines that may be NCCL's (each kind's marker then picks its own among these): the INFO
+#: lines that are not COLL lines, WARN and version lines. One regex of three literals (SIMD-searched) and the
+#: COLL mask the scan makes anyway cost less than one search for every kind's marker at once.
+_RARE = " NCCL INFO |NCCL WARN|NCCL version"
 
 
 def _texts(source: Path, options: ParseOptions, chunk_bytes: int) -> Iterator[list[str]]:
@@ -184,6 +170,7 @@ class _Found:
 
     lines: int
     version: str | None = None
+    version_lines: int = 0
     kinds: dict[str, pl.DataFrame] = field(default_factory=dict)
 
 
@@ -193,14 +180,20 @@ def _scan(texts: list[str]) -> _Found:
     # str.isascii() reads a flag CPython keeps, so knowing that byte offsets index characters is free
     lines = pl.Series("line", texts, dtype=pl.String).str.split("\n").explode()
     found = _Found(int((lines.str.len_bytes() > 0).sum()))
-    rare = lines.filter(lines.str.contains(_RARE))
-    for line in rare.filter(rare.str.contains("NCCL version", literal=True)):
+    is_coll = lines.str.contains(COLL_MARKER, literal=True)
+    rare = lines.filter(lines.str.contains(_RARE) & ~is_coll)
+    versions = rare.filter(rare.str.contains(_VERSION.pattern))
+    found.version_lines = versions.len()
+    for line in versions.head(1):
         if version := _VERSION.search(line):
             found.version = version.group("version")
-            break
     for kind, (marker, pattern) in _KINDS.items():
-        candidates = lines if kind == "coll" else rare
-        picked = candidates.filter(candidates.str.contains(marker, literal=True))
+        if kind == "coll":
+            picked = lines.filter(is_coll)
+        elif isinstance(marker, str):
+            picked = rare.filter(rare.str.contains(marker, literal=True))
+        else:
+            picked = rare.filter(rare.str.contains("|".join(re.escape(m) for m in marker)))
         if not picked.len():
             continue
         if kind == "coll":  # most of a log: cut into fields instead of one regex with 14 captures
@@ -389,13 +382,13 @@ def parse(source: Path, staging: Path, options: ParseOptions, *, chunk_bytes: in
     state = _State(Parts(staging / "nccl_log_collectives", part_rows))
     try:
         _scan_all(source, options, chunk_bytes, state)
-        recognised = sum(state.matched.values())
-        if not recognised and state.version is None:
+        recognised = sum(state.matched.values()) + state.version_lines
+        if not recognised:
             raise TraceFormatError(options.source_name, f"no NCCL INFO/WARN lines in {state.lines:,} lines")
         comms = _communicators(_frame(state, "init"), _frame(state, "nodes"))
         write_table(staging, "communicators", {c: comms[c].to_arrow() for c in _COMM_COLUMNS if c in comms.columns},
                     trace_id=options.trace_id)
-        write_table(staging, "comm_channels", _channels(_frame(state, "channel"), comms), trace_id=options.trace_id)
+        write_table(staging, "comm_channels", _channels(_frame(state, "channel")), trace_id=options.trace_id)
         write_collectives(staging, options.trace_id, state.parts, comms, state.choices)
         return _info(source, state, comms, recognised)
     finally:
@@ -458,15 +451,14 @@ def _communicators(init: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
     return comms.with_columns(_i64("pid")).sort("rank", "comm", nulls_last=True)
 
 
-def _channels(channel: pl.DataFrame, comms: pl.DataFrame) -> dict[str, pa.Array]:
+def _channels(channel: pl.DataFrame) -> dict[str, pa.Array]:
+    """One row per connection line, ``rank`` the rank that wrote it: the line's own source rank, or its
+    destination for a ``[receive]`` line (NCCL prints those as ``peer -> me``). Not the process's rank: one
+    process may drive several GPUs, each its own rank, and the ``[N]`` after the pid is only the device."""
     if not channel.height:
         return {}
-    ranks = comms.select("host", "pid", "rank").unique(["host", "pid"], keep="first") if comms.height else None
-    frame = channel.with_columns(_i64("pid"))
-    frame = frame.join(ranks, on=["host", "pid"], how="left") if ranks is not None else \
-        frame.with_columns(pl.lit(None, dtype=pl.Int32).alias("rank"))
-    out = frame.select(
-        pl.coalesce(pl.col("rank"), _i32("src")).alias("rank"),
+    out = channel.select(
+        pl.when(pl.col("direction") == "receive").then(_i32("dst")).otherwise(_i32("src")).alias("rank"),
         _i32("channel"), _i32("src").alias("src_rank"), _i32("dst").alias("dst_rank"), "transport", "direction",
     )
     return {c: out[c].to_arrow() for c in out.columns}

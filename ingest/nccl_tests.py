@@ -8,7 +8,11 @@ was off. Launcher prefixes (``[1,0]<stdout>:``, ``host: ``) are stripped. Each s
 gives two rows (out-of-place, in-place).
 
 The collective comes from ``# Collective test starting: all_reduce_perf``, else
-the file name (``all_reduce_perf.txt``), else the JSON's ``collective``.
+the file name (``all_reduce_perf.txt``), else the JSON's ``collective``, else busbw/algbw
+against the bus-bandwidth factors (:func:`.nccl_tests_facts.infer_collective`). Rank lines
+with or without ``Group`` (older builds) give ranks, nodes and a ``devices`` row each; a table
+pasted without the ``# nThread`` header is found by its column header; ``NCCL INFO``/``WARN``
+lines in the same stream (``NCCL_DEBUG=INFO``) go to the debug-log parser, into the same trace.
 """
 
 from __future__ import annotations
@@ -21,6 +25,13 @@ from typing import Any
 from tracelake.warehouse.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
+from .nccl_tests_facts import (
+    infer_collective,
+    int_field,
+    json_ranks,
+    read_mixed_log,
+    write_devices,
+)
 from .source import iter_chunks, read_head, read_whole
 from .tables import fit_int, fit_text, write_table
 
@@ -28,7 +39,9 @@ FORMAT = "nccl_tests"
 
 _PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|[A-Za-z0-9_.-]+: (?=#|\s*\d))")
 _HEADER = re.compile(r"#\s*nThread\s+\d+\s+nGpus\s+\d+")
-_RANK = re.compile(r"#\s+Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s+(.*)$")
+_COLUMN_HEAD = re.compile(r"#\s+size\s+count\s+type\b")  # a table pasted without the nThread header
+_NCCL_LOG_LINE = re.compile(r"\bNCCL (?:INFO|WARN)\b")  # NCCL_DEBUG=INFO lines mixed into the stdout
+_RANK = re.compile(r"#\s+Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s+(.*)$")
 _STARTING = re.compile(r"#\s*Collective test starting:\s*(\w+?)(?:_perf)?(?:_mpi)?\s*$")
 _FILE_COLLECTIVE = re.compile(r"(all_reduce|all_gather|reduce_scatter|alltoall|broadcast|reduce|sendrecv|gather|"
                               r"scatter|hypercube)_perf")
@@ -40,7 +53,7 @@ _COLUMNS = ("collective", "size_bytes", "count", "dtype", "redop", "root", "in_p
 def sniff(head: bytes, filename: str) -> bool:
     """nccl-tests stdout (the ``# nThread .. nGpus`` header) or its ``-J`` JSON (``results`` with ``out_of_place``)."""
     text = head.decode("utf-8", "replace")
-    if _HEADER.search(text):
+    if _HEADER.search(text) or _COLUMN_HEAD.search(text):
         return True
     stripped = text.lstrip()
     return stripped.startswith("{") and '"results"' in text and ('"out_of_place"' in text or '"in_place"' in text)
@@ -74,7 +87,7 @@ class _Rows:
 def _parse_text(source: Path, options: ParseOptions) -> tuple[_Rows, dict[str, Any]]:
     rows = _Rows()
     facts: dict[str, Any] = {"ranks": {}, "collective": _collective_from_name(options.source_name),
-                             "recognised": 0, "lines": 0}
+                             "recognised": 0, "lines": 0, "nccl_lines": 0}
     pending = ""
     line_no = 0
     for chunk in iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name):
@@ -94,6 +107,9 @@ def _line(raw: str, line_no: int, rows: _Rows, facts: dict[str, Any], source: st
     if not line:
         return
     facts["lines"] += 1
+    if _NCCL_LOG_LINE.search(line):
+        facts["nccl_lines"] += 1  # read by the NCCL debug-log parser (mixed.py)
+        return
     if line.startswith("#"):
         facts["recognised"] += 1  # nccl-tests' own comments, read or not
         if _HEADER.search(line):
@@ -101,7 +117,8 @@ def _line(raw: str, line_no: int, rows: _Rows, facts: dict[str, Any], source: st
         elif match := _STARTING.match(line):
             facts["collective"] = match.group(1)
         elif match := _RANK.match(line):
-            facts["ranks"][int(match.group(1))] = (match.group(3), fit_int(int(match.group(2))), match.group(5).strip())
+            facts["ranks"][int(match.group(1))] = (match.group(3), fit_int(int(match.group(2))), match.group(5).strip(),
+                                                   fit_int(int(match.group(4)), 32))
         return
     tokens = line.split()
     if len(tokens) < 11 or not tokens[0].isdigit() or not tokens[1].isdigit():
@@ -151,10 +168,11 @@ def _parse_json(source: Path, options: ParseOptions) -> tuple[_Rows, dict[str, A
                 raise TraceFormatError(options.source_name, f"non-numeric time or bandwidth in {key}",
                                        where=f"results[{index}]")
             rows.add(size_bytes=result["size"], count=fit_int(result.get("count")), dtype=fit_text(result.get("type")),
-                     redop=fit_text(result.get("redop")), root=fit_int(result.get("root"), 32), in_place=in_place,
-                     time_us=numbers[0], algbw_gbs=numbers[1], busbw_gbs=numbers[2], wrong=fit_int(part.get("nwrong")))
+                     redop=fit_text(result.get("redop")), root=fit_int(int_field(result.get("root")), 32),
+                     in_place=in_place,
+                     time_us=numbers[0], algbw_gbs=numbers[1], busbw_gbs=numbers[2], wrong=int_field(part.get("nwrong")))
     collective = doc.get("collective") if isinstance(doc.get("collective"), str) else None
-    facts: dict[str, Any] = {"ranks": {}, "collective": _collective_from_name(options.source_name) or collective,
+    facts: dict[str, Any] = {"ranks": json_ranks(doc), "collective": _collective_from_name(options.source_name) or collective,
              "nranks": fit_int(doc.get("nranks"), 32)}
     return rows, facts
 
@@ -169,24 +187,33 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     rows, facts = (_parse_json if is_json else _parse_text)(source, options)
     if not len(rows):
         raise TraceFormatError(options.source_name, "nccl-tests output without any result rows")
-    ranks: dict[int, tuple[str, int | None, str]] = facts["ranks"]
+    ranks: dict[int, tuple[str, int | None, str, int | None]] = facts["ranks"]
     n_ranks = len(ranks) or facts.get("nranks")
-    rows.data["collective"] = [facts.get("collective") or "unknown"] * len(rows)
+    collective, unsure = facts.get("collective"), None
+    if not collective:
+        collective, unsure = infer_collective(rows.data, n_ranks)
+    rows.data["collective"] = [collective or "unknown"] * len(rows)
     rows.data["ranks"] = [n_ranks] * len(rows)
-    nodes = len({host for host, _, _ in ranks.values()}) or None
+    nodes = len({rank[0] for rank in ranks.values() if rank[0]}) or None
     columns = {k: v for k, v in rows.data.items() if k != "line"}
     write_table(staging, "nccl_benchmarks", {"rank": [0] * len(rows), "nodes": [nodes] * len(rows), **columns},
                 trace_id=options.trace_id)
+    if ranks:
+        write_devices(staging, options.trace_id, ranks)
     info = TraceInfo(format=FORMAT, event_count=len(rows), uncompressed_bytes=source.stat().st_size)
+    if unsure:
+        info.warnings.append(unsure)
+    if facts.get("nccl_lines"):
+        read_mixed_log(source, staging, options, info)
     info.world_size = n_ranks
     info.device_count = n_ranks
     if ranks:
-        host, pid, device = ranks[min(ranks)]
+        host, pid, device, _ = ranks[min(ranks)]
         info.host, info.pid, info.device_name = host, pid, device
         info.device_type = "cuda" if "nvidia" in device.lower() else "rocm" if "amd" in device.lower() else None
     info.rank_source = "nccl-tests (one file per run)"
     if not is_json and facts["lines"]:
-        skipped = facts["lines"] - facts["recognised"]
+        skipped = facts["lines"] - facts["recognised"] - facts["nccl_lines"]
         if skipped:
             info.warnings.append(f"{skipped} of {facts['lines']} lines were not nccl-tests output and were skipped")
     return info

@@ -27,6 +27,11 @@ import pickle
 import sys
 from pathlib import Path
 
+try:
+    from . import generate_nccl_tests
+except ImportError:  # run as a script
+    import generate_nccl_tests  # type: ignore[no-redef]
+
 OUT = Path(__file__).resolve().parent / "nccl" / "nccl_tests"
 INSPECTOR_OUT = Path(__file__).resolve().parent / "nccl" / "inspector"
 INSPECTOR_RANKS = 4
@@ -177,6 +182,49 @@ def debug_log() -> str:
     return "\n".join(lines) + "\n"
 
 
+def debug_log_shapes() -> dict[str, list[str]]:
+    """One short log per init/topology line shape since NCCL 2.4 (docs/formats.md, NCCL debug log), each
+    written by one process (host h, pid 9) driving GPUs 0 and 1 as ranks 0 and 1 of 2."""
+    def info(dev: int, message: str) -> str:
+        return f"h:9:1{dev} [{dev}] NCCL INFO {message}"
+
+    init_old = [info(d, f"comm 0x5f{d} rank {d} nranks 2 cudaDev {d} nvmlDev {d} - Init COMPLETE") for d in (0, 1)]
+    return {
+        "version": ["h:9:10 [0] NCCL INFO NCCL version 2.4.8+cuda10.1", "NCCL version 2.18.3+cuda12.2"],
+        "init_2.4": init_old,
+        "init_busid": [info(d, f"comm 0x5f{d} rank {d} nranks 2 cudaDev {d} busId {d + 1}b000 - Init COMPLETE")
+                       for d in (0, 1)],
+        "init_commid": [info(d, f"ncclCommInitRankConfig comm 0x5f{d} rank {d} nranks 2 cudaDev {d} nvmlDev {d} "
+                                f"busId {d + 1}b000 commId 0xa1b2 - Init COMPLETE") for d in (0, 1)],
+        "nodes": [info(d, f"comm 0x5f{d} rank {d} nRanks 2 nNodes 1 localRanks 2 localRank {d} MNNVL 0")
+                  for d in (0, 1)],
+        "ring_2.4": [*init_old, info(0, "Ring 00 : 0[0] -> 1[1] via P2P/IPC"), info(1, "Ring 00 : 1[1] -> 0[0] via P2P/IPC")],
+        "ring_net_2.4": [info(0, "Ring 00 : 1 -> 0 [receive] via NET/IB/0/GDRDMA"),
+                         info(1, "Ring 00 : 1 -> 0 [send] via NET/IB/0/GDRDMA")],
+        "channel_busid": [info(0, "Channel 00 : 1[f5000] -> 0[35000] [receive] via NET/AWS Libfabric/0"),
+                          info(1, "Channel 00 : 1[f5000] -> 0[35000] [send] via NET/AWS Libfabric/0")],
+        "channel_p2p_busid": [info(0, "Channel 00 : 0[35000] -> 1[f5000] via P2P/direct pointer"),
+                              info(1, "Channel 00 : 1[f5000] -> 0[35000] via P2P/direct pointer")],
+        "channel_conn": [info(0, "Channel 00/0 : 0[0] -> 1[1] via P2P/direct pointer/read"),
+                         info(1, "Channel 00/1 : 1[1] -> 0[0] via P2P/CUMEM/read")],
+        "ring_order": [info(d, f"Channel {c:02d}/02 :    0   1") for d in (0, 1) for c in (0, 1)]
+                      + [info(0, "Ring 00 :    0   1"), info(0, "Channel 00 :    0   1")],
+        "trees": [info(0, "Trees [0] 1/-1/-1->0->-1 [1] -1/-1/-1->0->1"), info(1, "Trees [0] -1/-1/-1->1->0")],
+        "connected": [info(d, f"Connected all {what}") for d in (0, 1) for what in ("rings", "trees")],
+        "network": [info(0, "Using network IB"), info(0, "Using network AWS Libfabric"),
+                    info(0, "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE ; OOB eth0:10.0.0.1<0>"),
+                    info(0, "NET/Socket : Using [0]eth0:10.0.0.1<0>")],
+        "init_start": [info(0, "ncclCommInitRank comm 0x5f0 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1b000 "
+                               "commId 0xa1b2 - Init START"),
+                       info(0, "Init timings - ncclCommInitRank: rank 0 nranks 2 total 0.51 (kernels 0.20, alloc "
+                               "0.01, bootstrap 0.02, allgathers 0.00, topo 0.15, graphs 0.00, connections 0.10, "
+                               "rest 0.03)"),
+                       info(0, "4 coll channels, 4 collnet channels, 0 nvls channels, 4 p2p channels, "
+                               "2 p2p channels per peer"),
+                       info(0, "comm 0x5f0 rank 0 nranks 2 cudaDev 0 busId 1b000 - Destroy COMPLETE")],
+    }
+
+
 FR_OUT = Path(__file__).resolve().parent / "nccl" / "flight_recorder"
 FR_RANKS, HUNG_RANK = 4, 3
 
@@ -242,6 +290,73 @@ def profiler_plugin_dump(rank: int) -> str:
     return "[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n{}]\n"
 
 
+def profiler_plugin_228_dump(rank: int, *, quoted: bool = False) -> str:
+    """NCCL 2.28's example plugin dump for one rank of a 2-rank communicator, printed as its C code prints
+    it: GROUP_API, COLL_API (``"datatype": ncclFloat32`` and ``"Stream": 0x...`` bare unless ``quoted``),
+    KERNEL_LAUNCH, COLL, then a Send/Recv pair via P2P_API and P2P, and the closing ``{}]``."""
+    def bare(key: str, value: str) -> str:
+        return f'"{key}": "{value}"' if quoted else f'"{key}": {value}'
+
+    pid, ts = 4100 + rank, 1000.0 + rank * 3.0
+    stream = "0x7f3a5c001230" if rank == 0 else "(nil)"
+    lines = [
+        (f'{{"name": "Group API", "cat": "GROUP_API", "ph": "b", "id": 0, "pid": {pid}, "tid": 1, "ts": {ts:f}, '
+         '"args": {"groupApiId": 0, "groupDepth": 1}},'),
+        (f'{{"name": "AllReduce", "cat": "COLL_API", "ph": "b", "id": 0, "pid": {pid}, "tid": 1, "ts": {ts + 1:f}, '
+         f'"args": {{"count": 262144, {bare("datatype", "ncclFloat32")}, "root": 0, "GraphCaptured": 0, '
+         f'{bare("Stream", stream)}}}}},'),
+        (f'{{"name": "KernelLaunch", "cat": "KERNEL_LAUNCH", "ph": "b", "id": 0, "pid": {pid}, "tid": 1, '
+         f'"ts": {ts + 2:f}, "args": {{"groupId": 0, {bare("Stream", stream)}}}}},'),
+        (f'{{"name": "AllReduce", "cat": "COLL", "ph": "b", "id": 0, "pid": {pid}, "tid": 1, "ts": {ts + 3:f}, '
+         f'"args": {{"SeqNum": 0, "CommHash": 4242424242, "Rank": {rank}, "Count": 262144, '
+         '"Datatype": "ncclFloat32", "Algorithm": "RING", "Protocol": "LL128", "nChannels": 2}},'),
+        f'{{"name": "AllReduce", "cat": "COLL", "ph": "e", "id": 0, "pid": {pid}, "tid": 1, "ts": {ts + 9:f}}},',
+        (f'{{"name": "KernelLaunch", "cat": "KERNEL_LAUNCH", "ph": "e", "id": 0, "pid": {pid}, "tid": 1, '
+         f'"ts": {ts + 10:f}}},'),
+        f'{{"name": "AllReduce", "cat": "COLL_API", "ph": "e", "id": 0, "pid": {pid}, "tid": 1, "ts": {ts + 11:f}}},',
+    ]
+    func = "Send" if rank == 0 else "Recv"
+    lines += [
+        (f'{{"name": "{func}", "cat": "P2P_API", "ph": "b", "id": 0, "pid": {pid}, "tid": 1, "ts": {ts + 20:f}, '
+         f'"args": {{"count": 4096, {bare("datatype", "ncclBfloat16")}, "GraphCaptured": 0, '
+         f'{bare("Stream", stream)}}}}},'),
+        (f'{{"name": "{func}", "cat": "P2P", "ph": "b", "id": 0, "pid": {pid}, "tid": 1, "ts": {ts + 21:f}, '
+         f'"args": {{"CommHash": 4242424242, "Rank": {rank}, "Peer": {1 - rank}, "Count": 4096, '
+         '"Datatype": "ncclBfloat16", "nChannels": 1}},'),
+        f'{{"name": "{func}", "cat": "P2P", "ph": "e", "id": 0, "pid": {pid}, "tid": 1, "ts": {ts + 25:f}}},',
+        f'{{"name": "{func}", "cat": "P2P_API", "ph": "e", "id": 0, "pid": {pid}, "tid": 1, "ts": {ts + 26:f}}},',
+        f'{{"name": "Group API", "cat": "GROUP_API", "ph": "e", "id": 0, "pid": {pid}, "tid": 1, "ts": {ts + 30:f}}},',
+    ]
+    return "[\n" + "\n".join(lines) + "\n{}]\n"
+
+
+def profiler_plugin_ce_dump(rank: int) -> str:
+    """NCCL 2.29's example plugin dump with a copy-engine AllGather (``CE_COLL``, GPU timing, and its
+    ``CE_SYNC``/``CE_BATCH`` children) after an ordinary COLL AllReduce."""
+    pid = 4100 + rank
+    coll = profiler_plugin_228_dump(rank, quoted=True).splitlines()[3:5]  # the COLL begin and end
+    ce = [
+        (f'{{"name": "AllGather", "cat": "CE_COLL", "ph": "b", "id": 0, "pid": {pid}, "tid": 1, "ts": 2000.000000, '
+         '"args": {"eventId": 7, "count": 1048576, "datatype": "ncclBfloat16", "strategy": "memcpy", '
+         '"start_ts_cpu": 2000.000000, "stop_ts_cpu": 2004.500000, "duration_cpu_us": 4.500000, '
+         '"duration_gpu_us": 37}},'),
+        (f'{{"name": "CeSync", "cat": "CE_SYNC", "ph": "b", "id": 0, "pid": {pid}, "tid": 1, "ts": 2000.500000, '
+         '"args": {"eventId": 8, "type": "Ready", "strategy": "memcpy", "nRanks": 2, "start_ts_cpu": 2000.500000, '
+         '"stop_ts_cpu": 2001.000000, "duration_cpu_us": 0.500000, "duration_gpu_us": 3}},'),
+        f'{{"name": "CeSync", "cat": "CE_SYNC", "ph": "e", "id": 0, "pid": {pid}, "tid": 1, "ts": 2001.000000}},',
+        f'{{"name": "AllGather", "cat": "CE_COLL", "ph": "e", "id": 0, "pid": {pid}, "tid": 1, "ts": 2004.500000}},',
+    ]
+    return "[\n" + "\n".join(coll + ce) + "\n{}]\n"
+
+
+def inspector_pretty(rank: int, indent: int = 2) -> str:
+    """:func:`inspector_lines` with each record pretty-printed over several lines (as ``jq .`` writes it)."""
+    out = []
+    for line in inspector_lines(rank).splitlines():
+        out.append(json.dumps(json.loads(line), indent=indent) if line.startswith("{") else line)
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     files = {"all_reduce_perf.txt": all_reduce_text(), "all_gather_perf_old.txt": all_gather_old_text(),
@@ -249,6 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, text in files.items():
         (OUT / name).write_text(text, encoding="utf-8")
         print(f"wrote {OUT / name}")
+    generate_nccl_tests.OUT.mkdir(parents=True, exist_ok=True)
+    for name, make in generate_nccl_tests.FILES.items():  # nccl-tests as users save it
+        (generate_nccl_tests.OUT / name).write_text(make(), encoding="utf-8")
+        print(f"wrote {generate_nccl_tests.OUT / name}")
     LOG_OUT.mkdir(parents=True, exist_ok=True)
     (LOG_OUT / "train-4ranks.log").write_text(debug_log(), encoding="utf-8")
     print(f"wrote {LOG_OUT / 'train-4ranks.log'}")

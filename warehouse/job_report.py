@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from tracelake.analysis import collectives, fleet
+from tracelake.analysis import collectives, fleet, nccl
 
 from .analysis_report import Analysis
 
@@ -89,6 +89,6 @@ def compute(
         steps=steps,
         lateness=lateness,
         link=link,
-        link_peak_gbs=link_peaks.get(link) if link is not None else None,
+        link_peak_gbs={**nccl.DEFAULT_LINK_PEAKS, **link_peaks}.get(link) if link is not None else None,
         generated_at=now or dt.datetime.now(dt.timezone.utc),
     )

@@ -28,7 +28,7 @@ class Settings:
     parse_batch_bytes: int = 8 << 20
     #: How Kineto JSON events are read: ``auto`` (the native scanner where it is built), ``native``, ``duckdb``.
     kineto_engine: str = "auto"
-    #: Bus bandwidth each link type carries at best, GB/s per GPU, over the defaults: ``nvlink=450,ib=50``.
+    #: Bus bandwidth a link carries at best, GB/s per rank, by link or family: ``nvlink3=260,ib=400``.
     link_peaks: str = ""
     #: API bearer tokens and their scopes: ``ci-uploader-7f3a:read,write;dashboard-9c2e:read`` (scopes: read, write, admin).
     tokens: str = ""
@@ -135,7 +135,8 @@ SETTINGS_DOC: dict[str, str] = {
     "kineto_engine": "How PyTorch profiler events are read: `auto` (the default: tracelake's native scanner, "
     "built at install where gcc and the Python headers are present, else DuckDB's JSON reader), `native` "
     "(fail where it is not built) or `duckdb` (the reference reader, about half the speed).",
-    "link_peaks": "Bus bandwidth per link type, GB/s, e.g. `nvlink=450,pcie=50,ib=50,socket=12.5` (the defaults).",
+    "link_peaks": "Bus bandwidth per rank, GB/s, by link (`nvlink3=260`) or family (`nvlink`, `pcie`, `xgmi`, `ib`, "
+                  "`roce`, `efa`, `socket`), over the per-GPU table of docs/analyses.md (\"Link peaks\").",
     "tokens": "API bearer tokens with scopes, `ci-uploader-7f3a:read,write;dashboard-9c2e:read` (scopes `read`, `write`, `admin`); "
     "none set: the server serves loopback only.",
     "tokens_file": "A file of API tokens, one `token:scopes` per line; read with `tokens`.",

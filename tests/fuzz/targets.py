@@ -103,6 +103,14 @@ def xplane_seeds() -> list[bytes]:
     return [_read("xla", "tpu_allreduce", "host0.xplane.pb"), generate_xla.build(steps=1)]
 
 
+def _nccl_generated(function: str, rank: int) -> bytes:
+    """A shape the committed samples lack, from the generator (pretty-printed Inspector, NCCL 2.28's plugin)."""
+    from tracelake.sample_traces import generate_nccl
+
+    text: str = getattr(generate_nccl, function)(rank)
+    return text.encode()
+
+
 TARGETS: dict[str, Target] = {t.format: t for t in (
     Target("pytorch_profiler", "rank-0.json", kineto_seeds),
     Target("xla", "host0.xplane.pb", xplane_seeds),
@@ -110,9 +118,11 @@ TARGETS: dict[str, Target] = {t.format: t for t in (
     Target("nccl_tests", "all_reduce_perf.txt", lambda: [
         _read("nccl", "nccl_tests", "all_reduce_perf.txt"), _read("nccl", "nccl_tests", "all_gather_perf_old.txt"),
         _read("nccl", "nccl_tests", "reduce_scatter_perf.json")]),
-    Target("nccl_inspector", "node-a-pid4100.log", lambda: [_read("nccl", "inspector", "node-a-pid4100.log")]),
+    Target("nccl_inspector", "node-a-pid4100.log", lambda: [_read("nccl", "inspector", "node-a-pid4100.log"),
+                                                           _nccl_generated("inspector_pretty", 0)]),
     Target("nccl_profiler", "nccl_profile_4242424242_0.json",
-           lambda: [_read("nccl", "profiler_plugin", "nccl_profile_4242424242_0.json")]),
+           lambda: [_read("nccl", "profiler_plugin", "nccl_profile_4242424242_0.json"),
+                    _nccl_generated("profiler_plugin_228_dump", 1)]),  # bare datatype/Stream, (nil)
     Target("flight_recorder", "nccl_trace_rank_0", lambda: [
         _read("nccl", "flight_recorder", "nccl_trace_rank_0.json"),
         _read("nccl", "flight_recorder", "nccl_trace_rank_3")]),
