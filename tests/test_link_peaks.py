@@ -138,3 +138,17 @@ def test_a_reported_share_never_passes_110_percent(model: str, nodes: int, busbw
         assert 0 < row["peak_share_pct"] <= 100 * nccl.OVER_PEAK
     else:
         assert row["link_note"] and row["link_note"].startswith("link unknown")
+
+
+def test_job_report_link_follows_the_hardware_and_says_when_it_is_unknown() -> None:
+    from tracelake.warehouse.job_report import link_choice
+
+    no_topology = pl.DataFrame()
+    one_host = pl.DataFrame({"device_type": ["cuda"] * 2, "device_name": ["NVIDIA A100-SXM4-80GB"] * 2,
+                             "host": ["a", "a"]})
+    assert link_choice(one_host, no_topology, {}) == ("nvlink3", 300.0, None)  # A100 SXM: 600 GB/s both ways
+    two_hosts = one_host.with_columns(pl.Series("host", ["a", "b"]))
+    link, peak, why = link_choice(two_hosts, no_topology, {})
+    assert peak is None and why and "unknown" in why  # no log says which network: no figure, a reason
+    tpu = pl.DataFrame({"device_type": ["tpu"], "device_name": ["TPU v6 Lite"], "host": ["a"]})
+    assert link_choice(tpu, no_topology, {})[0] == "ici"

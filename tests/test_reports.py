@@ -108,7 +108,7 @@ def test_job_report_is_self_contained_with_findings_first(fleet_warehouse: Wareh
                     "plot-bandwidth"}
     assert "Rank 2 arrives last at 100% of collectives" in text  # the sample's straggler, in plain words
     assert text.index('id="findings"') < text.index('id="plot-breakdown"')
-    assert "Peak: nvlink at 450 GB/s" in text  # one host: the bandwidth is drawn against NVLink's peak
+    assert "Peak: nvlink4 at 450 GB/s" in text  # one host of H100s: drawn against NVLink 4 (900 GB/s both ways)
 
 
 def test_job_report_of_every_kind_of_job_renders(fleet_warehouse: Warehouse) -> None:

@@ -35,6 +35,8 @@ class JobReport:
     #: What that link carries at best, GB/s of bus bandwidth (``TRACELAKE_LINK_PEAKS``), when known.
     link_peak_gbs: float | None
     generated_at: dt.datetime
+    #: Why the link's figure is unknown, when it is (docs/analyses.md, "Link peaks").
+    link_note: str | None = None
 
 
 def link_of(traces: pl.DataFrame, topology: pl.DataFrame) -> str | None:
@@ -50,6 +52,26 @@ def link_of(traces: pl.DataFrame, topology: pl.DataFrame) -> str | None:
     if not types & {"cuda", "rocm"}:
         return None
     return "ib" if traces["host"].drop_nulls().n_unique() > 1 else "nvlink"
+
+
+def link_choice(traces: pl.DataFrame, topology: pl.DataFrame,
+                link_peaks: dict[str, float]) -> tuple[str | None, float | None, str | None]:
+    """The link a job's collectives cross, what it carries and why not when unknown.
+
+    TPUs: ``ici``. GPUs: the rule of :func:`tracelake.analysis.nccl.choose_link` (docs/analyses.md,
+    "Link peaks") over the job's nodes (NCCL's topology, else the traces' hosts), GPU model and the
+    transports its NCCL logs show.
+    """
+    link = link_of(traces, topology)
+    if link is None or link == "ici":
+        return link, {**nccl.DEFAULT_LINK_PEAKS, **link_peaks}.get(link) if link else None, None
+    if not topology.is_empty() and "nodes" in topology.columns:
+        nodes = int(topology["nodes"].max() or 1)  # type: ignore[arg-type]
+        transports = [t.strip() for row in topology["transports"].drop_nulls().to_list() for t in row.split(",")]
+    else:
+        nodes, transports = max(traces["host"].drop_nulls().n_unique(), 1), []
+    models = traces["device_name"].drop_nulls().unique().sort().to_list() if "device_name" in traces.columns else []
+    return nccl.choose_link(nodes, models[0] if len(models) == 1 else None, transports, link_peaks)
 
 
 def _run_of(runs: pl.DataFrame) -> pl.DataFrame:
@@ -69,7 +91,7 @@ def compute(
     now: dt.datetime | None = None,
 ) -> JobReport:
     """Assemble a :class:`JobReport` from a job's analysis and its stored ``breakdown`` and ``collectives`` rows."""
-    link = link_of(traces, analysis.topology)
+    link, peak, link_note = link_choice(traces, analysis.topology, link_peaks)
     steps = breakdown.filter(pl.col("step").is_not_null()).sort("rank", "step", "trace_id")
     runs = _run_of(analysis.runs)
     if runs.height > 1 and runs["run"].n_unique() > 1:  # several runs: never line up ranks across them
@@ -89,6 +111,7 @@ def compute(
         steps=steps,
         lateness=lateness,
         link=link,
-        link_peak_gbs={**nccl.DEFAULT_LINK_PEAKS, **link_peaks}.get(link) if link is not None else None,
+        link_peak_gbs=peak,
         generated_at=now or dt.datetime.now(dt.timezone.utc),
+        link_note=link_note,
     )

@@ -324,7 +324,8 @@ def _bandwidth(report: JobReport) -> Html:
                Column("median busbw, GB/s", "num"), Column("min busbw, GB/s", "num"), Column("of peak", "num"),
                Column("transfer time", "num")]
     link_note = (f"Peak: {report.link} at {peak:,.0f} GB/s (TRACELAKE_LINK_PEAKS)." if peak else
-                 "No peak known for this link (set it with TRACELAKE_LINK_PEAKS, e.g. ici=...).")
+                 f"{report.link_note or 'No peak known for this link'}: no share of a peak is shown "
+                 "(set it with TRACELAKE_LINK_PEAKS, e.g. nvlink4=450, ib=400, ici=...).")
     return section(title, note("Bus bandwidth of each collective instance: its size over the shortest duration "
                                "across ranks (the others include waiting). " + link_note),
                    figure(fig, "bandwidth", 400), table(columns, rows_out), id_="bandwidth")
