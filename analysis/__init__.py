@@ -1,5 +1,5 @@
-"""Bottleneck analyses over warehouse tables: pure functions, no I/O."""
+"""Bottleneck analyses over warehouse tables: pure functions, no I/O.
 
-from .classify import CATEGORIES, RULES, Category, category_sql, classify, op_kind
-
-__all__ = ["CATEGORIES", "RULES", "Category", "category_sql", "classify", "op_kind"]
+The classification of device ops they build on is a contract every layer shares:
+:mod:`tracelake.contracts.classify`.
+"""

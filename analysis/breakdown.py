@@ -4,24 +4,27 @@ One sweep over each window's device ops: every op contributes a start (+1) and a
 end (-1) to the counter of its category; between two consecutive points the state
 (which categories are active) is constant, so each segment's length goes to the
 buckets its state belongs to. Unions, the communication/compute intersection and
-the exclusive buckets all come out of the same pass, in DuckDB, with no
-per-nanosecond arrays. Sync ops are not work and never count as busy.
+the exclusive buckets all come out of the same pass, with numpy sorts and cumulative
+sums and no per-nanosecond arrays (docs/analyses.md, "How the stored figures are
+computed"). Sync ops are not work and never count as busy.
 
 Async collective windows (XLA's ``Async XLA Ops``: start to done) join the sweep as
 a fourth state that is never busy: the part of them no device op covers is
 ``exposed_async_collective_ns``. FLOPs are summed per window, and with the device's
 peak (``devices.peak_tflops``) give ``flops_utilisation_pct`` over the span.
+
+:class:`BreakdownParts` takes one (trace, rank)'s ops window by window, as ingest feeds
+them; :func:`breakdown_frame` is the same for frames in memory.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import duckdb
 import numpy as np
 import polars as pl
 
-from .classify import Category
+from tracelake.contracts.classify import Category
 
 #: Output columns, in order (all integer ns except ``overlap_pct``).
 COLUMNS = (
@@ -32,128 +35,6 @@ COLUMNS = (
     "compute_communication_ns", "other_overlap_ns",
     "async_collective_ns", "exposed_async_collective_ns", "flops", "flops_utilisation_pct",
 )
-
-#: Empty stand-ins for the optional inputs of :func:`breakdown_sql`.
-NO_ASYNC = ("(SELECT NULL::VARCHAR AS trace_id, NULL::INTEGER AS rank, NULL::BIGINT AS step, "
-            "NULL::BIGINT AS ts_ns, NULL::BIGINT AS dur_ns LIMIT 0)")
-NO_DEVICES = "(SELECT NULL::VARCHAR AS trace_id, NULL::INTEGER AS rank, NULL::DOUBLE AS peak_tflops LIMIT 0)"
-
-
-def breakdown_sql(device_ops: str, async_windows: str = NO_ASYNC, devices: str = NO_DEVICES) -> str:
-    """SQL computing the breakdown of ``device_ops`` (a table, view or parenthesised query).
-
-    ``device_ops`` needs ``trace_id``, ``rank``, ``step``, ``category``, ``ts_ns``,
-    ``dur_ns`` and ``flops``; ``async_windows`` (``trace_id``, ``rank``, ``step``,
-    ``ts_ns``, ``dur_ns``) are async collective spans; ``devices`` gives ``peak_tflops``
-    per (``trace_id``, ``rank``). One row per (trace, rank) with ``step`` NULL for the
-    whole trace, plus one row per (trace, rank, step).
-    """
-    return f"""
-    WITH ops AS (
-        SELECT trace_id, rank, step, category, ts_ns, ts_ns + dur_ns AS end_ns, flops
-        FROM {device_ops} WHERE category <> '{Category.SYNC}' AND dur_ns >= 0
-        UNION ALL
-        SELECT trace_id, rank, step, 'async', ts_ns, ts_ns + dur_ns, NULL
-        FROM {async_windows} WHERE dur_ns >= 0
-    ), windows AS (
-        SELECT trace_id, rank, NULL::BIGINT AS step, category, ts_ns, end_ns, flops, FALSE AS per_step FROM ops
-        UNION ALL
-        SELECT trace_id, rank, step, category, ts_ns, end_ns, flops, TRUE FROM ops WHERE step IS NOT NULL
-    ), spans AS (
-        SELECT trace_id, rank, step, per_step, min(ts_ns) AS first_ns, max(end_ns) AS last_ns,
-               sum(flops) AS flops
-        FROM windows WHERE category <> 'async' GROUP BY ALL
-    ), points AS (
-        SELECT trace_id, rank, step, per_step, ts_ns AS t,
-               (category = '{Category.COMPUTE}')::INT AS dc, (category = '{Category.COMMUNICATION}')::INT AS dm,
-               (category = '{Category.MEMORY}')::INT AS dx, (category = 'async')::INT AS da
-        FROM windows
-        UNION ALL
-        SELECT trace_id, rank, step, per_step, end_ns,
-               -(category = '{Category.COMPUTE}')::INT, -(category = '{Category.COMMUNICATION}')::INT,
-               -(category = '{Category.MEMORY}')::INT,
-               -(category = 'async')::INT
-        FROM windows
-    ), deltas AS (
-        SELECT trace_id, rank, step, per_step, t, sum(dc) AS dc, sum(dm) AS dm, sum(dx) AS dx, sum(da) AS da
-        FROM points GROUP BY ALL
-    ), states AS (
-        SELECT *,
-               sum(dc) OVER w > 0 AS c, sum(dm) OVER w > 0 AS m, sum(dx) OVER w > 0 AS x,
-               sum(da) OVER w > 0 AS a,
-               lead(t) OVER (PARTITION BY trace_id, rank, step, per_step ORDER BY t) - t AS len
-        FROM deltas
-        WINDOW w AS (PARTITION BY trace_id, rank, step, per_step ORDER BY t ROWS UNBOUNDED PRECEDING)
-    ), sums AS (
-        SELECT trace_id, rank, step, per_step,
-               CAST(coalesce(sum(len) FILTER (WHERE c OR m OR x), 0) AS BIGINT) AS busy_ns,
-               CAST(coalesce(sum(len) FILTER (WHERE c), 0) AS BIGINT) AS compute_ns,
-               CAST(coalesce(sum(len) FILTER (WHERE m), 0) AS BIGINT) AS communication_ns,
-               CAST(coalesce(sum(len) FILTER (WHERE x), 0) AS BIGINT) AS memory_ns,
-               CAST(coalesce(sum(len) FILTER (WHERE c AND m), 0) AS BIGINT) AS overlapped_communication_ns,
-               CAST(coalesce(sum(len) FILTER (WHERE c AND NOT m AND NOT x), 0) AS BIGINT) AS compute_only_ns,
-               CAST(coalesce(sum(len) FILTER (WHERE m AND NOT c AND NOT x), 0) AS BIGINT) AS communication_only_ns,
-               CAST(coalesce(sum(len) FILTER (WHERE x AND NOT c AND NOT m), 0) AS BIGINT) AS memory_only_ns,
-               CAST(coalesce(sum(len) FILTER (WHERE c AND m AND NOT x), 0) AS BIGINT) AS compute_communication_ns,
-               CAST(coalesce(sum(len) FILTER (WHERE a), 0) AS BIGINT) AS async_collective_ns,
-               CAST(coalesce(sum(len) FILTER (WHERE a AND NOT (c OR m OR x)), 0) AS BIGINT)
-                 AS exposed_async_collective_ns
-        FROM states WHERE len IS NOT NULL GROUP BY ALL
-    )
-    SELECT sp.trace_id, sp.rank, sp.step,
-           sp.last_ns - sp.first_ns AS span_ns,
-           coalesce(s.busy_ns, 0) AS busy_ns,
-           sp.last_ns - sp.first_ns - coalesce(s.busy_ns, 0) AS idle_ns,
-           coalesce(s.compute_ns, 0) AS compute_ns,
-           coalesce(s.communication_ns, 0) AS communication_ns,
-           coalesce(s.memory_ns, 0) AS memory_ns,
-           coalesce(s.overlapped_communication_ns, 0) AS overlapped_communication_ns,
-           coalesce(s.communication_ns - s.overlapped_communication_ns, 0) AS exposed_communication_ns,
-           CASE WHEN coalesce(s.communication_ns, 0) > 0
-                THEN 100.0 * s.overlapped_communication_ns / s.communication_ns END AS overlap_pct,
-           coalesce(s.compute_only_ns, 0) AS compute_only_ns,
-           coalesce(s.communication_only_ns, 0) AS communication_only_ns,
-           coalesce(s.memory_only_ns, 0) AS memory_only_ns,
-           coalesce(s.compute_communication_ns, 0) AS compute_communication_ns,
-           coalesce(s.busy_ns - s.compute_only_ns - s.communication_only_ns - s.memory_only_ns
-                    - s.compute_communication_ns, 0) AS other_overlap_ns,
-           coalesce(s.async_collective_ns, 0) AS async_collective_ns,
-           coalesce(s.exposed_async_collective_ns, 0) AS exposed_async_collective_ns,
-           sp.flops,
-           CASE WHEN sp.flops IS NOT NULL AND d.peak_tflops > 0 AND sp.last_ns > sp.first_ns
-                THEN 100.0 * sp.flops / (d.peak_tflops * 1e12 * (sp.last_ns - sp.first_ns) / 1e9) END
-             AS flops_utilisation_pct
-    FROM spans sp LEFT JOIN sums s
-      ON s.trace_id = sp.trace_id AND s.rank = sp.rank AND s.per_step = sp.per_step
-     AND s.step IS NOT DISTINCT FROM sp.step
-    LEFT JOIN (SELECT trace_id, rank, max(peak_tflops) AS peak_tflops FROM {devices} GROUP BY ALL) d
-      ON d.trace_id = sp.trace_id AND d.rank = sp.rank
-    ORDER BY sp.trace_id, sp.rank, sp.per_step, sp.step
-    """
-
-
-def breakdown(con: duckdb.DuckDBPyConnection, device_ops: str = "device_ops") -> pl.DataFrame:
-    """The breakdown of every (trace, rank) and (trace, rank, step) in ``device_ops``, as a polars frame."""
-    return con.sql(breakdown_sql(device_ops)).pl()
-
-
-def breakdown_of_frame(device_ops: pl.DataFrame) -> pl.DataFrame:
-    """The breakdown of a polars frame of device ops (for notebooks and tests)."""
-    con = duckdb.connect()
-    try:
-        if "flops" not in device_ops.columns:
-            device_ops = device_ops.with_columns(pl.lit(None, dtype=pl.Float64).alias("flops"))
-        con.register("ops_frame", device_ops.to_arrow())
-        return breakdown(con, "ops_frame")
-    finally:
-        con.close()
-
-
-# -- the same breakdown, vectorised -----------------------------------------------------
-#
-# breakdown_sql above is the readable reference; breakdown_frame computes the same rows
-# with numpy sorts and cumulative sums, which stays fast for millions of ops and many
-# steps (DuckDB's windows spill heavily there). A test keeps the two equal.
 
 _CODES = {Category.COMPUTE: 0, Category.COMMUNICATION: 1, Category.MEMORY: 2}
 _ASYNC, _OTHER = 3, 4
@@ -262,7 +143,14 @@ def breakdown_frame(
     async_windows: pl.DataFrame | None = None,
     peak_tflops: dict[tuple[str, int], float] | None = None,
 ) -> pl.DataFrame:
-    """:func:`breakdown_sql`'s rows, computed with numpy (same inputs as frames, same columns)."""
+    """The breakdown rows (:data:`COLUMNS`) of device ops in memory: per (trace, rank) whole-trace rows, then
+    one per step with ops.
+
+    Args:
+        device_ops: ``trace_id``, ``rank``, ``step``, ``category``, ``ts_ns``, ``dur_ns`` and (optional) ``flops``.
+        async_windows: async collective spans (``trace_id``, ``rank``, ``step``, ``ts_ns``, ``dur_ns``).
+        peak_tflops: the device's peak per (trace, rank), for ``flops_utilisation_pct``.
+    """
     ops = device_ops if "flops" in device_ops.columns else \
         device_ops.with_columns(pl.lit(None, dtype=pl.Float64).alias("flops"))
     rows: list[dict[str, object]] = []

@@ -1,43 +1,37 @@
 """Compare two traces or jobs: what got slower, what appeared or vanished.
 
 Both sides are normalised per rank (totals divided by the number of ranks), so
-a job on 8 ranks compares with one on 4. Kernels match by name; categories come
-from the whole-trace breakdown rows.
+a job on 8 ranks compares with one on 4. Kernels match by name, with their totals
+from the stored ``kernel_stats`` rows (docs/analyses.md, "Kernels"); categories come
+from the whole-trace breakdown rows (docs/analyses.md, "Breakdown").
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import duckdb
 import polars as pl
 
-from .classify import Category
+from tracelake.contracts.classify import Category
 
 KERNEL_COLUMNS = ("name", "category", "a_ns", "b_ns", "delta_ns", "ratio", "change")
 CATEGORY_COLUMNS = ("metric", "a_ns", "b_ns", "delta_ns", "ratio")
 METRICS = ("span_ns", "busy_ns", "idle_ns", "compute_ns", "communication_ns", "exposed_communication_ns", "memory_ns")
 
 
-def _kernel_totals(con: duckdb.DuckDBPyConnection, where: str, params: Sequence[object]) -> pl.DataFrame:
-    return con.sql(f"""
-        SELECT name, any_value(category) AS category,
-               sum(dur_ns) / count(DISTINCT trace_id || ':' || rank) AS ns
-        FROM device_ops WHERE category <> '{Category.SYNC}' AND ({where}) GROUP BY name
-    """, params=list(params)).pl()
+def _kernel_totals(stats: pl.DataFrame) -> pl.DataFrame:
+    """Per kernel name: its category and its time per rank, over the (trace, rank) pairs that ran it."""
+    return stats.filter(pl.col("category") != Category.SYNC).group_by("name").agg(
+        pl.col("category").first(),
+        (pl.col("total_ns").sum() / pl.struct("trace_id", "rank").n_unique()).alias("ns"))
 
 
-def kernel_diff(
-    con: duckdb.DuckDBPyConnection,
-    a: tuple[str, Sequence[object]],
-    b: tuple[str, Sequence[object]],
-) -> pl.DataFrame:
+def kernel_diff(a: pl.DataFrame, b: pl.DataFrame) -> pl.DataFrame:
     """Per kernel: time per rank in A and B, the change, largest absolute change first.
 
-    ``a`` and ``b`` are ``(where, params)`` selections of ``device_ops``.
+    ``a`` and ``b`` are the ``kernel_stats`` rows (``trace_id``, ``rank``, ``name``, ``category``,
+    ``total_ns``) of each side.
     """
-    left = _kernel_totals(con, *a).rename({"ns": "a_ns", "category": "a_category"})
-    right = _kernel_totals(con, *b).rename({"ns": "b_ns", "category": "b_category"})
+    left = _kernel_totals(a).rename({"ns": "a_ns", "category": "a_category"})
+    right = _kernel_totals(b).rename({"ns": "b_ns", "category": "b_category"})
     joined = left.join(right, on="name", how="full", coalesce=True)
     return (
         joined.with_columns(

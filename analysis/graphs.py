@@ -1,24 +1,18 @@
 """CUDA/HIP graph launches, one row each (docs/analyses.md, "Launches", "CUDA/HIP graphs").
 
 A graph launch is one runtime call (``cudaGraphLaunch``, ``hipGraphLaunch``, ...) that starts
-many kernels, all carrying the call's correlation id (:func:`launches.launched_kernels_sql`
-says which launches are graphs). Per launch: the call, the kernels it started, their device
-time, the span from the first kernel's start to the last one's end, the gaps inside that
-span (span minus the union of the kernels' busy time: the device idle within the graph)
-and the launch delay (first kernel start - end of the call, floored at 0).
+many kernels, all carrying the call's correlation id (:mod:`.launches` says which launches are
+graphs). Per launch: the call, the kernels it started, their device time, the span from the
+first kernel's start to the last one's end, the gaps inside that span (span minus the union of
+the kernels' busy time: the device idle within the graph) and the launch delay (first kernel
+start - end of the call, floored at 0).
 
-:func:`graph_launches_sql` is the readable reference; :func:`graph_rows` computes the same
-rows from the kernels :class:`launches.LaunchParts` keeps, as ingest does.
+:func:`graph_rows` computes the rows of a rank from the kernels :class:`launches.LaunchParts` keeps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import duckdb
 import polars as pl
-
-from .launches import launched_kernels_sql
 
 COLUMNS = (
     "trace_id", "rank", "correlation", "graph_id", "call", "launch_ns", "call_ns", "kernels", "streams",
@@ -32,51 +26,12 @@ _SCHEMA = {
 }
 
 
-def graph_launches(
-    con: duckdb.DuckDBPyConnection,
-    *,
-    where: str = "TRUE",
-    params: Sequence[object] | None = None,
-    device_ops: str = "device_ops",
-    host_ops: str = "host_ops",
-) -> pl.DataFrame:
-    """One row per graph launch (:data:`COLUMNS`), by trace, rank and launch time.
-
-    ``where`` filters device ops (columns prefixed ``d.``).
-    """
-    return con.sql(graph_launches_sql(device_ops, host_ops, where), params=list(params or [])).pl()
-
-
-def graph_launches_sql(device_ops: str, host_ops: str, where: str = "TRUE") -> str:
-    """SQL of :func:`graph_launches`.
+def graph_rows(kernels: pl.DataFrame | None, trace_id: str, rank: int, calls: dict[int, str]) -> pl.DataFrame:
+    """One row per graph launch of one (trace, rank) (:data:`COLUMNS`), by launch time, from its graph kernels.
 
     The union of busy time is summed in start order: each kernel adds what it runs past the
     latest end before it (the kernels before it cover everything up to that end, as they all
     started no later).
-    """
-    return f"""
-    WITH g AS (
-        SELECT trace_id, rank, correlation, stream, graph_id, call, launch_ns, call_ns, ts_ns,
-               coalesce(dur_ns, 0) AS dur_ns, ts_ns + coalesce(dur_ns, 0) AS end_ns
-        FROM ({launched_kernels_sql(device_ops, host_ops, where)}) WHERE in_graph
-    ), o AS (
-        SELECT *, max(end_ns) OVER (PARTITION BY trace_id, rank, correlation ORDER BY ts_ns, end_ns
-                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered_ns
-        FROM g
-    )
-    SELECT trace_id, rank, correlation, min(graph_id) AS graph_id, any_value(call) AS call,
-           any_value(launch_ns) AS launch_ns, any_value(call_ns) AS call_ns, count(*) AS kernels,
-           count(DISTINCT stream) AS streams, min(ts_ns) AS first_ns, CAST(sum(dur_ns) AS BIGINT) AS device_ns,
-           max(end_ns) - min(ts_ns) AS span_ns,
-           CAST(max(end_ns) - min(ts_ns)
-                - sum(greatest(end_ns - greatest(ts_ns, coalesce(covered_ns, ts_ns)), 0)) AS BIGINT) AS gaps_ns,
-           greatest(min(ts_ns) - any_value(launch_ns + call_ns), 0) AS delay_ns
-    FROM o GROUP BY ALL ORDER BY trace_id, rank, launch_ns, correlation
-    """
-
-
-def graph_rows(kernels: pl.DataFrame | None, trace_id: str, rank: int, calls: dict[int, str]) -> pl.DataFrame:
-    """:func:`graph_launches_sql`'s rows for one (trace, rank) from its graph kernels.
 
     Args:
         kernels: ``correlation``, ``stream``, ``graph_id``, ``ts_ns``, ``dur_ns`` (0 where missing),
@@ -107,7 +62,7 @@ def graph_rows(kernels: pl.DataFrame | None, trace_id: str, rank: int, calls: di
 
 
 def graph_summary(graphs: pl.DataFrame) -> pl.DataFrame:
-    """Per (trace, rank), the graph launches of :func:`graph_launches` in a row: launches, kernels per launch,
+    """Per (trace, rank), the graph launches of :func:`graph_rows` in a row: launches, kernels per launch,
     device time and span per launch, gaps inside the graphs, launch call time and delay."""
     if graphs.is_empty():
         return pl.DataFrame(schema={"trace_id": pl.String, "rank": pl.Int32, "launches": pl.Int64,

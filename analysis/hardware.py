@@ -28,9 +28,10 @@ LINKS: dict[str, tuple[str, float]] = {
     "ib_hdr": ("ib", 25.0),                # 200 Gb/s
     "ib_ndr": ("ib", 50.0),                # 400 Gb/s
     "ib_xdr": ("ib", 100.0),               # 800 Gb/s
-    "roce_100": ("roce", 12.5),
+    "roce_100": ("roce", 12.5),            # ConnectX NICs run Ethernet (RoCE) at the same line rates as IB
     "roce_200": ("roce", 25.0),
     "roce_400": ("roce", 50.0),
+    "roce_800": ("roce", 100.0),
     "efa_v1": ("efa", 12.5),               # p3dn.24xlarge: 100 Gb/s per instance
     "efa_v2": ("efa", 50.0),               # p4d/p4de.24xlarge: 4 x 100 Gb/s per instance
     "efa_v2_p5": ("efa", 400.0),           # p5/p5e.48xlarge: 3200 Gb/s per instance
@@ -85,6 +86,10 @@ def gpu(name: str | None) -> Gpu | None:
                 return Gpu(row.pattern, None, "pcie3", None, None)
             return row
     return None
+
+
+#: The RoCE link of a reference system's IB NIC: the same adapter at the same line rate, as Ethernet.
+ROCE_OF = {"ib_edr": "roce_100", "ib_hdr": "roce_200", "ib_ndr": "roce_400", "ib_xdr": "roce_800"}
 
 
 def peak(link: str, overrides: dict[str, float]) -> float | None:

@@ -8,13 +8,10 @@ most ``kernel_wait_ns`` (back-to-back launch gaps), else ``other``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import duckdb
 import numpy as np
 import polars as pl
 
-from .classify import Category
+from tracelake.contracts.classify import Category
 
 #: Gaps up to this long, with the launch already issued, are launch-to-launch gaps.
 KERNEL_WAIT_NS = 30_000
@@ -26,82 +23,32 @@ COLUMNS = ("trace_id", "rank", "stream", "ops", "op_ns", "gaps", "idle_ns", "hos
 _NO_END = -(2**63)
 
 
-def idle_sql(device_ops: str, host_ops: str, where: str = "TRUE", kernel_wait_ns: int = KERNEL_WAIT_NS) -> str:
-    """SQL for the idle breakdown per (trace, rank, stream) of ``device_ops`` filtered by ``where``."""
-    return f"""
-    WITH ops AS (
-        SELECT d.trace_id, d.rank, d.stream, d.ts_ns, d.ts_ns + d.dur_ns AS end_ns, r.ts_ns AS launch_ns
-        FROM {device_ops} d
-        LEFT JOIN (
-            SELECT trace_id, correlation, min(ts_ns) AS ts_ns FROM {host_ops}
-            WHERE correlation IS NOT NULL GROUP BY ALL
-        ) r ON r.trace_id = d.trace_id AND r.correlation = d.correlation
-        WHERE d.category <> '{Category.SYNC}' AND ({where})
-    ), gaps AS (
-        SELECT trace_id, rank, stream, ts_ns, launch_ns,
-               max(end_ns) OVER (PARTITION BY trace_id, rank, stream ORDER BY ts_ns, end_ns
-                                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-        FROM ops
-    ), classified AS (
-        SELECT trace_id, rank, stream, ts_ns - prev_end AS gap,
-               CASE WHEN launch_ns IS NOT NULL AND launch_ns > prev_end THEN 'host_wait'
-                    WHEN ts_ns - prev_end <= {int(kernel_wait_ns)} THEN 'kernel_wait'
-                    ELSE 'other' END AS cause
-        FROM gaps WHERE prev_end IS NOT NULL AND ts_ns > prev_end
-    ), streams AS (
-        SELECT trace_id, rank, stream, count(*) AS ops, CAST(sum(end_ns - ts_ns) AS BIGINT) AS op_ns
-        FROM ops GROUP BY ALL
-    )
-    SELECT s.trace_id, s.rank, s.stream, any_value(s.ops) AS ops, any_value(s.op_ns) AS op_ns, count(c.gap) AS gaps,
-           CAST(coalesce(sum(c.gap), 0) AS BIGINT) AS idle_ns,
-           CAST(coalesce(sum(c.gap) FILTER (WHERE cause = 'host_wait'), 0) AS BIGINT) AS host_wait_ns,
-           CAST(coalesce(sum(c.gap) FILTER (WHERE cause = 'kernel_wait'), 0) AS BIGINT) AS kernel_wait_ns,
-           CAST(coalesce(sum(c.gap) FILTER (WHERE cause = 'other'), 0) AS BIGINT) AS other_ns
-    FROM streams s LEFT JOIN classified c USING (trace_id, rank, stream)
-    GROUP BY ALL ORDER BY s.trace_id, s.rank, s.stream
-    """
-
-
-def idle_breakdown(
-    con: duckdb.DuckDBPyConnection,
-    *,
-    where: str = "TRUE",
-    params: Sequence[object] | None = None,
-    device_ops: str = "device_ops",
-    host_ops: str = "host_ops",
-    kernel_wait_ns: int = KERNEL_WAIT_NS,
-) -> pl.DataFrame:
-    """Idle time per (trace, rank, stream), split into host_wait / kernel_wait / other.
-
-    ``where`` filters device ops (columns prefixed ``d.``, e.g. ``d.job = ?``).
-    """
-    return con.sql(idle_sql(device_ops, host_ops, where, kernel_wait_ns), params=list(params or [])).pl()
-
-
 def idle_frame(ops: pl.DataFrame, launches: pl.DataFrame | None = None,
                kernel_wait_ns: int = KERNEL_WAIT_NS) -> pl.DataFrame:
-    """:func:`idle_sql`'s rows from frames, in polars (ingest stores the same sums window by window,
-    :func:`idle_window`; tests keep all three equal).
+    """The idle rows (:data:`COLUMNS`) per (trace, rank, stream) of device ops in memory.
 
-    ``ops``: device ops (``trace_id``, ``rank``, ``stream``, ``category``, ``ts_ns``,
-    ``dur_ns``, ``correlation``); ``launches``: the first host event per (``trace_id``,
-    ``correlation``) as ``launch_ns``.
+    The same computation as ingest's (:func:`idle_window` over each (trace, rank) in one window);
+    ops without a start or a duration are left out.
+
+    Args:
+        ops: device ops (``trace_id``, ``rank``, ``stream``, ``category``, ``ts_ns``, ``dur_ns``,
+            ``correlation``).
+        launches: the first host event per (``trace_id``, ``correlation``) as ``launch_ns``.
     """
-    keys = ["trace_id", "rank", "stream"]
-    work = ops.filter(pl.col("category") != Category.SYNC).select(
-        *keys, "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"), "correlation")
+    work = ops.filter((pl.col("category") != Category.SYNC) & pl.col("ts_ns").is_not_null()
+                      & pl.col("dur_ns").is_not_null()).select(
+        "trace_id", "rank", "stream", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"), "correlation")
     if launches is not None and launches.height and work["correlation"].null_count() < work.height:
         work = work.join(launches, on=["trace_id", "correlation"], how="left", maintain_order="left")
     else:
         work = work.with_columns(pl.lit(None, dtype=pl.Int64).alias("launch_ns"))
-    if (work.height and work["trace_id"].n_unique() == 1 and work["rank"].n_unique() == 1
-            and not sum(work[c].null_count() for c in ("stream", "ts_ns", "end_ns"))):
-        return _one_rank(work, kernel_wait_ns)
-    return _idle_polars(work, kernel_wait_ns)
+    work = work.drop("correlation")
+    return combine_windows([idle_window(rank, {}, kernel_wait_ns)
+                            for rank in work.partition_by("trace_id", "rank", maintain_order=True)])
 
 
 def _one_rank(work: pl.DataFrame, kernel_wait_ns: int, carry: dict[int, int] | None = None) -> pl.DataFrame:
-    """:func:`idle_frame` for one (trace, rank) with no missing times or streams, in numpy.
+    """The idle rows of one (trace, rank) with no missing times or streams, in numpy.
 
     Sorts by (stream, ts, end) with stable sorts (near-linear on a trace's nearly sorted columns),
     takes each stream's running maximum of the ends in one pass, and sums per stream by segment.
@@ -174,7 +121,7 @@ def idle_window(ops: pl.DataFrame, carry: dict[int, int], kernel_wait_ns: int = 
 
     Feed a rank's ops in consecutive windows of start times (every op with the same start in the
     same window) with the same ``carry`` (each stream's latest end so far, updated here), then add
-    the parts up with :func:`combine_windows`: the result equals :func:`idle_frame` over all of them.
+    the parts up with :func:`combine_windows`: the result does not depend on how the ops were cut.
 
     Args:
         ops: ``trace_id``, ``rank``, ``stream``, ``ts_ns``, ``end_ns`` and ``launch_ns`` (null if
@@ -183,7 +130,7 @@ def idle_window(ops: pl.DataFrame, carry: dict[int, int], kernel_wait_ns: int = 
     if not ops.height:
         return pl.DataFrame(schema={c: ops.schema[c] if c in ops.schema else pl.Int64 for c in COLUMNS})
     missing = ops["stream"].null_count() > 0
-    if missing:  # a stream of its own, as SQL groups NULL
+    if missing:  # the ops without a stream number are a stream of their own
         ops = ops.with_columns(pl.col("stream").fill_null(_NO_END))
     part = _one_rank(ops, kernel_wait_ns, carry)
     if missing:
@@ -192,30 +139,10 @@ def idle_window(ops: pl.DataFrame, carry: dict[int, int], kernel_wait_ns: int = 
 
 
 def combine_windows(parts: list[pl.DataFrame]) -> pl.DataFrame:
-    """The per-stream rows of :func:`idle_window` parts, added up: :func:`idle_frame`'s rows."""
+    """The per-stream rows of :func:`idle_window` parts, added up: the rank's idle rows (:data:`COLUMNS`)."""
     keys = ["trace_id", "rank", "stream"]
     if not parts:
         return pl.DataFrame(schema={c: pl.String if c == "trace_id" else pl.Int32 if c == "rank" else pl.Int64
                                     for c in COLUMNS})
     frame = pl.concat(parts, how="vertical_relaxed")
     return frame.group_by(keys).agg(pl.exclude(keys).sum()).sort(keys).select(COLUMNS)
-
-
-def _idle_polars(work: pl.DataFrame, kernel_wait_ns: int) -> pl.DataFrame:
-    """:func:`idle_frame` in polars, for any keys and missing values."""
-    keys = ["trace_id", "rank", "stream"]
-    work = work.sort([*keys, "ts_ns", "end_ns"]).with_columns(
-        pl.col("end_ns").cum_max().shift(1).over(keys).alias("prev_end"))
-    gap = pl.col("ts_ns") - pl.col("prev_end")
-    is_gap = pl.col("prev_end").is_not_null() & (pl.col("ts_ns") > pl.col("prev_end"))
-    cause = (pl.when(pl.col("launch_ns").is_not_null() & (pl.col("launch_ns") > pl.col("prev_end"))).then(0)
-             .when(gap <= kernel_wait_ns).then(1).otherwise(2))
-    return work.group_by(keys).agg(
-        pl.len().cast(pl.Int64).alias("ops"),
-        (pl.col("end_ns") - pl.col("ts_ns")).sum().cast(pl.Int64).alias("op_ns"),
-        is_gap.sum().cast(pl.Int64).alias("gaps"),
-        gap.filter(is_gap).sum().cast(pl.Int64).alias("idle_ns"),
-        gap.filter(is_gap & (cause == 0)).sum().cast(pl.Int64).alias("host_wait_ns"),
-        gap.filter(is_gap & (cause == 1)).sum().cast(pl.Int64).alias("kernel_wait_ns"),
-        gap.filter(is_gap & (cause == 2)).sum().cast(pl.Int64).alias("other_ns"),
-    ).sort(keys).select(COLUMNS)

@@ -1,97 +1,95 @@
-"""Kernel breakdown: the kernels that take the time, per rank and across ranks.
+"""Kernel breakdown: the kernels that take the time, per rank and across ranks (docs/analyses.md, "Kernels").
 
-:func:`top_kernels` is a pure function over device ops (a DuckDB connection
-holding a ``device_ops`` relation in, a polars frame out); :func:`top_from_stats`
-gives the same ranking from one trace's stored ``kernel_stats`` rows. The tail
-past ``top`` is grouped as "others", so the shares always add up to 100%. Means
-and percentiles are rounded to whole nanoseconds, as ``kernel_stats`` stores them.
+:class:`KernelStats` counts how many ops of each name took each duration, fed in any
+pieces: what exact percentiles need, far smaller than the ops (ops of a name repeat with
+few distinct durations). Its rows are the stored ``kernel_stats`` table (docs/analyses.md,
+"How the stored figures are computed"). :func:`top_from_stats` ranks such rows; the tail
+past ``top`` is grouped as "others", so the shares always add up to 100%. Means and
+percentiles are rounded to whole nanoseconds (:mod:`.quantiles`), as ``kernel_stats`` stores them.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-
-import duckdb
 import polars as pl
 
-from .classify import Category
+from tracelake.contracts.classify import Category
+
+from .quantiles import counted_quantile, rounded, rounded_expr
 
 COLUMNS = ("name", "category", "count", "total_ns", "mean_ns", "p50_ns", "p95_ns", "max_ns", "share_pct")
 
+#: The columns of :meth:`KernelStats.add_counts`'s input: a duration and how many ops of a name took it.
+_COUNTS_SCHEMA = {"name": pl.String, "category": pl.String, "dur_ns": pl.Int64, "n": pl.Int64}
 
-def top_kernels(
-    con: duckdb.DuckDBPyConnection,
-    *,
-    where: str = "TRUE",
-    params: Sequence[object] | None = None,
-    top: int = 10,
-    device_ops: str = "device_ops",
-    per_rank: bool = False,
-) -> pl.DataFrame:
-    """The ``top`` kernels by total time (syncs excluded), with the rest as one "others" row.
+#: Rows of counts added between merges: merging when the parts reach twice the merged size keeps it linear.
+_MERGE_ROWS = 100_000
 
-    Args:
-        con: connection holding ``device_ops``.
-        where: SQL filter on ``device_ops`` (with ``?`` placeholders bound from ``params``).
-        top: how many kernels to list before "others".
-        per_rank: one ranking per rank (adds a ``rank`` column) instead of one across ranks.
+
+class KernelStats:
+    """Count, total, mean, p50, p95 (``quantile_cont``) and max duration per kernel name, of ops fed in pieces.
+
+    Sync ops are left out. Memory follows the distinct (name, category, duration) triples, not the ops.
     """
-    by = "rank, " if per_rank else ""
-    partition = "PARTITION BY rank" if per_rank else ""
-    sql = f"""
-    WITH k AS (
-        SELECT {by} name, any_value(category) AS category, count(*) AS count, sum(dur_ns) AS total_ns,
-               round(sum(dur_ns) / count(*)) AS mean_ns, round(quantile_cont(dur_ns, 0.5)) AS p50_ns,
-               round(quantile_cont(dur_ns, 0.95)) AS p95_ns, max(dur_ns) AS max_ns
-        FROM {device_ops} WHERE category <> '{Category.SYNC}' AND ({where})
-        GROUP BY ALL
-    ), ranked AS (
-        SELECT *, row_number() OVER ({partition} ORDER BY total_ns DESC, name) AS pos,
-               sum(total_ns) OVER ({partition}) AS all_ns
-        FROM k
-    ), keyed AS (
-        SELECT *, pos <= {int(top)} AS is_top FROM ranked
-    ), grouped AS (
-        SELECT {by} CASE WHEN is_top THEN name ELSE 'others' END AS name,
-               CASE WHEN is_top THEN any_value(category) ELSE 'mixed' END AS category,
-               sum(count) AS count, sum(total_ns) AS total_ns,
-               CASE WHEN is_top THEN any_value(mean_ns) ELSE round(sum(total_ns) / sum(count)) END AS mean_ns,
-               CASE WHEN is_top THEN any_value(p50_ns) END AS p50_ns,
-               CASE WHEN is_top THEN any_value(p95_ns) END AS p95_ns,
-               max(max_ns) AS max_ns, any_value(all_ns) AS all_ns, min(pos) AS pos
-        FROM keyed GROUP BY {by} is_top, CASE WHEN is_top THEN name ELSE 'others' END
-    )
-    SELECT {by} name, category, CAST(count AS BIGINT) AS count, CAST(total_ns AS BIGINT) AS total_ns,
-           CAST(mean_ns AS BIGINT) AS mean_ns, CAST(p50_ns AS BIGINT) AS p50_ns, CAST(p95_ns AS BIGINT) AS p95_ns,
-           CAST(max_ns AS BIGINT) AS max_ns,
-           100.0 * total_ns / all_ns AS share_pct
-    FROM grouped ORDER BY {by} pos
-    """
-    return con.sql(sql, params=list(params or [])).pl()
+
+    def __init__(self) -> None:
+        self._parts: list[pl.DataFrame] = []
+        self._merged_rows = 0
+        self._rows = 0
+
+    def add(self, ops: pl.DataFrame) -> None:
+        """Count ``ops`` (``name``, ``category``, ``dur_ns``)."""
+        self.add_counts(ops.filter(pl.col("category") != Category.SYNC).group_by("name", "category", "dur_ns")
+                        .agg(pl.len().cast(pl.Int64).alias("n")))
+
+    def add_counts(self, counts: pl.DataFrame) -> None:
+        """Add counted durations: ``name``, ``category``, ``dur_ns`` and ``n``, how many ops of the name took it."""
+        part = counts.filter(pl.col("category") != Category.SYNC).select(
+            pl.col(c).cast(t) for c, t in _COUNTS_SCHEMA.items())
+        self._parts.append(part)
+        self._rows += part.height
+        if self._rows > 2 * self._merged_rows + _MERGE_ROWS:
+            self._parts = [self._merged()]
+            self._merged_rows = self._rows = self._parts[0].height
+
+    def _merged(self) -> pl.DataFrame:
+        return pl.concat(self._parts).group_by("name", "category", "dur_ns").agg(pl.col("n").sum())
+
+    def rows(self) -> pl.DataFrame:
+        """One row per name: ``name``, ``category``, ``count``, ``total_ns``, ``mean_ns``, ``p50_ns``, ``p95_ns``,
+        ``max_ns`` (the figures of ``kernel_stats``, floats where rounded), by name."""
+        counts = self._merged() if self._parts else pl.DataFrame(schema=_COUNTS_SCHEMA)
+        values = counts.filter(pl.col("dur_ns").is_not_null()).sort("name", "dur_ns").with_columns(
+            pl.col("n").cum_sum().over("name").alias("upto"), (pl.col("n").sum().over("name") - 1).alias("last"))
+        per_value = values.group_by("name").agg(
+            (pl.col("dur_ns") * pl.col("n")).sum().alias("total_ns"),
+            rounded_expr(counted_quantile(0.5, "dur_ns", "upto", "last")).alias("p50_ns"),
+            rounded_expr(counted_quantile(0.95, "dur_ns", "upto", "last")).alias("p95_ns"),
+            pl.col("dur_ns").max().alias("max_ns"))
+        per_name = counts.group_by("name").agg(pl.col("category").first(), pl.col("n").sum().alias("count"))
+        return per_name.join(per_value, on="name", how="left").with_columns(
+            rounded_expr(pl.col("total_ns") / pl.col("count")).alias("mean_ns")).sort("name")
+
+    def kernel_stats(self, trace_id: str, rank: int) -> pl.DataFrame:
+        """:meth:`rows` of one (trace, rank), with its ``trace_id`` and ``rank``: the ``kernel_stats`` rows."""
+        return self.rows().with_columns(pl.lit(trace_id).alias("trace_id"), pl.lit(rank, dtype=pl.Int32).alias("rank"))
 
 
 def top_from_ops(ops: pl.DataFrame, *, top: int = 10) -> pl.DataFrame:
-    """:func:`top_kernels` across ranks from device ops in memory (``name``, ``category``, ``dur_ns``).
+    """The ``top`` kernels of device ops in memory (``name``, ``category``, ``dur_ns``), across ranks."""
+    stats = KernelStats()
+    stats.add(ops)
+    return top_from_stats(stats.rows(), top=top)
 
-    The same figures as the SQL (percentiles interpolated linearly, like ``quantile_cont``),
-    for selections small enough to hold three columns of their device ops.
-    """
-    dur = pl.col("dur_ns")
-    stats = ops.filter(pl.col("category") != Category.SYNC).group_by("name").agg(
-        pl.col("category").first(),
-        pl.len().alias("count"),
-        dur.sum().alias("total_ns"),
-        (dur.sum() / pl.len() + 0.5).floor().alias("mean_ns"),
-        (dur.quantile(0.5, "linear") + 0.5).floor().alias("p50_ns"),
-        (dur.quantile(0.95, "linear") + 0.5).floor().alias("p95_ns"),
-        dur.max().alias("max_ns"),
-    )
-    return top_from_stats(stats, top=top)
+
+def top_from_counts(counts: pl.DataFrame, *, top: int = 10) -> pl.DataFrame:
+    """The ``top`` kernels from counted durations (:meth:`KernelStats.add_counts`), across ranks."""
+    stats = KernelStats()
+    stats.add_counts(counts)
+    return top_from_stats(stats.rows(), top=top)
 
 
 def top_from_stats(stats: pl.DataFrame, *, top: int = 10) -> pl.DataFrame:
-    """:func:`top_kernels` of one trace from its ``kernel_stats`` rows (no pass over the device ops)."""
+    """The ``top`` kernels from ``kernel_stats`` rows (of one trace, or :meth:`KernelStats.rows`) by total time."""
     ranked = stats.filter(pl.col("category") != Category.SYNC).sort(
         ["total_ns", "name"], descending=[True, False]
     )
@@ -108,7 +106,7 @@ def top_from_stats(stats: pl.DataFrame, *, top: int = 10) -> pl.DataFrame:
         ).row(0)
         others = pl.DataFrame(
             {"name": ["others"], "category": ["mixed"], "count": [count], "total_ns": [total],
-             "mean_ns": [math.floor(total / count + 0.5)], "p50_ns": [None], "p95_ns": [None], "max_ns": [longest]},
+             "mean_ns": [rounded(total / count)], "p50_ns": [None], "p95_ns": [None], "max_ns": [longest]},
             schema=head.schema,
         )
         head = pl.concat([head, others])

@@ -12,20 +12,19 @@ per launch (first kernel start - end of the call), never "shorter than their lau
 (they are in a graph already). :mod:`tracelake.analysis.graphs` has the per-launch view.
 
 The call that launched an op is the first host event carrying its correlation id
-(:func:`launch_calls_sql`); every parser gives that id to one host event only.
-The SQL functions here are the readable reference; :class:`LaunchParts` computes
-the same rows from a rank's ops fed window by window, as ingest does.
+(:func:`launch_calls`); every parser gives that id to one host event only.
+:class:`LaunchParts` computes the rows of a rank from its ops fed window by window.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import duckdb
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
-from .classify import Category
+from tracelake.contracts.classify import Category
+
+from .quantiles import quantile_cont, rounded
 
 COLUMNS = (
     "trace_id", "rank", "launches", "mean_delay_ns", "p50_delay_ns", "p95_delay_ns", "max_delay_ns",
@@ -37,162 +36,20 @@ COLUMNS = (
 #: ``cudaGraphLaunch_v10000``, ``cudaGraphLaunch_ptsz``, ``hipGraphLaunch``, ``cuGraphLaunch``).
 GRAPH_CALL = r"^(cu|cuda|hip)GraphLaunch"
 
-
-def launch_stats(
-    con: duckdb.DuckDBPyConnection,
-    *,
-    where: str = "TRUE",
-    params: Sequence[object] | None = None,
-    device_ops: str = "device_ops",
-    host_ops: str = "host_ops",
-) -> pl.DataFrame:
-    """Launch delay distribution and kernels shorter than their launch, per (trace, rank).
-
-    ``where`` filters device ops (columns prefixed ``d.``).
-    """
-    return con.sql(launch_stats_sql(device_ops, host_ops, where), params=list(params or [])).pl()
-
-
-def launch_calls_sql(host_ops: str) -> str:
-    """Per (trace, correlation), the host call that launched it: ``launch_ns`` and ``call_ns`` (its duration).
-
-    That is the first host event with the id (by start, then the shorter); an event without
-    a duration counts as instant. ``graph_call``: some event with the id is named like
-    :data:`GRAPH_CALL`; ``call``: the (smallest) name of those, null when none is.
-    """
-    return f"""
-        SELECT trace_id, correlation, min(ts_ns) AS launch_ns,
-               arg_min(coalesce(dur_ns, 0), (ts_ns, coalesce(dur_ns, 0))) AS call_ns,
-               coalesce(bool_or(regexp_matches(name, '{GRAPH_CALL}')), FALSE) AS graph_call,
-               min(name) FILTER (WHERE regexp_matches(name, '{GRAPH_CALL}')) AS call
-        FROM {host_ops} WHERE correlation IS NOT NULL AND ts_ns IS NOT NULL GROUP BY ALL
-    """
-
-
-def shared_correlations_sql(device_ops: str) -> str:
-    """Per trace, the correlation ids more than one kernel carries: graph launches whatever the call's name."""
-    return f"""
-        SELECT trace_id, correlation FROM {device_ops}
-        WHERE kind = 'kernel' AND correlation IS NOT NULL AND ts_ns IS NOT NULL
-        GROUP BY ALL HAVING count(*) > 1
-    """
-
-
-def launched_kernels_sql(device_ops: str, host_ops: str, where: str = "TRUE") -> str:
-    """Every kernel joined to its launch call: ``launch_ns``, ``call_ns``, ``call`` and ``in_graph``.
-
-    ``in_graph``: the call is a graph launch (:data:`GRAPH_CALL`) or the trace has other kernels
-    with the same correlation. The shared ids are counted over the whole trace, not only ``where``:
-    being in a graph is a property of the launch, not of the selection.
-    """
-    return f"""
-        SELECT d.*, r.launch_ns, r.call_ns, r.call,
-               r.graph_call OR s.correlation IS NOT NULL AS in_graph
-        FROM {device_ops} d
-        JOIN ({launch_calls_sql(host_ops)}) r ON r.trace_id = d.trace_id AND r.correlation = d.correlation
-        LEFT JOIN ({shared_correlations_sql(device_ops)}) s
-          ON s.trace_id = d.trace_id AND s.correlation = d.correlation
-        WHERE d.kind = 'kernel' AND d.correlation IS NOT NULL AND d.ts_ns IS NOT NULL AND ({where})
-    """
-
-
-def launch_stats_sql(device_ops: str, host_ops: str, where: str = "TRUE") -> str:
-    """SQL of :func:`launch_stats`: kernels launched one by one, and graph launches (one row each) apart."""
-    return f"""
-    WITH d AS (
-        SELECT trace_id, rank, correlation, ts_ns, dur_ns, call_ns, in_graph, launch_ns + call_ns AS called_ns,
-               greatest(ts_ns - (launch_ns + call_ns), 0) AS delay_ns
-        FROM ({launched_kernels_sql(device_ops, host_ops, where)})
-    ), one AS (
-        SELECT trace_id, rank, count(*) AS launches,
-               round(avg(delay_ns)) AS mean_delay_ns,
-               round(quantile_cont(delay_ns, 0.5)) AS p50_delay_ns,
-               round(quantile_cont(delay_ns, 0.95)) AS p95_delay_ns,
-               max(delay_ns) AS max_delay_ns,
-               count(*) FILTER (WHERE dur_ns < call_ns) AS shorter,
-               sum(call_ns) FILTER (WHERE dur_ns < call_ns) AS overhead
-        FROM d WHERE NOT in_graph GROUP BY ALL
-    ), g AS (
-        SELECT trace_id, rank, correlation, count(*) AS kernels, any_value(call_ns) AS call_ns,
-               greatest(min(ts_ns) - any_value(called_ns), 0) AS delay_ns
-        FROM d WHERE in_graph GROUP BY ALL
-    ), graphs AS (
-        SELECT trace_id, rank, count(*) AS graph_launches, sum(kernels) AS graph_kernels,
-               sum(call_ns) AS graph_launch_ns, round(avg(delay_ns)) AS graph_mean_delay_ns,
-               max(delay_ns) AS graph_max_delay_ns
-        FROM g GROUP BY ALL
-    ), k AS (SELECT DISTINCT trace_id, rank FROM d)
-    SELECT k.trace_id, k.rank, coalesce(o.launches, 0) AS launches,
-           o.mean_delay_ns, o.p50_delay_ns, o.p95_delay_ns, o.max_delay_ns,
-           coalesce(o.shorter, 0) AS shorter_than_launch,
-           100.0 * o.shorter / nullif(o.launches, 0) AS shorter_than_launch_pct,
-           CAST(coalesce(o.overhead, 0) AS BIGINT) AS launch_overhead_ns,
-           coalesce(g.graph_launches, 0) AS graph_launches, coalesce(g.graph_kernels, 0) AS graph_kernels,
-           CAST(coalesce(g.graph_launch_ns, 0) AS BIGINT) AS graph_launch_ns,
-           g.graph_mean_delay_ns, g.graph_max_delay_ns
-    FROM k
-    LEFT JOIN one o ON o.trace_id IS NOT DISTINCT FROM k.trace_id AND o.rank IS NOT DISTINCT FROM k.rank
-    LEFT JOIN graphs g ON g.trace_id IS NOT DISTINCT FROM k.trace_id AND g.rank IS NOT DISTINCT FROM k.rank
-    ORDER BY k.trace_id, k.rank
-    """
-
-
+#: Columns of :meth:`LaunchParts.queues`: launch queue depth per stream, +1 when a runtime call launches
+#: an op, -1 when the op starts. ``max_queue`` is the deepest the queue got; ``mean_queue`` its
+#: time-weighted mean between the first launch and the last start. A queue that stays near zero means
+#: the device waits for the host; a deep one means the host runs ahead (good).
 QUEUE_COLUMNS = ("trace_id", "rank", "stream", "launches", "max_queue", "mean_queue")
-
-
-def queue_lengths(
-    con: duckdb.DuckDBPyConnection,
-    *,
-    where: str = "TRUE",
-    params: Sequence[object] | None = None,
-    device_ops: str = "device_ops",
-    host_ops: str = "host_ops",
-) -> pl.DataFrame:
-    """Launch queue depth per stream: +1 when a runtime call launches an op, -1 when the op starts.
-
-    ``max_queue`` is the deepest the queue got; ``mean_queue`` its time-weighted mean
-    between the first launch and the last start. A queue that stays near zero means the
-    device waits for the host; a deep one means the host runs ahead (good).
-    """
-    return con.sql(queue_lengths_sql(device_ops, host_ops, where), params=list(params or [])).pl()
-
-
-def queue_lengths_sql(device_ops: str, host_ops: str, where: str = "TRUE") -> str:
-    """SQL of :func:`queue_lengths`."""
-    return f"""
-    WITH l AS (
-        SELECT d.trace_id, d.rank, d.stream, r.launch_ns, d.ts_ns AS start_ns
-        FROM {device_ops} d
-        JOIN ({launch_calls_sql(host_ops)}) r ON r.trace_id = d.trace_id AND r.correlation = d.correlation
-        WHERE d.correlation IS NOT NULL AND d.ts_ns IS NOT NULL AND d.category <> '{Category.SYNC}' AND ({where})
-    ), points AS (
-        SELECT trace_id, rank, stream, launch_ns AS t, 1 AS delta FROM l
-        UNION ALL
-        SELECT trace_id, rank, stream, greatest(start_ns, launch_ns), -1 FROM l
-    ), summed AS (
-        SELECT trace_id, rank, stream, t, sum(delta) AS delta FROM points GROUP BY ALL
-    ), depth AS (
-        SELECT *, sum(delta) OVER w AS queue,
-               lead(t) OVER (PARTITION BY trace_id, rank, stream ORDER BY t) - t AS len
-        FROM summed
-        WINDOW w AS (PARTITION BY trace_id, rank, stream ORDER BY t ROWS UNBOUNDED PRECEDING)
-    )
-    SELECT q.trace_id, q.rank, q.stream, n.launches, q.max_queue, q.mean_queue
-    FROM (
-        SELECT trace_id, rank, stream, CAST(max(queue) AS BIGINT) AS max_queue,
-               sum(queue * len) / nullif(sum(len), 0) AS mean_queue
-        FROM depth GROUP BY ALL
-    ) q JOIN (SELECT trace_id, rank, stream, count(*) AS launches FROM l GROUP BY ALL) n
-      ON n.trace_id IS NOT DISTINCT FROM q.trace_id AND n.rank IS NOT DISTINCT FROM q.rank
-     AND n.stream IS NOT DISTINCT FROM q.stream
-    ORDER BY q.trace_id, q.rank, q.stream
-    """
 
 
 def launch_calls(
     correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray, graph_call: np.ndarray | None = None,
 ) -> tuple[np.ndarray, ...]:
-    """:func:`launch_calls_sql` in numpy, for one trace's host events that carry a correlation and a start.
+    """The call that launched each correlation id, from one trace's host events that carry a correlation and a start.
+
+    That is the first host event with the id (by start, then the shorter); an event without a
+    duration counts as instant.
 
     Args:
         correlation, ts_ns, dur_ns: int64 arrays, one item per host event (a missing duration as 0).
@@ -220,16 +77,36 @@ def launch_calls(
 
 
 def shared_correlations(correlation: np.ndarray) -> np.ndarray:
-    """:func:`shared_correlations_sql` in numpy: the ids (sorted) that occur more than once in one trace's kernels."""
+    """The ids (sorted) that occur more than once in one trace's kernels: graph launches whatever the call's name."""
     ids, counts = np.unique(correlation, return_counts=True)
     return ids[counts > 1]
 
 
+#: One trace's launch calls, by correlation id (sorted): ids, ``launch_ns``, ``call_ns`` and whether the call is a
+#: graph launch (named like one, or its id carried by more than one kernel: :func:`shared_correlations`).
+LaunchCalls = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def launch_of(correlation: pl.Series, calls: LaunchCalls | None) -> list[pl.Series]:
+    """``launch_ns``, ``call_ns`` and ``graph`` of each op: of its correlation's call, null where none."""
+    names = ("launch_ns", "call_ns", "graph")
+    if calls is None or not len(calls[0]) or correlation.null_count() == len(correlation):
+        return [pl.repeat(None, len(correlation), dtype=pl.Boolean if name == "graph" else pl.Int64,
+                          eager=True).alias(name) for name in names]
+    keys, *values = calls
+    wanted = correlation.fill_null(0).to_numpy().astype(np.int64)
+    at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
+    missing = ~((keys[at] == wanted) & correlation.is_not_null().to_numpy())
+    return [pl.Series(name, pa.array(column[at], mask=missing, type=pa.bool_() if name == "graph" else pa.int64()))
+            for name, column in zip(names, values, strict=True)]
+
+
 class LaunchParts:
-    """:func:`launch_stats`, :func:`queue_lengths` and the graph launches of one (trace, rank), fed window by window.
+    """Launch statistics (:data:`COLUMNS`), queues (:data:`QUEUE_COLUMNS`) and the graph launches of one
+    (trace, rank), fed window by window.
 
     Feed every op of the rank once (in any windows, in any order) to :meth:`add`, then take
-    :meth:`stats`, :meth:`queues` and :meth:`graph_kernels`: the rows the SQL gives for that rank. What
+    :meth:`stats`, :meth:`queues` and :meth:`graph_kernels`: the rank's rows. What
     is kept is 8 bytes per kernel launched one by one (its delay, for the exact quantiles), 24 per
     launched op (stream, launch, end of its wait) and 56 per kernel of a graph launch (what the
     per-launch view needs), far less than the ops and the joined host calls.
@@ -245,7 +122,7 @@ class LaunchParts:
     def add(self, ops: pl.DataFrame) -> None:
         """Add ``ops``: ``kind``, ``category``, ``stream``, ``ts_ns`` (not null), ``dur_ns``, ``correlation``,
         ``graph_id`` and, of the host call that launched each (null where none did), ``launch_ns``,
-        ``call_ns`` and ``graph`` (the call is a graph launch: :func:`launched_kernels_sql`'s ``in_graph``)."""
+        ``call_ns`` and ``graph`` (the call is a graph launch), as :func:`launch_of` gives them."""
         launched = ops.filter(pl.col("launch_ns").is_not_null())
         kernels = launched.filter(pl.col("kind") == "kernel")
         single = kernels.filter(~pl.col("graph").fill_null(False)).select(
@@ -292,14 +169,14 @@ class LaunchParts:
             "shorter_than_launch_pct": 100.0 * self._shorter / len(delays) if len(delays) else None,
             "launch_overhead_ns": self._overhead_ns, "graph_launches": graphs.height,
             "graph_kernels": int(graphs["kernels"].sum()), "graph_launch_ns": int(graphs["call_ns"].sum()),
-            "graph_mean_delay_ns": _rounded(float(graphs["delay_ns"].sum()) / graphs.height) if graphs.height
+            "graph_mean_delay_ns": rounded(float(graphs["delay_ns"].sum()) / graphs.height) if graphs.height
             else None,
             "graph_max_delay_ns": int(graphs["delay_ns"].max()) if graphs.height else None,  # type: ignore[arg-type]
         }
         if len(delays):
-            row |= {"mean_delay_ns": _rounded(int(delays.sum()) / len(delays)),
-                    "p50_delay_ns": _rounded(_quantile_cont(delays, 0.5)),
-                    "p95_delay_ns": _rounded(_quantile_cont(delays, 0.95)), "max_delay_ns": int(delays.max())}
+            row |= {"mean_delay_ns": rounded(int(delays.sum()) / len(delays)),
+                    "p50_delay_ns": rounded(quantile_cont(delays, 0.5)),
+                    "p95_delay_ns": rounded(quantile_cont(delays, 0.95)), "max_delay_ns": int(delays.max())}
         return pl.DataFrame([row], schema=_STATS_SCHEMA)
 
     def queues(self, trace_id: str, rank: int) -> pl.DataFrame:
@@ -335,17 +212,3 @@ _STATS_SCHEMA = {"trace_id": pl.String, "rank": pl.Int32, "launches": pl.Int64, 
                  "shorter_than_launch": pl.Int64, "shorter_than_launch_pct": pl.Float64,
                  "launch_overhead_ns": pl.Int64, "graph_launches": pl.Int64, "graph_kernels": pl.Int64,
                  "graph_launch_ns": pl.Int64, "graph_mean_delay_ns": pl.Int64, "graph_max_delay_ns": pl.Int64}
-
-
-def _quantile_cont(values: np.ndarray, q: float) -> float:
-    """DuckDB's ``quantile_cont``: linear between the values at floor and ceil of ``(n - 1) * q``, same arithmetic."""
-    position = (len(values) - 1) * q
-    low, high = int(np.floor(position)), int(np.ceil(position))
-    parted = np.partition(values, [low, high])
-    below, above = float(parted[low]), float(parted[high])
-    return below + (above - below) * (position - low)
-
-
-def _rounded(value: float) -> int:
-    """Half away from zero, as DuckDB's round() (delays are >= 0)."""
-    return int(np.floor(value + 0.5))

@@ -40,19 +40,26 @@ def link_peaks(text: str | None) -> dict[str, float]:
 
 
 def choose_link(nodes: int, model: str | None, transports: list[str],
-                overrides: dict[str, float]) -> tuple[str, float | None, str | None]:
+                overrides: dict[str, float], nic_names: list[str] | tuple[str, ...] = ()
+                ) -> tuple[str, float | None, str | None]:
     """The bottleneck link of an nccl-tests run, its figure, and why it is unknown (docs/analyses.md, "Link peaks").
 
     Across nodes the network NCCL used (``comm_channels.transport``), per rank: NICs seen x the
-    NIC of the GPU's reference system; within a node the GPU's NVLink/Infinity Fabric, or PCIe.
+    NIC of the GPU's reference system, as RoCE when every device of NCCL's ``NET/IB : Using`` line
+    (``nic_names``: ``mlx5_0:1/RoCE``) says so; within a node the GPU's NVLink/Infinity Fabric, or PCIe.
     Returns ``(link, GB/s or None, note or None)``; ``link`` is ``unknown`` when it cannot be told.
     """
     row = hardware.gpu(model)
     kinds = {_transport_kind(t) for t in transports}
     if nodes > 1:
         nics = {t.split("/")[2] for t in transports if _transport_kind(t) == "NET/IB" and len(t.split("/")) > 2}
+        layers = {name.rsplit("/", 1)[-1] for name in nic_names if name.endswith(("/IB", "/RoCE"))}
         if "NET/IB" in kinds:
             nic = row.nic if row else None
+            if nic and layers == {"RoCE"}:
+                nic = hardware.ROCE_OF.get(nic, nic)
+                if nic in overrides or "roce" in overrides:
+                    return nic, overrides.get(nic, overrides.get("roce")), None
             if (nic and nic in overrides) or "ib" in overrides:  # the user said what a rank gets
                 return nic or "ib", overrides[nic] if nic is not None and nic in overrides else overrides["ib"], None
             if nic is None:
@@ -79,22 +86,45 @@ def choose_link(nodes: int, model: str | None, transports: list[str],
     return link, hardware.peak(link, overrides), None
 
 
+def _same_job(trace_id: str, traces: pl.DataFrame | None) -> list[str]:
+    """The traces of ``trace_id``'s job (its run, where the traces say), itself first; only itself when unknown."""
+    if traces is None or "job" not in traces.columns or traces.is_empty():
+        return [trace_id]
+    mine = traces.filter(pl.col("trace_id") == trace_id)
+    if mine.is_empty():
+        return [trace_id]
+    same = traces.filter(pl.col("job") == mine["job"][0])
+    if "run" in traces.columns and mine["run"][0] is not None:
+        same = same.filter(pl.col("run") == mine["run"][0])
+    return [trace_id, *(t for t in same["trace_id"].to_list() if t != trace_id)]
+
+
+def _column_of(frame: pl.DataFrame | None, traces: list[str], column: str, *where: pl.Expr) -> list[str]:
+    """``column``'s values in ``frame`` for the first of ``traces`` that has any (its own first, then its job's)."""
+    if frame is None or frame.is_empty() or column not in frame.columns:
+        return []
+    for trace_id in traces:
+        values = frame.filter(pl.col("trace_id") == trace_id, *where)[column].drop_nulls().to_list()
+        if values:
+            return [str(v) for v in values]
+    return []
+
+
 def _trace_links(summary: pl.DataFrame, peaks: dict[str, float], devices: pl.DataFrame | None,
                  traces: pl.DataFrame | None, channels: pl.DataFrame | None) -> pl.DataFrame:
-    """Per trace of ``summary``: ``gpu``, ``link``, ``link_peak_gbs``, ``link_note``."""
+    """Per trace of ``summary``: ``gpu``, ``link``, ``link_peak_gbs``, ``link_note``. An nccl-tests trace
+    without NCCL lines of its own takes the transports and NICs of an NCCL log of the same job and run (the
+    benchmark's ``NCCL_DEBUG`` output saved apart), never those of another job."""
     rows = []
-    all_transports = channels["transport"].drop_nulls().to_list() if channels is not None and channels.height else []
     for trace_id, nodes in summary.select("trace_id", "nodes").unique("trace_id", maintain_order=True).iter_rows():
-        models: set[str] = set()
-        if devices is not None and devices.height:
-            mine = devices.filter((pl.col("trace_id") == trace_id) & (pl.col("kind") == "gpu"))
-            models = set(mine["name"].drop_nulls().to_list())
+        models = set(_column_of(devices, [trace_id], "name", pl.col("kind") == "gpu"))
         if not models and traces is not None and "device_name" in traces.columns:
-            models = set(traces.filter(pl.col("trace_id") == trace_id)["device_name"].drop_nulls().to_list())
-        own = channels.filter(pl.col("trace_id") == trace_id)["transport"].drop_nulls().to_list() \
-            if channels is not None and channels.height else []
+            models = set(_column_of(traces, [trace_id], "device_name"))
+        related = _same_job(trace_id, traces)
+        transports = _column_of(channels, related, "transport")
+        nics = _column_of(devices, related, "name", pl.col("kind") == "nic")
         model: str | None = next(iter(models)) if len(models) == 1 else None
-        link, figure, note = choose_link(nodes or 1, model, own or all_transports, peaks) if len(models) <= 1 \
+        link, figure, note = choose_link(nodes or 1, model, transports, peaks, nics) if len(models) <= 1 \
             else ("unknown", None, f"link unknown: mixed GPUs ({', '.join(sorted(models))})")
         rows.append({"trace_id": trace_id, "gpu": model, "link": link, "link_peak_gbs": figure, "link_note": note})
     return pl.DataFrame(rows, schema={"trace_id": summary.schema["trace_id"], "gpu": pl.String, "link": pl.String,
@@ -115,10 +145,10 @@ def benchmark_summary(rows: pl.DataFrame, peaks: dict[str, float] | None = None,
     peaks = peaks or {}
     if rows.is_empty():
         return pl.DataFrame(schema={c: pl.String for c in SUMMARY_COLUMNS})
-    keys = ["trace_id", "collective", "in_place"]
-    ordered = rows.sort([*keys, "size_bytes"])
+    keys = ["trace_id", "collective", "in_place", "ranks", "nodes"]  # runs of one file with other ranks apart
+    ordered = rows.sort([*keys, "size_bytes"], nulls_last=True)
     summary = ordered.group_by(keys, maintain_order=True).agg(
-        pl.col("ranks").first(), pl.col("nodes").first(), pl.len().alias("sizes"),
+        pl.len().alias("sizes"),
         pl.col("busbw_gbs").max().alias("peak_busbw_gbs"),
         pl.col("size_bytes").sort_by("busbw_gbs", "size_bytes").last().alias("peak_at_bytes"),
         pl.col("size_bytes").filter(pl.col("busbw_gbs") >= 0.5 * pl.col("busbw_gbs").max()).min()
@@ -203,15 +233,16 @@ def _transport_kind(transport: str) -> str:
     return parts[0]
 
 
-def topology(communicators: pl.DataFrame, channels: pl.DataFrame) -> pl.DataFrame:
-    """Per trace: nodes, GPUs per node, ranks, channels, the transports used and the surprises among them.
+def topology(communicators: pl.DataFrame, channels: pl.DataFrame, devices: pl.DataFrame | None = None) -> pl.DataFrame:
+    """Per trace: nodes, GPUs per node, ranks, channels, the transports used, the network devices NCCL named
+    (``nics``, from ``devices`` rows of kind ``nic``) and the surprises among them.
 
     Surprises: a ``NET/Socket`` connection where ``NET/IB`` also appears (a NIC or HCA
     not used), ``NET/Socket`` only across several nodes (no InfiniBand at all), ``SHM``
     between GPUs of one node (peer-to-peer disabled or unavailable).
     """
     columns = {"trace_id": pl.String, "nodes": pl.Int64, "gpus_per_node": pl.Int64, "ranks": pl.Int64,
-               "channels": pl.Int64, "transports": pl.String, "surprises": pl.String}
+               "channels": pl.Int64, "transports": pl.String, "nics": pl.String, "surprises": pl.String}
     if communicators.is_empty():
         return pl.DataFrame(schema=columns)
     rows = []
@@ -233,7 +264,9 @@ def topology(communicators: pl.DataFrame, channels: pl.DataFrame) -> pl.DataFram
             "trace_id": str(trace_id), "nodes": nodes,
             "gpus_per_node": _max_int(comms, "local_ranks"),
             "ranks": _max_int(comms, "nranks") or 0, "channels": mine["channel"].n_unique() if mine.height else 0,
-            "transports": ", ".join(kinds) or None, "surprises": "; ".join(surprises) or None,
+            "transports": ", ".join(kinds) or None,
+            "nics": ", ".join(_column_of(devices, [str(trace_id)], "name", pl.col("kind") == "nic")) or None,
+            "surprises": "; ".join(surprises) or None,
         })
     return pl.DataFrame(rows, schema=columns)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from .classify import Category
+from tracelake.contracts.classify import Category
 
 
 def rank_summary(con: duckdb.DuckDBPyConnection, job: str) -> pl.DataFrame:

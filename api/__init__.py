@@ -1,1 +1,2 @@
-"""Adapters over the library facade: the ``tracelake`` command line (and, later, the REST API)."""
+"""The faces over the library facade (:class:`tracelake.warehouse.Warehouse`): the ``tracelake`` command line,
+the REST API, the HTML reports and the scheduler that writes them."""

@@ -25,12 +25,14 @@ from tracelake.warehouse.core import tracelake_version
 
 from .auth import Tokens
 from .deps import ServerState
+from .errors import http_status
 from .ingest_queue import IngestQueue
 from .job_cache import JobAnalyses
 from .metrics import Metrics
 from .responses import FastJSONResponse
 from .routes import health, jobs, reports, sql, traces
 from .scheduler import ReportScheduler, schedule_of
+from .settings import ServerSettings
 from .sql_gate import SqlGate
 
 log = logging.getLogger(__name__)
@@ -54,16 +56,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     Raises:
         InvalidArgument: the token settings cannot be read, or the report schedule is not valid.
     """
-    settings = settings or Settings.from_env()
+    settings = ServerSettings.of(settings) if settings is not None else ServerSettings.from_env()
     tokens = Tokens.from_settings(settings)
     warehouse = Warehouse(settings=settings)
     metrics = Metrics()
     analyses = JobAnalyses(warehouse)
-    queue = IngestQueue(warehouse.settings, metrics, on_job_ingested=analyses.warm)
+    queue = IngestQueue(settings, metrics, on_job_ingested=analyses.warm)
     cron = schedule_of(settings)
     scheduler = ReportScheduler(warehouse, cron) if cron is not None else None
     sql_gate = SqlGate(warehouse.sql_engine(), warehouse.settings)
-    state = ServerState(warehouse.settings, warehouse, tokens, queue, metrics, analyses, sql_gate, scheduler)
+    state = ServerState(settings, warehouse, tokens, queue, metrics, analyses, sql_gate, scheduler)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -107,11 +109,11 @@ def _load_registry(warehouse: Warehouse) -> None:
 
 async def _tracelake_error(request: Request, exc: TracelakeError) -> JSONResponse:
     """Every tracelake error becomes its HTTP status with the message, never a traceback."""
-    if exc.http_status >= 500:
+    status = http_status(exc)
+    if status >= 500:
         log.error("%s %s failed: %s", request.method, request.url.path, exc)
-    headers = {"Retry-After": "1"} if exc.http_status in (429, 503) else None  # busy, not broken: try again
-    return JSONResponse({"error": str(exc), "kind": type(exc).__name__}, status_code=exc.http_status,
-                        headers=headers)
+    headers = {"Retry-After": "1"} if status in (429, 503) else None  # busy, not broken: try again
+    return JSONResponse({"error": str(exc), "kind": type(exc).__name__}, status_code=status, headers=headers)
 
 
 class _RequestMetrics:

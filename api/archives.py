@@ -35,12 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from tracelake.contracts.errors import InvalidArgument, TooLarge, TraceFormatError
 from tracelake.ingest.model import MIN_EXPANSION_BYTES, expansion_limit
-from tracelake.warehouse.errors import InvalidArgument, TooLarge, TraceFormatError
 from tracelake.warehouse.settings import Settings
 
 from .archives_tar import is_tar_header, unpack_tar
 from .decompress import CHUNK, GZIP_MAGIC, Decompressed, compression_of
+from .settings import ServerSettings
 
 __all__ = ["UnpackLimits", "archive_kind", "check_gzip", "unpack"]
 
@@ -88,7 +89,7 @@ class UnpackLimits:
         return cls(
             max_expanded_bytes=settings.max_expanded_bytes,
             max_expansion_ratio=settings.max_expansion_ratio,
-            max_members=settings.max_archive_members,
+            max_members=ServerSettings.of(settings).max_archive_members,  # a plain Settings: the default
         )
 
     def expansion_limit(self, compressed_bytes: int) -> int:

@@ -19,7 +19,7 @@ import zlib
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Self
 
-from tracelake.warehouse.errors import TooLarge, TraceFormatError
+from tracelake.contracts.errors import TooLarge, TraceFormatError
 
 from .decompress import CHUNK, Decompressed, compression_of
 

@@ -7,7 +7,9 @@ import hmac
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracelake.warehouse import Forbidden, InvalidArgument, Settings, Unauthorized
+from tracelake.warehouse import Forbidden, InvalidArgument, Unauthorized
+
+from .settings import ServerSettings
 
 #: What a token may be allowed to do. ``admin`` implies the other two, ``write`` implies ``read``.
 SCOPES = ("read", "write", "admin")
@@ -27,7 +29,7 @@ class Tokens:
         self._tokens = [_Token(_digest(secret), frozenset(scopes)) for secret, scopes in tokens.items()]
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Tokens:
+    def from_settings(cls, settings: ServerSettings) -> Tokens:
         """Tokens from ``TRACELAKE_TOKENS`` and the file named by ``TRACELAKE_TOKENS_FILE``.
 
         Raises:

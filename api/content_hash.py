@@ -15,8 +15,8 @@ import hashlib
 from typing import cast
 
 from isal import isal_zlib
+from tracelake.contracts.errors import TraceFormatError
 from tracelake.ingest import ID_DIGITS
-from tracelake.warehouse.errors import TraceFormatError
 
 from .archives import UnpackLimits, _too_large
 from .decompress import GZIP_MAGIC

@@ -22,7 +22,7 @@ from typing import Protocol, cast
 
 from isal import isal_zlib
 
-from tracelake.warehouse.errors import TooLarge, TraceFormatError
+from tracelake.contracts.errors import TooLarge, TraceFormatError
 
 #: Bytes read or written per step while streaming.
 CHUNK = 1 << 20

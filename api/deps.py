@@ -9,13 +9,14 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from tracelake.warehouse import Settings, Warehouse
+from tracelake.warehouse import Warehouse
 
 from .auth import Tokens, require
 from .ingest_queue import IngestQueue
 from .job_cache import JobAnalyses
 from .metrics import Metrics
 from .scheduler import ReportScheduler
+from .settings import ServerSettings
 from .sql_gate import SqlGate
 
 #: Documents the bearer scheme in the OpenAPI schema; the check itself is :class:`Tokens`.
@@ -26,7 +27,7 @@ bearer = HTTPBearer(auto_error=False, description="An API token: `Authorization:
 class ServerState:
     """One server's warehouse, tokens, ingest queue, metrics, prepared job analyses and report schedule."""
 
-    settings: Settings
+    settings: ServerSettings
     warehouse: Warehouse
     tokens: Tokens
     queue: IngestQueue

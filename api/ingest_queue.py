@@ -14,7 +14,6 @@ import datetime as dt
 import functools
 import json
 import logging
-import multiprocessing
 import os
 import shutil
 import threading
@@ -22,15 +21,17 @@ import time
 import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Callable
-from concurrent.futures import BrokenExecutor, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracelake.warehouse import IngestResult, Settings
-from tracelake.warehouse.core import ingest_in_process
+from tracelake.contracts.status import IngestStatus, TaskStatus
+from tracelake.warehouse import IngestResult
+from tracelake.warehouse.executor import IngestTask, PoolExecutor, local_executor
 from tracelake.warehouse.store import Store
 
 from .metrics import Metrics
+from .settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class Task:
     trace_id: str
     name: str
     job: str
-    status: str  # queued | ingesting | done | failed
+    status: TaskStatus
     submitted_at: dt.datetime
     finished_at: dt.datetime | None = None
     error: str | None = None
@@ -63,10 +64,10 @@ class Task:
     future: Future[IngestResult] | None = field(default=None, repr=False)
 
     @property
-    def state(self) -> str:
+    def state(self) -> TaskStatus:
         """The status, with ``ingesting`` for a queued task a worker has picked up."""
-        if self.status == "queued" and self.future is not None and self.future.running():
-            return "ingesting"
+        if self.status == TaskStatus.QUEUED and self.future is not None and self.future.running():
+            return TaskStatus.INGESTING
         return self.status
 
     def as_dict(self) -> dict[str, object]:
@@ -87,7 +88,7 @@ class IngestQueue:
     """Ingests uploaded files in the background, one task per trace id."""
 
     def __init__(
-        self, settings: Settings, metrics: Metrics, on_job_ingested: Callable[[str], None] | None = None
+        self, settings: ServerSettings, metrics: Metrics, on_job_ingested: Callable[[str], None] | None = None
     ) -> None:
         self.settings = settings
         self.metrics = metrics
@@ -98,23 +99,16 @@ class IngestQueue:
         self._pending: Counter[Path] = Counter()  # files still to ingest, per upload folder
         self._changed = threading.Condition()
         self._queued = 0  # tasks whose status is "queued": kept as they change, so depth() never waits
-        self._executor: Executor | None = None
+        self._executor: PoolExecutor | None = None
         metrics.set_queue_depth(self.depth)
 
     # -- life cycle --------------------------------------------------------------------
     def start(self) -> None:
         """Start the workers and pick up uploads a previous server left queued."""
         self.root.mkdir(parents=True, exist_ok=True)
-        self._executor = self._new_executor()
+        # ingest_workers processes; 0: one thread of the server process (tests, small set-ups)
+        self._executor = local_executor(self.settings.base(), self.settings.ingest_workers)
         self._recover()
-
-    def _new_executor(self) -> Executor:
-        workers = self.settings.ingest_workers
-        if workers > 0:
-            context = multiprocessing.get_context("spawn")  # no fork of a process holding DuckDB threads
-            return ProcessPoolExecutor(max_workers=workers, mp_context=context)
-        # ingest_workers=0: on one thread of the server process (tests, small set-ups)
-        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="tracelake-ingest")
 
     def stop(self) -> None:
         """Stop taking work; queued uploads stay on disk and are ingested at the next start."""
@@ -147,16 +141,16 @@ class IngestQueue:
             self._pending[folder] += 1  # held while queueing: a task that finishes at once must not remove the folder
             for item in files:
                 current = self._tasks.get(item.trace_id)
-                if current is not None and current.status == "queued":
+                if current is not None and current.status == TaskStatus.QUEUED:
                     tasks.append(current)
                     continue
                 present = self.store.registered_job(item.trace_id)
                 if present is not None:
-                    task = Task(item.trace_id, item.name, present, "done", now, now, already_present=True)
+                    task = Task(item.trace_id, item.name, present, TaskStatus.DONE, now, now, already_present=True)
                     self._remember(task)
                     tasks.append(task)
                     continue
-                task = Task(item.trace_id, item.name, job, "queued", now)
+                task = Task(item.trace_id, item.name, job, TaskStatus.QUEUED, now)
                 self._queued += 1
                 self._remember(task)
                 self._pending[folder] += 1
@@ -169,14 +163,8 @@ class IngestQueue:
     def _submit(self, item: QueuedFile, job: str, labels: dict[str, str]) -> Future[IngestResult]:
         if self._executor is None:
             raise RuntimeError("the ingest queue is not started")
-        args = (self.settings, item.path, job, labels, item.name)
-        try:
-            return self._executor.submit(ingest_in_process, *args)
-        except BrokenExecutor:  # a worker died (killed, out of memory): start a fresh pool
-            log.warning("an ingest worker died; starting new workers")
-            self._executor.shutdown(wait=False, cancel_futures=False)
-            self._executor = self._new_executor()
-            return self._executor.submit(ingest_in_process, *args)
+        # a dead worker's broken pool is replaced by the executor (PoolExecutor.submit)
+        return self._executor.submit(IngestTask(item.path, job, labels, item.name))
 
     def _release(self, folder: Path) -> None:
         """One file of ``folder`` is done; remove the folder with its last one."""
@@ -195,21 +183,21 @@ class IngestQueue:
             outcome = result.status
             error = result.error
         except Exception as exc:  # a worker process died (out of memory, killed)
-            outcome, error = "failed", f"{task.name}: the ingest worker failed ({exc}); upload the file again"
+            outcome, error = IngestStatus.FAILED, f"{task.name}: the ingest worker failed ({exc}); upload the file again"
         self.metrics.ingest(outcome, seconds)
         with self._changed:
-            if task.status == "queued":
+            if task.status == TaskStatus.QUEUED:
                 self._queued -= 1
-            task.status = "failed" if outcome == "failed" else "done"
+            task.status = TaskStatus.FAILED if outcome == IngestStatus.FAILED else TaskStatus.DONE
             task.error = error
             task.finished_at = dt.datetime.now(dt.timezone.utc)
             task.future = None
             self._release(folder)
             self._changed.notify_all()
-            job_done = not any(t.job == task.job and t.status == "queued" for t in self._tasks.values())
+            job_done = not any(t.job == task.job and t.status == TaskStatus.QUEUED for t in self._tasks.values())
         if error:
             log.info("ingest of %s failed: %s", task.name, error)
-        elif job_done and outcome == "ingested" and self.on_job_ingested is not None:
+        elif job_done and outcome == IngestStatus.INGESTED and self.on_job_ingested is not None:
             self.on_job_ingested(task.job)
 
     def _remember(self, task: Task) -> None:
@@ -217,7 +205,7 @@ class IngestQueue:
         self._tasks.move_to_end(task.trace_id)
         while len(self._tasks) > HISTORY:
             oldest_id, oldest = next(iter(self._tasks.items()))
-            if oldest.status == "queued":  # never forget work in flight
+            if oldest.status == TaskStatus.QUEUED:  # never forget work in flight
                 break
             del self._tasks[oldest_id]
 
@@ -236,7 +224,7 @@ class IngestQueue:
         deadline = time.monotonic() + timeout
         with self._changed:
             while True:
-                busy = [i for i in trace_ids if (t := self._tasks.get(i)) is not None and t.status == "queued"]
+                busy = [i for i in trace_ids if (t := self._tasks.get(i)) is not None and t.status == TaskStatus.QUEUED]
                 left = deadline - time.monotonic()
                 if not busy:
                     return True

@@ -6,6 +6,8 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
+from tracelake.contracts.status import FINAL_INGEST_STATUSES
+
 #: Upper bounds (seconds) of the ingest duration histogram's buckets.
 INGEST_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
 #: Upper bounds (seconds) of the request duration histogram's buckets.
@@ -113,7 +115,7 @@ class Metrics:
                 "# HELP tracelake_ingests_total Background ingests finished, by outcome.",
                 "# TYPE tracelake_ingests_total counter",
             ]
-            for outcome in ("ingested", "duplicate", "failed"):
+            for outcome in FINAL_INGEST_STATUSES:
                 lines.append(f'tracelake_ingests_total{{outcome="{outcome}"}} {self.ingests[outcome]}')
             lines += [
                 "# HELP tracelake_ingest_failures_total Background ingests that failed.",

@@ -10,6 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field
 TRACE_ID = r"^[0-9a-f]{1,64}$"
 JOB = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _ID_EXAMPLE = "3f2a9c41d07be8a15c66"
+#: The values of :class:`tracelake.contracts.status.TaskStatus`, spelled out so the OpenAPI schema
+#: lists them inline (tests/test_contracts.py checks that the two agree).
+TaskStatusName = Literal["queued", "ingesting", "done", "failed"]
 
 
 class ErrorAnswer(BaseModel):
@@ -28,7 +31,7 @@ class TraceState(BaseModel):
     trace_id: str
     name: str
     job: str
-    status: Literal["queued", "ingesting", "done", "failed"]
+    status: TaskStatusName
     error: str | None = None
     submitted_at: dt.datetime | None = None
     finished_at: dt.datetime | None = None
@@ -56,7 +59,7 @@ class TraceDetail(BaseModel):
 
     trace_id: str
     job: str | None
-    status: Literal["queued", "ingesting", "done", "failed"]
+    status: TaskStatusName
     error: str | None = None
     trace: dict[str, Any] | None = Field(None, description="The trace's `traces` row (see docs/schema.md).")
 

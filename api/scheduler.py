@@ -15,9 +15,10 @@ import logging
 from collections.abc import Callable
 
 from tracelake.warehouse import Settings, TracelakeError, Warehouse
-from tracelake.warehouse.cron import Cron
 
+from .cron import Cron
 from .reports.archive import ArchivedReport, ReportArchive, Trigger
+from .settings import ServerSettings
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def _utc_now() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
-def schedule_of(settings: Settings) -> Cron | None:
+def schedule_of(settings: ServerSettings) -> Cron | None:
     """The report schedule the settings give, or None when there is none.
 
     Raises:
@@ -52,6 +53,8 @@ class ReportScheduler:
     def __init__(self, warehouse: Warehouse, cron: Cron, *, clock: Clock = _utc_now) -> None:
         self.warehouse = warehouse
         self.cron = cron
+        #: The report window and how many reports to keep (the server's warehouse has server settings).
+        self.settings = ServerSettings.of(warehouse.settings)
         self.archive = archive_of(warehouse.settings)
         self.clock = clock
         #: When the next run is due (UTC); None before the task starts.
@@ -74,7 +77,7 @@ class ReportScheduler:
             await self._generate(due, "schedule")
 
     async def _generate(self, due: dt.datetime, trigger: Trigger) -> ArchivedReport | None:
-        settings = self.warehouse.settings
+        settings = self.settings
         try:
             report = await asyncio.to_thread(self.archive.generate, self.warehouse, scheduled_for=due,
                                              window=settings.report_window, trigger=trigger,

@@ -22,10 +22,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 
 from tracelake.ingest import ID_DIGITS
-from tracelake.warehouse import InvalidArgument, Settings, TooLarge
+from tracelake.warehouse import InvalidArgument, TooLarge
 
 from .archives import UnpackLimits
 from .content_hash import ContentHasher
+from .errors import UploadDeadlinePassed, UploadTimedOut
+from .settings import ServerSettings
 
 #: Form fields other than files are small; a larger one is refused.
 MAX_FIELD_BYTES = 64 << 10
@@ -38,16 +40,6 @@ _UNSAFE = re.compile(r"[\x00-\x1f\x7f]")
 #: Every HTTP client's boundary fits; the multipart parser would fail on one past 256 characters.
 _BOUNDARY = re.compile(rb"[0-9A-Za-z'()+_,\-./:=? ]{0,69}[0-9A-Za-z'()+_,\-./:=?]")
 MAX_BOUNDARY_CHARS = 70
-
-
-class UploadTimedOut(InvalidArgument):
-    """An upload sent nothing for longer than ``TRACELAKE_UPLOAD_IDLE_TIMEOUT_SECONDS`` (a stalled client)."""
-
-    http_status = 408
-
-
-class UploadDeadlinePassed(UploadTimedOut):
-    """An upload still sending ``TRACELAKE_UPLOAD_DEADLINE_SECONDS`` after its body began (a trickling client)."""
 
 
 @dataclass(frozen=True)
@@ -64,7 +56,7 @@ class UploadLimits:
     expansion: UnpackLimits | None = None
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> UploadLimits:
+    def from_settings(cls, settings: ServerSettings) -> UploadLimits:
         """The limits configured in ``settings``."""
         return cls(settings.max_file_bytes, settings.max_request_bytes, settings.upload_idle_timeout_seconds,
                    settings.upload_deadline_seconds, UnpackLimits.from_settings(settings))
@@ -111,7 +103,7 @@ class _FileSink:
         self.name = name
         self.limits = limits
         self.size = 0
-        expansion = limits.expansion or UnpackLimits.from_settings(Settings())
+        expansion = limits.expansion or UnpackLimits.from_settings(ServerSettings())
         self.hash = ContentHasher(name, expansion, limits.max_file_bytes)
         self._out: IO[bytes] = open(path, "wb")
 

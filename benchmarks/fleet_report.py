@@ -36,20 +36,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from tracelake.sample_traces.generate import SCENARIOS, write_scenario
-from tracelake.warehouse import Settings, Warehouse
-from tracelake.warehouse.core import ingest_in_process
+from tracelake.warehouse import Warehouse
+from tracelake.warehouse.executor import IngestTask, ProcessExecutor
 
 RANKS = 4
 TEAMS = ("infra", "llm", "vision", "speech", "ranking")
@@ -130,16 +128,17 @@ def grow(home: Path, traces: int, sources: Path, workers: int) -> float:
         labels = {"team": TEAMS[index % len(TEAMS)], "cluster": CLUSTERS[index % len(CLUSTERS)]}
         work += [(path, f"job-{index:05d}", labels) for path in paths]
     started = time.perf_counter()
-    settings = Settings(**{**wh.settings.__dict__, "threads": 1})
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        futures = [pool.submit(ingest_in_process, settings, path, job, labels) for path, job, labels in work]
+    pool = ProcessExecutor(dataclasses.replace(wh.settings, threads=1), workers)
+    try:
+        futures = [pool.submit(IngestTask(path, job, labels)) for path, job, labels in work]
         for done, future in enumerate(futures, start=1):
             result = future.result()
             if not result.ok:
                 raise SystemExit(f"ingest failed: {result.error}")
             if done % 500 == 0:
                 print(f"  ingested {have + done:,} traces ({time.perf_counter() - started:.0f} s)", flush=True)
+    finally:
+        pool.shutdown(wait=True)
     return time.perf_counter() - started
 
 

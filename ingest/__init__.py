@@ -1,7 +1,8 @@
 """Parsers that turn profiler output into warehouse tables.
 
-One module per format (``pytorch_profiler`` today); :mod:`.detect` picks the
-parser by content. The warehouse calls :func:`parse_into` with a staging
+One module per format (Kineto JSON, XLA xplane and trace-viewer JSON, the NCCL
+debug log, nccl-tests, the NCCL profiler and Inspector plugins, Flight Recorder);
+:mod:`.detect` picks the parser by content (:data:`.detect.FORMATS`). The warehouse calls :func:`parse_into` with a staging
 directory; :func:`parse` is the convenience for notebooks and tests that want the
 tables in memory.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracelake.warehouse import schema
+from tracelake.contracts import schema
 
 from .detect import FORMATS, Format, detect
 from .model import ParseOptions, TraceInfo

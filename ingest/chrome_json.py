@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from tracelake.warehouse.errors import TraceFormatError
+from tracelake.contracts.errors import TraceFormatError
 
 T = TypeVar("T")
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracelake.warehouse.errors import TraceFormatError, UnknownFormatError
+from tracelake.contracts.errors import TraceFormatError, UnknownFormatError
 
 from . import (
     flight_recorder, nccl_inspector, nccl_log, nccl_profiler, nccl_tests, pytorch_profiler, xla, xla_json,

@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tracelake.warehouse.errors import TraceFormatError
+from tracelake.contracts.errors import TraceFormatError
 
 from .model import MIN_EXPANSION_BYTES, ParseOptions, TraceInfo
 from .source import iter_chunks

@@ -1,7 +1,7 @@
 """Collectives a Kineto trace shows only by their kernels or CPU calls (docs/analyses.md, "Collectives derived from kernels").
 
 PyTorch up to about 2.0 writes ``record_param_comms`` without its ``Collective name``
-args, so the rows :func:`.pytorch_profiler_sql._collectives` makes from those args do
+args, so the rows :func:`.kineto_sql_facts.collectives` makes from those args do
 not exist. This module adds, at the end of the Kineto ingest, in the same DuckDB
 connection (the ``coll`` table, ``dev_d``, ``host_d`` and the Parquet parts):
 
@@ -25,8 +25,8 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
-from tracelake.analysis.classify import Category
-from tracelake.warehouse.schema import sql_literal
+from tracelake.contracts.classify import Category
+from tracelake.contracts.schema import sql_literal
 
 from . import nccl_kernels
 

@@ -4,7 +4,7 @@ One call turns a batch of events (the JSON array the cutter made) into the
 row-local columns of device and host ops and the few rows the end needs (step
 marks, collective args, memory counters), with the GIL released: the two
 loader threads scan on both cores while the cutter reads on. It converts every
-value as the DuckDB path (:mod:`tracelake.ingest.pytorch_profiler_sql`) does,
+value as the DuckDB path (:mod:`tracelake.ingest.kineto_sql_events`) does,
 which stays as the fallback where the extension is not built, and as the
 reference the tests compare it with.
 """
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tracelake.warehouse.errors import TraceFormatError
+from tracelake.contracts.errors import TraceFormatError
 
 _kineto: ModuleType | None
 try:
@@ -144,7 +144,7 @@ class HostNesting:
 
     The batches (``event_id, pid, tid, ts_ns, dur_ns, correlation``, ordered by
     ``pid, tid, ts_ns, dur_ns DESC, event_id``) come back with ``depth``, ``step``
-    and ``parent_id`` added, as ``pytorch_profiler_sql._nesting_sql`` defines them.
+    and ``parent_id`` added, as ``kineto_sql_facts.nesting_sql`` defines them.
     ``steps`` (``step, ts_ns, dur_ns``) must be ordered by ``ts_ns, step``. Times
     must stay within :data:`NEST_LIMIT`.
     """

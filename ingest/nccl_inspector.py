@@ -30,7 +30,7 @@ from typing import Any
 
 import msgspec
 
-from tracelake.warehouse.errors import TraceFormatError
+from tracelake.contracts.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
 from .nccl_ops import collective_name, nccl_tests_bytes
@@ -89,7 +89,8 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     skipped = lines = 0
     facts: dict[str, Any] = {}
     chunks = iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name)
-    for start, raw in _records(chunks, options.source_name):
+    cut: list[int] = []  # the line a record cut off by the file's end starts on
+    for start, raw in _records(chunks, options.source_name, cut):
         if raw[:1] == b"{" and b"\n" in raw:  # pretty-printed: a broken one would hide the records it swallowed
             try:
                 decoder.decode(raw)
@@ -97,6 +98,9 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
                 raise TraceFormatError(options.source_name, f"a record spanning lines is not valid JSON ({exc})",
                                        where=f"line {start}") from None
         lines, skipped = _line(raw, decoder, rows, facts, lines, skipped)
+    if cut and not rows["seq"]:
+        raise TraceFormatError(options.source_name, "a record is never closed (file truncated, or a missing '}')",
+                               where=f"line {cut[0]}")
     if not rows["seq"]:
         raise TraceFormatError(options.source_name, f"no NCCL Inspector records in {lines} non-empty lines or records")
     rows["event_id"] = list(range(len(rows["seq"])))
@@ -113,19 +117,24 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     info.start_ns, info.end_ns = (min(starts), max(ends)) if starts and ends else (None, None)
     if skipped:
         info.warnings.append(f"{skipped} of {lines} lines or records were not Inspector records and were skipped")
+    if cut:  # the plugin appends as the job runs: a job that was killed leaves its last record half written
+        info.warnings.append(f"the last record (from line {cut[0]}) is cut off by the end of the file (written when "
+                             f"the job stopped?) and was left out; the {len(rows['seq'])} whole records before it "
+                             "were read")
     return info
 
 
-def _records(chunks: Iterable[bytes], name: str) -> Iterator[tuple[int, bytes]]:
+def _records(chunks: Iterable[bytes], name: str, cut: list[int]) -> Iterator[tuple[int, bytes]]:
     """Each top-level JSON object in ``chunks`` (one line or several), and each other non-empty line,
     with the line it starts on.
 
     Scans braces outside strings, so a record may span lines and chunks; only the record being
-    read is held in memory.
+    read is held in memory. A record still open at the end of the file is not yielded: the line
+    it starts on is appended to ``cut`` (docs/formats.md, "NCCL Inspector": a killed job's last record).
 
     Raises:
-        TraceFormatError: a record is never closed, or grows past ``MAX_RECORD_BYTES``; the
-            error names the line the record starts on.
+        TraceFormatError: a record grows past ``MAX_RECORD_BYTES``; the error names the line the
+            record starts on.
     """
     record = bytearray()
     depth, in_string, escaped, line, start_line = 0, False, False, 1, 0
@@ -180,8 +189,9 @@ def _records(chunks: Iterable[bytes], name: str) -> Iterator[tuple[int, bytes]]:
                                        "(not Inspector output, or a missing closing brace)",
                                        where=f"line {start_line}")
     if depth:
-        raise TraceFormatError(name, "a record is never closed (file truncated, or a missing '}')",
-                               where=f"line {start_line}")
+        if b"\n{" in record:  # it swallowed the records after it: a brace is missing, not the file's end
+            raise TraceFormatError(name, "a record is never closed (a missing '}')", where=f"line {start_line}")
+        cut.append(start_line)
     if noise.strip():
         yield line, bytes(noise)
 

@@ -46,14 +46,14 @@ from pathlib import Path
 import polars as pl
 import pyarrow as pa
 
-from tracelake.warehouse.errors import TraceFormatError
+from tracelake.contracts.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
 from .nccl_log_lines import _COLL, _VERSION, COLL_MARKER, COUNTED, KINDS  # noqa: F401  (_COLL: tests match it)
 from .nccl_log_writer import COMM_KEY, PART_ROWS, TUNING_KEY, Parts, write_collectives
 from .nccl_ops import collective_name
 from .source import iter_chunks
-from .tables import write_table
+from .tables import append_table, write_table
 
 FORMAT = "nccl_log"
 
@@ -82,7 +82,7 @@ class _State:
     """What the scan keeps between chunks: the rare kinds' rows, the version, counts; COLL rows go to ``parts``."""
 
     def __init__(self, parts: Parts) -> None:
-        self.found: dict[str, list[pl.DataFrame]] = {"init": [], "nodes": [], "channel": []}
+        self.found: dict[str, list[pl.DataFrame]] = {"init": [], "nodes": [], "channel": [], "nics": []}
         #: One row per (host, pid, op, bytes): the last TUNING line's choice (a log tuned per call has many).
         self.choices: pl.DataFrame | None = None
         #: The first WARN lines (host, pid, msg), at most :data:`_KEEP_WARNINGS`.
@@ -389,6 +389,9 @@ def parse(source: Path, staging: Path, options: ParseOptions, *, chunk_bytes: in
         write_table(staging, "communicators", {c: comms[c].to_arrow() for c in _COMM_COLUMNS if c in comms.columns},
                     trace_id=options.trace_id)
         write_table(staging, "comm_channels", _channels(_frame(state, "channel")), trace_id=options.trace_id)
+        if nics := _nics(_frame(state, "nics")):
+            append_table(staging, "devices", {"device": [i for i, _ in nics], "kind": ["nic"] * len(nics),
+                                              "name": [n for _, n in nics]}, trace_id=options.trace_id)
         write_collectives(staging, options.trace_id, state.parts, comms, state.choices)
         return _info(source, state, comms, recognised)
     finally:
@@ -449,6 +452,21 @@ def _communicators(init: pl.DataFrame, nodes: pl.DataFrame) -> pl.DataFrame:
             pl.coalesce("rank", "rank_n").alias("rank"), pl.coalesce("nranks", "nranks_n").alias("nranks"),
         ).drop("rank_n", "nranks_n")
     return comms.with_columns(_i64("pid")).sort("rank", "comm", nulls_last=True)
+
+
+_NIC = re.compile(r"\[(\d+)\]([^\s\[;]+)")
+
+
+def _nics(lines: pl.DataFrame) -> list[tuple[int, str]]:
+    """The network devices of the ``NET/<net> : Using`` lines, once each: ``mlx5_0:1/IB``, ``mlx5_1:1/RoCE``
+    (device, port, link layer) for NET/IB; the interface name alone for NET/Socket (its address left out)."""
+    if not lines.height:
+        return []
+    seen: dict[str, int] = {}
+    for net, devices in lines.select("net", "devices").unique(maintain_order=True).iter_rows():
+        for index, name in _NIC.findall(str(devices)):
+            seen.setdefault(name.split(":")[0] if net == "Socket" else name, int(index))
+    return [(index, name) for name, index in seen.items()]
 
 
 def _channels(channel: pl.DataFrame) -> dict[str, pa.Array]:

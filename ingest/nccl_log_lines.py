@@ -37,6 +37,9 @@ _COLL = (COLL_MARKER,
 _TUNING = (" Bytes -> Algo ",
            _LINE + r"(?P<op>\w+): (?P<bytes>\d+) Bytes -> Algo (?P<algo>\w+) proto (?P<proto>\w+)"
            r"(?: channel\{Lo\.\.Hi\}=\{(?P<lo>\d+)\.\.(?P<hi>\d+)\})?")
+#: The network devices NCCL will use: ``NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/RoCE [RO]; OOB ib0:10.0.0.1<0>``
+#: (the link layer after the port: ``IB`` or ``RoCE``), ``NET/Socket : Using [0]eth0:10.0.0.1<0>``.
+_NICS = ("NET/", _LINE + r"NET/(?P<net>\w[\w ]*?) ?: Using (?P<devices>\[\d+\].*)")
 _WARN = ("NCCL WARN", r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[\d+\] (?:\S+:\d+ )?(?:\(\w+\) )?NCCL WARN (?P<msg>.*)$")
 _VERSION = re.compile(r"NCCL version (?P<version>[\w.+-]+)")
 
@@ -49,13 +52,12 @@ _TOPOLOGY = (_TOPOLOGY_MARKERS,
              r"|Trees(?: \[\d+\] [-\d/]+->\d+->[-\d/]+)+"
              r"|Connected all (?:rings|trees)"
              r"|Using network \S"
-             r"|NET/\S+ ?: Using "
              r"|(?:\w+ )?comm 0x[0-9a-f]+ .*- (?:Init START|Destroy COMPLETE|Abort COMPLETE)"
              r"|Init timings"
              r"|\d+ coll channels)")
 
 #: Every kind read, as (marker, pattern); a marker is a literal or a tuple of literals (any of them).
-KINDS: dict[str, tuple[str | tuple[str, ...], str]] = {"init": _INIT, "nodes": _NODES, "channel": _CHANNEL, "coll": _COLL, "tuning": _TUNING, "warn": _WARN,
+KINDS: dict[str, tuple[str | tuple[str, ...], str]] = {"init": _INIT, "nodes": _NODES, "channel": _CHANNEL, "coll": _COLL, "tuning": _TUNING, "nics": _NICS, "warn": _WARN,
          "topology": _TOPOLOGY}
 #: Kinds only counted, never stored: their lines count as recognised.
 COUNTED = frozenset({"topology"})

@@ -19,7 +19,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.ipc
 
-from tracelake.warehouse import schema
+from tracelake.contracts import schema
 
 from .nccl_ops import PER_RANK_SHARE
 from .tables import BackgroundWriter, TableWriter

@@ -28,7 +28,7 @@ from typing import Any
 
 import msgspec
 
-from tracelake.warehouse.errors import TraceFormatError
+from tracelake.contracts.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
 from .nccl_ops import collective_name, nccl_tests_bytes

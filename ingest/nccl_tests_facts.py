@@ -87,11 +87,21 @@ def json_ranks(doc: dict[str, Any]) -> dict[int, tuple[str, int | None, str, int
             continue
         rank = int_field(entry.get("rank"))
         rank = index if rank is None else rank
-        host = fit_text(entry.get("hostname") or entry.get("host")) or ""
-        name = fit_text(entry.get("name") or entry.get("model") or entry.get("gpu")) or ""
+        host = fit_text(entry.get("hostname")) or ""
+        name = fit_text(entry.get("device_info")) or ""  # the GPU model, as the rank line prints it
         device = int_field(entry.get("device", entry.get("cudaDev")))
         ranks[rank] = (host, int_field(entry.get("pid")), name, device)
     return ranks
+
+
+def version_text(code: object) -> str | None:
+    """NCCL's version code (``22703``, or ``2703`` before 2.9) as ``2.27.3``; None when not an integer."""
+    number = int_field(code)
+    if number is None or number <= 0:
+        return None
+    if number >= 10000:  # NCCL_VERSION(X,Y,Z) = X*10000 + Y*100 + Z since 2.9
+        return f"{number // 10000}.{number // 100 % 100}.{number % 100}"
+    return f"{number // 1000}.{number // 100 % 10}.{number % 100}"  # X*1000 + Y*100 + Z before
 
 
 def write_devices(staging: Path, trace_id: str, ranks: dict[int, tuple[str, int | None, str, int | None]]) -> None:
@@ -111,6 +121,6 @@ def read_mixed_log(source: Path, staging: Path, options: ParseOptions, info: Tra
     from . import nccl_log  # the debug-log parser skips the nccl-tests lines itself
 
     log_info = nccl_log.parse(source, staging, options)
-    info.nccl_version = log_info.nccl_version
+    info.nccl_version = log_info.nccl_version or info.nccl_version
     info.backend = log_info.backend
     info.warnings.extend(w for w in log_info.warnings if not w.startswith("recognised "))

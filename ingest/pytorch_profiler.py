@@ -30,7 +30,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from tracelake.warehouse.errors import InvalidArgument, TraceFormatError
+from tracelake.contracts.errors import InvalidArgument, TraceFormatError
 
 from . import kineto_scan, pytorch_profiler_sql
 from .chrome_json import ChromeTraceReader

@@ -12,7 +12,7 @@ from typing import BinaryIO
 
 from isal import igzip_threaded
 
-from tracelake.warehouse.errors import TraceFormatError
+from tracelake.contracts.errors import TraceFormatError
 
 GZIP_MAGIC = b"\x1f\x8b"
 CHUNK_BYTES = 4 << 20

@@ -16,7 +16,7 @@ from typing import Any, TypeAlias
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracelake.warehouse import schema
+from tracelake.contracts import schema
 
 #: A column's values: a list, or an Arrow array (cast to the declared type).
 ColumnValues: TypeAlias = "Sequence[object] | pa.Array[Any] | pa.ChunkedArray[Any]"
@@ -72,6 +72,16 @@ def arrow_table(table: str, columns: Mapping[str, ColumnValues], *, trace_id: st
 def write_table(staging: Path, table: str, columns: Mapping[str, ColumnValues], *, trace_id: str) -> None:
     """Write ``<table>.parquet`` in ``staging`` from column lists (see :func:`arrow_table`)."""
     pq.write_table(arrow_table(table, columns, trace_id=trace_id), staging / f"{table}.parquet", compression="zstd")
+
+
+def append_table(staging: Path, table: str, columns: Mapping[str, ColumnValues], *, trace_id: str) -> None:
+    """Add rows to ``<table>.parquet`` in ``staging``, written already or not (small tables that two readers
+    of one file both fill, such as ``devices`` from nccl-tests rank lines and NCCL's NIC lines)."""
+    path = staging / f"{table}.parquet"
+    rows = arrow_table(table, columns, trace_id=trace_id)
+    if path.exists():
+        rows = pa.concat_tables([pq.read_table(path), rows])
+    pq.write_table(rows, path, compression="zstd")
 
 
 class TableWriter:

@@ -31,8 +31,8 @@ import numpy as np
 import pyarrow as pa
 from isal import igzip
 
-from tracelake.analysis.classify import Category, classify
-from tracelake.warehouse.errors import TraceFormatError
+from tracelake.contracts.classify import Category, classify
+from tracelake.contracts.errors import TraceFormatError
 
 from . import xla_ops
 from .model import ParseOptions, TraceInfo

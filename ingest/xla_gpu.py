@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tracelake.analysis.classify import Category, classify, op_kind
-from tracelake.warehouse.errors import TraceFormatError
+from tracelake.contracts.classify import Category, classify, op_kind
+from tracelake.contracts.errors import TraceFormatError
 
 from . import xla_ops
 from .tables import ColumnValues

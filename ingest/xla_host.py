@@ -29,8 +29,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracelake.analysis.classify import classify
-from tracelake.warehouse.errors import TraceFormatError
+from tracelake.contracts.classify import classify
+from tracelake.contracts.errors import TraceFormatError
 
 from . import xla_ops
 from .tables import BackgroundWriter, ColumnValues, TableWriter, arrow_table, fit_int

@@ -17,8 +17,8 @@ from typing import Any
 
 import msgspec
 
-from tracelake.analysis.classify import classify, op_kind
-from tracelake.warehouse.errors import TraceFormatError
+from tracelake.contracts.classify import classify, op_kind
+from tracelake.contracts.errors import TraceFormatError
 
 from . import xla_ops
 from .chrome_json import ChromeTraceReader

@@ -1,7 +1,7 @@
 """What an XLA op is: its collective name, opcode and message size (docs/formats.md, section 2).
 
 Shared by the XSpace parser and the trace-viewer JSON parser. Categories come from the
-one rule table of every format, :func:`tracelake.analysis.classify.classify`
+one rule table of every format, :func:`tracelake.contracts.classify.classify`
 (docs/analyses.md, "Classification of device ops"), called with the op's kind, name and
 ``hlo_category``.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from tracelake.analysis.classify import COLLECTIVE_HLO, MEMORY_OPCODES
+from tracelake.contracts.classify import COLLECTIVE_HLO, MEMORY_OPCODES
 
 _COLLECTIVE = re.compile(COLLECTIVE_HLO, re.IGNORECASE)
 _SHAPE = re.compile(r"\b(pred|[sfuc]\d+|bf16|f8e\w+?)\[([\d,]*)\]")

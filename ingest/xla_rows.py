@@ -16,7 +16,7 @@ from typing import cast
 
 import numpy as np
 
-from tracelake.analysis.classify import Category
+from tracelake.contracts.classify import Category
 
 from . import xla_ops
 from .model import ParseOptions, TraceInfo

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,13 +25,12 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from tracelake.warehouse.errors import TraceFormatError
+from tracelake.contracts.errors import TraceFormatError
 
 from . import protowire, xspace_events
 from .xplane_proto import HloProto, XLine, XPlaneHeader, XSpace
-from .xspace_events import (
-    STAT_BYTES, STAT_DOUBLE, STAT_INT64, STAT_NONE, STAT_REF, STAT_STR, EventFields, StatFields,
-)
+from .xspace_events import EventFields
+from .xspace_stats import BatchStats
 
 #: Lines are read in windows of at most this many bytes (more only for a single bigger event). Decoding a
 #: window takes about 100x its size in transient arrays and Arrow columns (1 MB: ~70,000 TPU ops); beyond
@@ -187,111 +185,6 @@ class EventBatch:
 
     def _name(self) -> str:
         return str(self.header.name) if self.header is not None else "?"
-
-
-class BatchStats:
-    """The stats of a run of events by name, as arrays: the bulk counterpart of :meth:`Plane.named_stats`.
-
-    Same rules: per event the last stat of a name wins; stats whose metadata id the
-    plane does not declare are left out, a reference to an undeclared id reads None
-    (both counted by :meth:`count_unknown`, once the caller has used the run).
-    """
-
-    def __init__(self, plane: Plane, batch: EventBatch, fields: StatFields, events: int) -> None:
-        self.plane = plane
-        self.batch = batch
-        self.fields = fields
-        self.events = events
-        self._ids: dict[str, list[int]] = {}
-        for metadata_id, name in plane.stat_names.items():
-            self._ids.setdefault(name, []).append(metadata_id)
-
-    def last(self, name: str) -> np.ndarray:
-        """Per event, the index (in :attr:`fields`) of its last stat called ``name``; -1 where it has none."""
-        out = np.full(self.events, -1, dtype=np.int64)
-        ids = self._ids.get(name)
-        if not ids or not len(self.fields.metadata_id):
-            return out
-        sel = np.flatnonzero(np.isin(self.fields.metadata_id, np.array(ids, dtype=np.int64)))
-        if len(sel):
-            event = self.fields.event[sel]
-            last = np.r_[event[1:] != event[:-1], True]  # stats are in file order, so grouped by event
-            out[event[last]] = sel[last]
-        return out
-
-    def values(self, stats: np.ndarray) -> tuple[list[object], np.ndarray]:
-        """The distinct values of ``stats`` (indices in :attr:`fields`, -1: none) as :func:`stat_value` gives them,
-        and each one's index among them (-1 for -1).
-
-        Raises:
-            UnicodeDecodeError: a string value that is not UTF-8 (protobuf rejects the whole line then).
-        """
-        codes = np.full(len(stats), -1, dtype=np.int64)
-        have = np.flatnonzero(stats >= 0)
-        kind = self.fields.kind[stats[have]]
-        textual = (kind == STAT_STR) | (kind == STAT_BYTES)
-        numeric = have[~textual]
-        objects: list[object] = []
-        if len(numeric):  # in (kind, value) order: a kind at a time (sorting pairs as rows is ~10x slower)
-            chosen = stats[numeric]
-            kinds, values = self.fields.kind[chosen], self.fields.value[chosen]
-            for k in np.unique(kinds).tolist():
-                mine = np.flatnonzero(kinds == k)
-                distinct, inverse = np.unique(values[mine], return_inverse=True)
-                codes[numeric[mine]] = inverse.reshape(-1) + len(objects)
-                objects.extend(self._number(int(k), v) for v in distinct.tolist())
-        seen: dict[tuple[int, bytes], int] = {}
-        data = self.batch.data
-        for i in have[textual].tolist():
-            stat = int(stats[i])
-            k = int(self.fields.kind[stat])
-            raw = data[self.fields.start[stat]: self.fields.end[stat]].tobytes()
-            code = seen.get((k, raw))
-            if code is None:
-                code = seen[(k, raw)] = len(objects)
-                objects.append(raw.decode("utf-8") if k == STAT_STR else raw)
-            codes[i] = code
-        return objects, codes
-
-    def _number(self, kind: int, value: int) -> object:
-        if kind == STAT_NONE:
-            return None
-        if kind == STAT_DOUBLE:
-            return struct.unpack("<d", value.to_bytes(8, "little"))[0]
-        if kind == STAT_INT64:
-            return value - (1 << 64) if value >= 1 << 63 else value
-        if kind == STAT_REF:
-            return self.plane.stat_names.get(value)
-        return value  # STAT_UINT64
-
-    def check_strings(self) -> None:
-        """Raise if a string value is not UTF-8, as protobuf, which rejects the whole line then, does.
-
-        Raises:
-            UnicodeDecodeError: the first such string.
-        """
-        strings = np.flatnonzero(self.fields.kind == STAT_STR)
-        if not len(strings):
-            return
-        data = self.batch.data
-        high = np.flatnonzero(data >= 0x80)  # ASCII is UTF-8: only strings with high bytes need a look
-        start, end = self.fields.start[strings], self.fields.end[strings]
-        for i in np.flatnonzero(np.searchsorted(high, start) < np.searchsorted(high, end)).tolist():
-            data[start[i]: end[i]].tobytes().decode("utf-8")
-
-    def count_unknown(self) -> None:
-        """Count the stats of undeclared metadata ids, and the references to undeclared ids, in the plane."""
-        names = self.plane.stat_names
-        mid = self.fields.metadata_id
-        if not len(mid):
-            return
-        declared = np.isin(mid, np.array(list(names), dtype=np.int64))
-        for metadata_id, n in zip(*np.unique(mid[~declared], return_counts=True), strict=True):
-            self.plane._unknown(int(metadata_id), int(n))
-        refs = self.fields.value[declared & (self.fields.kind == STAT_REF)]
-        for ref, n in zip(*np.unique(refs, return_counts=True), strict=True):
-            if int(ref) not in names:
-                self.plane._unknown(int(ref), int(n))
 
 
 class Space:

@@ -1,41 +1,32 @@
-"""Shared fixtures: sample and real traces, fresh and pre-filled warehouses."""
+"""Shared fixtures: sample and real traces, fresh and pre-filled warehouses; hypothesis profiles.
+
+Plain helpers and constants (paths, protobuf encoding, a real server) are in ``tests/support``.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+from hypothesis import settings
 
+from support import FLEET_JOBS, REAL_KINETO, SAMPLES
+from support.tokens import TOKENS
+from tracelake.api.settings import ServerSettings
 from tracelake.warehouse import Warehouse
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLES = ROOT / "sample_traces" / "kineto"
-REAL_TRACES = ROOT.parent / "shared" / "real_traces"
-REAL_KINETO = REAL_TRACES / "pytorch_profiler"
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
 
-
-def varint(value: int) -> bytes:
-    """``value`` as a protobuf varint (a negative int64 as its 10-byte two's complement), for hand-made messages."""
-    value &= (1 << 64) - 1
-    out = bytearray()
-    while True:
-        byte, value = value & 0x7F, value >> 7
-        out.append(byte | 0x80 if value else byte)
-        if not value:
-            return bytes(out)
-
-
-def len_field(number: int, payload: bytes) -> bytes:
-    """A length-delimited protobuf field ``number`` holding ``payload``."""
-    return varint(number << 3 | 2) + varint(len(payload)) + payload
-
-
-def real_kineto_files() -> list[Path]:
-    """Every real PyTorch profiler trace in ../shared/real_traces (empty when absent)."""
-    if not REAL_KINETO.is_dir():
-        return []
-    return sorted(p for p in REAL_KINETO.rglob("*") if p.is_file() and p.name.endswith((".json", ".json.gz")))
+# Hypothesis draws the same examples every run by default (a failure in CI reproduces at a desk);
+# TRACELAKE_HYPOTHESIS=random explores new ones, and prints how to reproduce what it finds.
+settings.register_profile("deterministic", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("random", derandomize=False, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("TRACELAKE_HYPOTHESIS") or "deterministic")
 
 
 @pytest.fixture
@@ -94,15 +85,6 @@ def copy_sample(tmp_path: Path):  # type: ignore[no-untyped-def]
     return _copy
 
 
-#: The jobs of the fleet warehouse: (job, sample folder, labels). Inspector records carry no device time.
-FLEET_JOBS = (
-    ("ddp", ROOT / "sample_traces" / "kineto" / "ddp_straggler", {"team": "infra", "cluster": "a"}),
-    ("launch", ROOT / "sample_traces" / "kineto" / "launch_bound", {"team": "ml", "cluster": "b"}),
-    ("tpu", ROOT / "sample_traces" / "xla" / "tpu_allreduce", {"team": "ml", "hardware": "tpu"}),
-    ("inspector", ROOT / "sample_traces" / "nccl" / "inspector", {"team": "infra"}),
-)
-
-
 @pytest.fixture(scope="session")
 def fleet_warehouse_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A warehouse holding Kineto, XLA and NCCL jobs with team/cluster/hardware labels; read-only for tests."""
@@ -118,3 +100,25 @@ def fleet_warehouse_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fleet_warehouse(fleet_warehouse_home: Path) -> Warehouse:
     """The pre-filled fleet warehouse."""
     return Warehouse(fleet_warehouse_home)
+
+
+@pytest.fixture
+def client(home: Path) -> Iterator[TestClient]:
+    """An in-process server over ``home`` without tokens (loopback mode: every request allowed)."""
+    from fastapi.testclient import TestClient  # imported here: runs that start no server skip the web stack
+
+    from tracelake.api.app import create_app
+
+    with TestClient(create_app(ServerSettings(home=home, ingest_workers=0))) as c:
+        yield c
+
+
+@pytest.fixture
+def secured(home: Path) -> Iterator[TestClient]:
+    """An in-process server over ``home`` with a writer, a reader and an admin token (``support.tokens``)."""
+    from fastapi.testclient import TestClient
+
+    from tracelake.api.app import create_app
+
+    with TestClient(create_app(ServerSettings(home=home, ingest_workers=0, tokens=TOKENS))) as c:
+        yield c

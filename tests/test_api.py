@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import shutil
 import tarfile
 import time
 import zipfile
@@ -18,33 +19,17 @@ from tracelake import ingest
 from tracelake.api.app import create_app
 from tracelake.api.network import is_loopback
 from tracelake.api.responses import encode
-from tracelake.warehouse import Settings, Warehouse
+from tracelake.api.settings import ServerSettings
+from tracelake.warehouse import Warehouse
 
-from conftest import SAMPLES
+from support import SAMPLES
+from support.tokens import ADMIN, READER, WRITER
 
 DDP = SAMPLES / "ddp_straggler"
-WRITER = "writer-token-0001"
-READER = "reader-token-0001"
-ADMIN = "admin-token-00001"
-TOKENS = f"{WRITER}:read,write;{READER}:read;{ADMIN}:admin"
 
 
-def _settings(home: Path, **overrides: object) -> Settings:
-    return Settings(home=home, ingest_workers=0, **overrides)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def client(home: Path) -> Iterator[TestClient]:
-    """A server without tokens (loopback mode: every request allowed)."""
-    with TestClient(create_app(_settings(home))) as c:
-        yield c
-
-
-@pytest.fixture
-def secured(home: Path) -> Iterator[TestClient]:
-    """A server with a writer, a reader and an admin token."""
-    with TestClient(create_app(_settings(home, tokens=TOKENS))) as c:
-        yield c
+def _settings(home: Path, **overrides: object) -> ServerSettings:
+    return ServerSettings(home=home, ingest_workers=0, **overrides)  # type: ignore[arg-type]
 
 
 def _auth(token: str) -> dict[str, str]:
@@ -244,12 +229,23 @@ def test_labels_as_json(client: TestClient) -> None:
 
 
 # -- reading ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def filled_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A warehouse filled through the API once for the module: the DDP sample (job ddp, team=infra) and the
+    launch-bound one (job lb, team=ml)."""
+    home = tmp_path_factory.mktemp("filled") / "warehouse"
+    with TestClient(create_app(_settings(home))) as client:
+        assert _upload(client, *sorted(DDP.glob("*.json.gz")), labels="team=infra").status_code == 202
+        assert _upload(client, SAMPLES / "launch_bound" / "rank-0.json.gz", job="lb", labels="team=ml").status_code == 202
+    return home
+
+
 @pytest.fixture
-def filled(client: TestClient) -> TestClient:
-    """The client's server with the DDP sample (job ddp, team=infra) and the launch-bound one (job lb)."""
-    assert _upload(client, *sorted(DDP.glob("*.json.gz")), labels="team=infra").status_code == 202
-    assert _upload(client, SAMPLES / "launch_bound" / "rank-0.json.gz", job="lb", labels="team=ml").status_code == 202
-    return client
+def filled(home: Path, filled_home: Path) -> Iterator[TestClient]:
+    """A server without tokens over its own copy of that warehouse (at ``home``; tests may change it)."""
+    shutil.copytree(filled_home, home, symlinks=True)
+    with TestClient(create_app(_settings(home))) as c:
+        yield c
 
 
 def test_list_traces_filters_and_pages(filled: TestClient) -> None:

@@ -32,21 +32,21 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tracelake.api.app import create_app
+from tracelake.api.settings import ServerSettings
 from tracelake.warehouse import Settings
 
-from conftest import SAMPLES
-from server import read_answer, running_server
+from support import SAMPLES
+from support.server import read_answer, running_server
+from support.tokens import ADMIN, READER, TOKENS, WRITER
+
+pytestmark = pytest.mark.slow  # the attack suite: in-process and real servers, bombs, slow clients
 
 TRACE = SAMPLES / "ddp_straggler" / "rank-0.json.gz"
-WRITER = "writer-token-0001"
-READER = "reader-token-0001"
-ADMIN = "admin-token-00001"
-TOKENS = f"{WRITER}:read,write;{READER}:read;{ADMIN}:admin"
 MiB = 1 << 20
 
 
-def _settings(home: Path, **overrides: object) -> Settings:
-    return Settings(home=home, ingest_workers=0, **overrides)
+def _settings(home: Path, **overrides: object) -> ServerSettings:
+    return ServerSettings(home=home, ingest_workers=0, **overrides)
 
 
 @pytest.fixture
@@ -363,13 +363,6 @@ def test_sql_rows_are_capped(client: TestClient) -> None:
 
 
 # -- tokens and scopes ----------------------------------------------------------------------------
-
-@pytest.fixture
-def secured(home: Path) -> Iterator[TestClient]:
-    """A server with a writer, a reader and an admin token."""
-    with TestClient(create_app(_settings(home, tokens=TOKENS))) as c:
-        yield c
-
 
 #: Operations that need more than ``read``; every other operation with a security scheme needs ``read``.
 WRITE_AND_ADMIN = {("POST", "/api/v1/traces"): "write", ("PUT", "/api/v1/traces/{name}"): "write",

@@ -12,16 +12,18 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
 
 from tracelake.api.app import create_app
-from tracelake.warehouse import Settings
+from tracelake.api.settings import ServerSettings
 
-from conftest import SAMPLES
+from support import SAMPLES
+
+pytestmark = pytest.mark.slow  # schemathesis: generated requests for every operation
 
 
 @pytest.fixture(scope="module")
 def api_schema(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The schema of a running app (its ingest queue started) over a warehouse holding one job."""
     home = tmp_path_factory.mktemp("schemathesis") / "warehouse"
-    app = create_app(Settings(home=home, ingest_workers=0, sql_timeout_seconds=5))
+    app = create_app(ServerSettings(home=home, ingest_workers=0, sql_timeout_seconds=5))
     with TestClient(app) as client:  # runs the lifespan: the ingest queue is up for the generated requests
         trace = SAMPLES / "ddp_straggler" / "rank-0.json.gz"
         answer = client.post("/api/v1/traces", params={"wait": 60}, data={"job": "ddp"},

@@ -15,8 +15,10 @@ from typer.testing import CliRunner
 from tracelake.api.cli import app as cli
 from tracelake.warehouse import Warehouse
 
-from conftest import SAMPLES
-from server import running_server
+from support import SAMPLES
+from support.server import running_server
+
+pytestmark = pytest.mark.slow  # a real uvicorn server and concurrent clients
 
 TOKEN = "e2e-writer-token"
 SCENARIOS = ("ddp_straggler", "launch_bound")

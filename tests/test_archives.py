@@ -21,8 +21,8 @@ import pytest
 from isal import isal_zlib
 
 from tracelake.api.archives import UnpackLimits, archive_kind, check_gzip, unpack
-from tracelake.warehouse.errors import InvalidArgument, TooLarge, TraceFormatError
-from tracelake.warehouse.settings import Settings
+from tracelake.api.settings import ServerSettings
+from tracelake.contracts.errors import InvalidArgument, TooLarge, TraceFormatError
 
 LIMITS = UnpackLimits(max_expanded_bytes=1 << 30, max_expansion_ratio=200, max_members=100)
 #: A tight ratio so bombs are caught after a few MiB.
@@ -502,7 +502,7 @@ def test_archive_kind_does_not_inflate_bombs(tmp_path: Path) -> None:
 
 
 def test_limits_from_settings() -> None:
-    settings = Settings(max_expanded_bytes=1000, max_expansion_ratio=7, max_archive_members=3)
+    settings = ServerSettings(max_expanded_bytes=1000, max_expansion_ratio=7, max_archive_members=3)
     limits = UnpackLimits.from_settings(settings)
     assert (limits.max_expanded_bytes, limits.max_expansion_ratio, limits.max_members) == (1000, 7, 3)
     assert limits.expansion_limit(10) == 1000  # the floor, capped by the maximum

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from conftest import ROOT
+from support import ROOT
 from tracelake.api.cli import app
 from tracelake.sample_traces import generate_nccl, generate_xla
 from tracelake.warehouse import Warehouse

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import random
+
 import duckdb
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from tracelake.analysis.breakdown import COLUMNS, breakdown_of_frame
+from oracles.breakdown import breakdown_sql
+from tracelake.analysis.breakdown import COLUMNS, breakdown_frame
 
 
 def ops(*rows: tuple[str, int, int], step: int | None = None, rank: int = 0) -> pl.DataFrame:
@@ -26,7 +31,7 @@ def ops(*rows: tuple[str, int, int], step: int | None = None, rank: int = 0) -> 
 
 
 def whole(frame: pl.DataFrame) -> dict:  # type: ignore[type-arg]
-    result = breakdown_of_frame(frame)
+    result = breakdown_frame(frame)
     assert tuple(result.columns) == COLUMNS
     rows = result.filter(pl.col("step").is_null()).to_dicts()
     assert len(rows) == 1
@@ -84,7 +89,7 @@ def test_zero_duration_ops() -> None:
 
 
 def test_empty_input() -> None:
-    result = breakdown_of_frame(ops())
+    result = breakdown_frame(ops())
     assert result.height == 0
 
 
@@ -94,7 +99,7 @@ def test_per_step_rows_and_ranks() -> None:
         ops(("compute", 100, 130), step=2),
         ops(("compute", 0, 50), step=1, rank=1),
     ])
-    result = breakdown_of_frame(frame)
+    result = breakdown_frame(frame)
     per_step = {(r["rank"], r["step"]): r for r in result.to_dicts()}
     assert set(per_step) == {(0, None), (0, 1), (0, 2), (1, None), (1, 1)}
     assert per_step[(0, 1)]["span_ns"] == 20 and per_step[(0, 1)]["exposed_communication_ns"] == 10
@@ -185,69 +190,67 @@ def test_analyze_cli_prints_breakdown_and_findings(sample_warehouse_home, tmp_pa
 
 
 def test_vectorised_breakdown_equals_the_sql(sample_warehouse) -> None:  # type: ignore[no-untyped-def]
-    """breakdown_frame (numpy, what ingest stores) and breakdown_sql (the reference) give the same rows."""
-    import random
-
-    from tracelake.analysis.breakdown import breakdown_frame, breakdown_sql
-
+    """breakdown_frame (numpy, what ingest stores) and breakdown_sql (the oracle) give the same rows."""
     con = sample_warehouse.connect()
     ops = con.sql("SELECT trace_id, rank, step, category, ts_ns, dur_ns, flops FROM device_ops").pl()
     assert breakdown_frame(ops).equals(con.sql(breakdown_sql("device_ops")).pl())
-    rng = random.Random(7)
-    for trial in range(30):  # random timelines: overlaps, nesting, zero lengths, steps, async windows
-        n = rng.randint(1, 40)
-        starts = [rng.randint(0, 200) for _ in range(n)]
-        frame = pl.DataFrame({
-            "trace_id": ["t"] * n, "rank": [rng.randint(0, 1) for _ in range(n)],
-            "step": [rng.choice([None, 1, 2]) for _ in range(n)],
-            "category": [rng.choice(["compute", "communication", "memory", "sync"]) for _ in range(n)],
-            "ts_ns": starts, "dur_ns": [rng.choice([0, rng.randint(1, 80)]) for _ in range(n)],
-            "flops": [rng.choice([None, 10.0]) for _ in range(n)],
-        }, schema={"trace_id": pl.String, "rank": pl.Int32, "step": pl.Int64, "category": pl.String,
-                   "ts_ns": pl.Int64, "dur_ns": pl.Int64, "flops": pl.Float64})
-        windows = pl.DataFrame({"trace_id": ["t"] * 3, "rank": [0, 1, 0], "step": [1, None, 2],
-                                "ts_ns": [rng.randint(0, 200) for _ in range(3)], "dur_ns": [30, 50, 10]},
-                               schema={"trace_id": pl.String, "rank": pl.Int32, "step": pl.Int64,
-                                       "ts_ns": pl.Int64, "dur_ns": pl.Int64})
-        duck = duckdb.connect()
-        duck.register("o", frame.to_arrow())
-        duck.register("w", windows.to_arrow())
-        expected = duck.sql(breakdown_sql("o", "w")).pl()
-        got = breakdown_frame(frame, windows)
-        assert got.drop("flops_utilisation_pct").equals(expected.drop("flops_utilisation_pct")), trial
 
 
-def test_vectorised_breakdown_equals_the_sql_for_any_steps() -> None:
+@settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow])
+@given(rng=st.randoms())
+def test_vectorised_breakdown_equals_the_sql_on_random_timelines(rng: random.Random) -> None:
+    """The same on random timelines: overlaps, nesting, zero lengths, steps, async windows."""
+    n = rng.randint(1, 40)
+    starts = [rng.randint(0, 200) for _ in range(n)]
+    frame = pl.DataFrame({
+        "trace_id": ["t"] * n, "rank": [rng.randint(0, 1) for _ in range(n)],
+        "step": [rng.choice([None, 1, 2]) for _ in range(n)],
+        "category": [rng.choice(["compute", "communication", "memory", "sync"]) for _ in range(n)],
+        "ts_ns": starts, "dur_ns": [rng.choice([0, rng.randint(1, 80)]) for _ in range(n)],
+        "flops": [rng.choice([None, 10.0]) for _ in range(n)],
+    }, schema={"trace_id": pl.String, "rank": pl.Int32, "step": pl.Int64, "category": pl.String,
+               "ts_ns": pl.Int64, "dur_ns": pl.Int64, "flops": pl.Float64})
+    windows = pl.DataFrame({"trace_id": ["t"] * 3, "rank": [0, 1, 0], "step": [1, None, 2],
+                            "ts_ns": [rng.randint(0, 200) for _ in range(3)], "dur_ns": [30, 50, 10]},
+                           schema={"trace_id": pl.String, "rank": pl.Int32, "step": pl.Int64,
+                                   "ts_ns": pl.Int64, "dur_ns": pl.Int64})
+    duck = duckdb.connect()
+    duck.register("o", frame.to_arrow())
+    duck.register("w", windows.to_arrow())
+    expected = duck.sql(breakdown_sql("o", "w")).pl()
+    got = breakdown_frame(frame, windows)
+    assert got.drop("flops_utilisation_pct").equals(expected.drop("flops_utilisation_pct"))
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+@given(rng=st.randoms(), ordered=st.booleans(), two_traces=st.booleans(), two_ranks=st.booleans())
+def test_vectorised_breakdown_equals_the_sql_for_any_steps(
+    rng: random.Random, ordered: bool, two_traces: bool, two_ranks: bool,
+) -> None:
     """The vectorised sweep's shortcuts (steps in time order, all ops in steps, sparse or huge step numbers,
     steps interleaved in time, several traces and ranks) give the SQL's rows."""
-    import random
-
-    from tracelake.analysis.breakdown import breakdown_frame, breakdown_sql
-
-    rng = random.Random(11)
-    for trial in range(40):
-        n = rng.randint(1, 60)
-        step_choices = rng.choice([[1, 2, 3], [5, 40_000, 10**9], [0, 7], [None, 3, 10**12]])
-        ordered = trial % 2 == 0  # steps follow time (the common case) or are drawn at random
-        starts = sorted(rng.randint(0, 300) for _ in range(n)) if ordered else [rng.randint(0, 300) for _ in range(n)]
-        steps = [step_choices[min(len(step_choices) - 1, s * len(step_choices) // 301)] for s in starts] \
-            if ordered else [rng.choice(step_choices) for _ in range(n)]
-        frame = pl.DataFrame({
-            "trace_id": [rng.choice(["t", "u"]) if trial % 3 == 0 else "t" for _ in range(n)],
-            "rank": [rng.randint(0, 1) if trial % 4 == 0 else 0 for _ in range(n)],
-            "step": steps,
-            "category": [rng.choice(["compute", "communication", "memory", "sync", "other"]) for _ in range(n)],
-            "ts_ns": starts, "dur_ns": [rng.choice([0, rng.randint(1, 60), -1]) for _ in range(n)],
-            "flops": [rng.choice([None, 4.0]) for _ in range(n)],
-        }, schema={"trace_id": pl.String, "rank": pl.Int32, "step": pl.Int64, "category": pl.String,
-                   "ts_ns": pl.Int64, "dur_ns": pl.Int64, "flops": pl.Float64})
-        windows = pl.DataFrame({"trace_id": ["t", "t"], "rank": [0, 0], "step": [step_choices[0], step_choices[-1]],
-                                "ts_ns": [rng.randint(0, 300) for _ in range(2)], "dur_ns": [25, 70]},
-                               schema={"trace_id": pl.String, "rank": pl.Int32, "step": pl.Int64,
-                                       "ts_ns": pl.Int64, "dur_ns": pl.Int64})
-        duck = duckdb.connect()
-        duck.register("o", frame.to_arrow())
-        duck.register("w", windows.to_arrow())
-        expected = duck.sql(breakdown_sql("o", "w")).pl()
-        got = breakdown_frame(frame, windows)
-        assert got.drop("flops_utilisation_pct").equals(expected.drop("flops_utilisation_pct")), trial
+    n = rng.randint(1, 60)
+    step_choices = rng.choice([[1, 2, 3], [5, 40_000, 10**9], [0, 7], [None, 3, 10**12]])
+    # ordered: steps follow time (the common case), or are drawn at random
+    starts = sorted(rng.randint(0, 300) for _ in range(n)) if ordered else [rng.randint(0, 300) for _ in range(n)]
+    steps = [step_choices[min(len(step_choices) - 1, s * len(step_choices) // 301)] for s in starts] \
+        if ordered else [rng.choice(step_choices) for _ in range(n)]
+    frame = pl.DataFrame({
+        "trace_id": [rng.choice(["t", "u"]) if two_traces else "t" for _ in range(n)],
+        "rank": [rng.randint(0, 1) if two_ranks else 0 for _ in range(n)],
+        "step": steps,
+        "category": [rng.choice(["compute", "communication", "memory", "sync", "other"]) for _ in range(n)],
+        "ts_ns": starts, "dur_ns": [rng.choice([0, rng.randint(1, 60), -1]) for _ in range(n)],
+        "flops": [rng.choice([None, 4.0]) for _ in range(n)],
+    }, schema={"trace_id": pl.String, "rank": pl.Int32, "step": pl.Int64, "category": pl.String,
+               "ts_ns": pl.Int64, "dur_ns": pl.Int64, "flops": pl.Float64})
+    windows = pl.DataFrame({"trace_id": ["t", "t"], "rank": [0, 0], "step": [step_choices[0], step_choices[-1]],
+                            "ts_ns": [rng.randint(0, 300) for _ in range(2)], "dur_ns": [25, 70]},
+                           schema={"trace_id": pl.String, "rank": pl.Int32, "step": pl.Int64,
+                                   "ts_ns": pl.Int64, "dur_ns": pl.Int64})
+    duck = duckdb.connect()
+    duck.register("o", frame.to_arrow())
+    duck.register("w", windows.to_arrow())
+    expected = duck.sql(breakdown_sql("o", "w")).pl()
+    got = breakdown_frame(frame, windows)
+    assert got.drop("flops_utilisation_pct").equals(expected.drop("flops_utilisation_pct"))

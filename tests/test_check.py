@@ -1,6 +1,7 @@
 """``tracelake check`` against a warehouse written to behind tracelake's back.
 
-Each test ingests real sample traces, then forges the damage the way someone with
+Each test takes a warehouse of ingested sample traces (its own copy of one built
+for the module), then forges the damage the way someone with
 write access to the folder (or a hole in a SQL sandbox) would: with pyarrow or
 DuckDB directly. ``check`` must report it, ``--repair`` must put right what it can
 (moving files aside into ``quarantine/``, never deleting them, and rewriting the
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import duckdb
@@ -22,22 +24,33 @@ import pytest
 from typer.testing import CliRunner
 
 from tracelake.api.cli import app
-from tracelake.warehouse import Warehouse, schema
+from tracelake.contracts import schema
+from tracelake.warehouse import Warehouse
 from tracelake.warehouse.catalog import catalog_differences
 from tracelake.warehouse.check import check
 from tracelake.warehouse.check_layout import QUARANTINE
 from tracelake.warehouse.store import Store
 
+from support import SAMPLES
+
 JOB = "ddp"
 runner = CliRunner()
 
 
-@pytest.fixture
-def built(home: Path, samples: Path) -> tuple[Warehouse, list[str]]:
-    """A warehouse with two ranks of the DDP sample ingested under ``ddp``; its trace ids."""
-    warehouse = Warehouse(home)
-    report = warehouse.ingest(sorted((samples / "ddp_straggler").glob("rank-[01].json.gz")), job=JOB)
+@pytest.fixture(scope="module")
+def built_once(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two ranks of the DDP sample ingested under ``ddp``, once for the module (tests damage copies of it)."""
+    home = tmp_path_factory.mktemp("check") / "warehouse"
+    report = Warehouse(home).ingest(sorted((SAMPLES / "ddp_straggler").glob("rank-[01].json.gz")), job=JOB)
     assert report.ok, [r.error for r in report.failed]
+    return home
+
+
+@pytest.fixture
+def built(home: Path, built_once: Path) -> tuple[Warehouse, list[str]]:
+    """A warehouse of its own with two ranks of the DDP sample ingested under ``ddp``; its trace ids."""
+    shutil.copytree(built_once, home, symlinks=True)
+    warehouse = Warehouse(home)
     return warehouse, warehouse.store.job_traces(JOB)
 
 

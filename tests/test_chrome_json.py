@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tracelake.contracts.errors import TraceFormatError
 from tracelake.ingest.chrome_json import ChromeTraceReader
-from tracelake.warehouse.errors import TraceFormatError
 
 SOURCE = "rank-7.trace.json"
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from conftest import REAL_TRACES, real_kineto_files
-from tracelake.analysis.classify import CATEGORIES, RULES, Category, category_sql, classify, op_kind
+from support import REAL_TRACES, real_kineto_files
+from tracelake.contracts.classify import CATEGORIES, RULES, Category, category_sql, classify, op_kind
 from tracelake.warehouse import Warehouse
 
 #: The MTIA trace (Kineto JSON of Meta's accelerator), read once a parser reads it (../shared/real_traces/README.md).
@@ -164,6 +164,7 @@ def real_ops(tmp_path_factory: pytest.TempPathFactory) -> list[RealOp]:
     return [tuple(row) for row in rows]  # type: ignore[misc]
 
 
+@pytest.mark.slow  # ingests the real traces of ../shared/real_traces
 def test_every_real_op_classifies_the_same_in_sql_and_python(real_ops: list[RealOp]) -> None:
     """The stored category (SQL for Kineto, Python for XLA) is what both paths give every real device-op name."""
     formats = {row[0] for row in real_ops}
@@ -174,6 +175,7 @@ def test_every_real_op_classifies_the_same_in_sql_and_python(real_ops: list[Real
     assert sql_categories(evidence) == python
 
 
+@pytest.mark.slow  # ingests the real traces of ../shared/real_traces
 def test_real_ops_land_where_their_family_says(real_ops: list[RealOp]) -> None:
     claimed: dict[str, int] = {}
     for _, kind, name, hlo, category in real_ops:

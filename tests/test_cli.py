@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import SAMPLES
+from support import SAMPLES
 from tracelake.api.cli import app
 from tracelake.warehouse import Warehouse
 

@@ -18,7 +18,9 @@ import pytest
 
 from tracelake.warehouse import Warehouse
 
-from conftest import SAMPLES
+from support import SAMPLES
+
+pytestmark = pytest.mark.slow  # the console script as a subprocess, over and over
 
 
 @pytest.fixture(scope="module")

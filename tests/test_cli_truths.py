@@ -18,14 +18,15 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from server import running_server
+from support.server import running_server
 from tracelake.analysis import findings, steps
-from tracelake.api import cli_render
+from tracelake.api.cli import render as cli_render
 from tracelake.api.app import create_app
 from tracelake.api.cli import app
 from tracelake.api.reports import job_report
-from tracelake.warehouse import InvalidArgument, NotFound, Settings, Warehouse
-from tracelake.warehouse.schema import TABLES
+from tracelake.api.settings import ServerSettings
+from tracelake.contracts.schema import TABLES
+from tracelake.warehouse import InvalidArgument, NotFound, Warehouse
 from typer.testing import CliRunner
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,7 +164,7 @@ def test_json_and_html_keep_whole_kernel_names(kernel_home: tuple[Path, str, str
     assert KERNEL_B.replace("<", "&lt;").replace(">", "&gt;") in html
 
 
-@settings(max_examples=200, deadline=None, derandomize=True)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(st.text(alphabet="ab<>:, _(x)", min_size=0, max_size=30), min_size=1, max_size=12),
        st.integers(min_value=0, max_value=80), st.integers(min_value=1, max_value=120))
 def test_kernel_labels_never_merge_two_names(tails: list[str], shared: int, width: int) -> None:
@@ -202,7 +203,8 @@ def test_a_later_slow_step_is_still_an_outlier() -> None:
 # -- XLA ranks ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("source", [XLA_SAMPLE, REAL_XLA], ids=["sample", "tpu_inference_2"])
+@pytest.mark.parametrize("source", [XLA_SAMPLE, pytest.param(REAL_XLA, marks=pytest.mark.slow)],
+                         ids=["sample", "tpu_inference_2"])
 def test_xla_ranks_agree_between_traces_and_analyze(tmp_path: Path, source: Path) -> None:
     if not source.exists():
         pytest.skip(f"{source} is not present")
@@ -233,7 +235,7 @@ def test_unique_prefixes_name_a_trace_everywhere(kernel_home: tuple[Path, str, s
     assert code == 0 and json.loads(out)["breakdown"][0]["trace_id"] == base
     code, out = _run("diff", base[:8], renamed[:8], "--json", "--home", str(home))
     assert code == 0 and json.loads(out)["kernels"]
-    with TestClient(create_app(Settings(home=home, ingest_workers=0))) as client:
+    with TestClient(create_app(ServerSettings(home=home, ingest_workers=0))) as client:
         answer = client.get(f"/api/v1/traces/{renamed[:7]}")
         assert answer.status_code == 200 and answer.json()["trace_id"] == renamed
 
@@ -263,7 +265,7 @@ def test_ambiguous_prefix_lists_the_candidates(tmp_path: Path) -> None:
     assert all(t in str(caught.value) for t in twins) and "ambiguous" in str(caught.value)
     code, out = _run("analyze", "abcde", "--home", str(home))
     assert code == 1 and all(t in out for t in twins)
-    with TestClient(create_app(Settings(home=home, ingest_workers=0))) as client:
+    with TestClient(create_app(ServerSettings(home=home, ingest_workers=0))) as client:
         answer = client.get("/api/v1/traces/abcd")
         assert answer.status_code == 400 and twins[0] in answer.json()["error"]
 
@@ -352,6 +354,7 @@ def server(tmp_path: Path, sample_warehouse_home: Path) -> Iterator[tuple[str, P
         yield url, home
 
 
+@pytest.mark.slow  # a real uvicorn server
 def test_sql_post_without_content_type_on_a_real_server(server: tuple[str, Path]) -> None:
     url, home = server
     expected = len(list((home / "tables" / "traces").glob("job=*/*.parquet"))) - 1  # less the schema file

@@ -20,9 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import real_kineto_files
-from tracelake.analysis.breakdown import breakdown_sql
+from oracles.breakdown import breakdown_sql
+from support import real_kineto_files
 from tracelake.warehouse import Warehouse
+
+pytestmark = pytest.mark.slow  # HolisticTraceAnalysis over the real traces
 
 hta_trace_analysis = pytest.importorskip("hta.trace_analysis", reason="HTA is not installed (extra 'compare')")
 

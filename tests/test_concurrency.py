@@ -21,12 +21,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tracelake import ingest
 from tracelake.warehouse import Warehouse
 from tracelake.warehouse.check import COUNTED
 
-from server import running_server
+from support.server import running_server
+
+pytestmark = pytest.mark.slow  # CLI processes and a real server writing at once
 
 ROOT = Path(__file__).resolve().parent.parent / "sample_traces"
 DDP = ROOT / "kineto" / "ddp_straggler"

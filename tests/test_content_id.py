@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -101,12 +100,6 @@ def test_bad_gzip_on_ingest_names_the_file(warehouse: Warehouse, copies: dict[st
     cut.write_bytes(copies["gz9"].read_bytes()[:-40])
     result = warehouse.ingest([cut], job="a").results[0]
     assert result.status == "failed" and "cut.json.gz" in (result.error or "") and "byte" in (result.error or "")
-
-
-@pytest.fixture
-def client(home: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(home=home, ingest_workers=0))) as c:  # type: ignore[call-arg]
-        yield c
 
 
 def test_upload_of_a_recompressed_copy_is_already_there(client: TestClient, copies: dict[str, Path]) -> None:

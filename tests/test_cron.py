@@ -6,8 +6,8 @@ import datetime as dt
 
 import pytest
 
-from tracelake.warehouse.cron import Cron
-from tracelake.warehouse.errors import InvalidArgument
+from tracelake.api.cron import Cron
+from tracelake.contracts.errors import InvalidArgument
 
 UTC = dt.timezone.utc
 

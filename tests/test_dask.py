@@ -23,11 +23,14 @@ import pytest
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-from conftest import FLEET_JOBS, SAMPLES
+from support import FLEET_JOBS, SAMPLES
 from tracelake.api.cli import app
-from tracelake.warehouse import InvalidArgument, Warehouse, schema
+from tracelake.contracts import schema
+from tracelake.warehouse import InvalidArgument, Warehouse
 from tracelake.warehouse import distributed as dist
 from tracelake.warehouse.distributed import ClusterTarget, resolve_target, warehouse_path
+
+pytestmark = pytest.mark.slow  # a Dask LocalCluster of worker processes
 
 distributed = pytest.importorskip("distributed")
 cloudpickle = pytest.importorskip("cloudpickle")

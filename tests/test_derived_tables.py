@@ -8,8 +8,9 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
-from tracelake.analysis.idle import idle_breakdown
-from tracelake.analysis.launches import launch_stats, queue_lengths
+from oracles.derived import write_derived_sql
+from oracles.idle import idle_breakdown
+from oracles.launches import launch_stats, queue_lengths
 from tracelake.warehouse import Warehouse
 
 
@@ -46,7 +47,7 @@ def test_kernel_stats_add_up_to_device_time(sample_warehouse: Warehouse) -> None
     assert counts == 0
 
 
-#: The derived tables computed both in SQL and in numpy/polars.
+#: The derived tables compared with their SQL oracles.
 _COMPARED = ("breakdown", "kernel_stats", "stream_idle", "launch_stats", "stream_queues")
 
 #: Derived tables that are empty where no host call launched the device ops (TPU profiles, NCCL records).
@@ -65,12 +66,12 @@ def _parsed_inputs(wh: Warehouse, job: str, folder: Path) -> Path:
     return folder
 
 
-def _derive(parsed: Path, out: Path, monkeypatch: pytest.MonkeyPatch, *, sql: bool) -> dict[str, pl.DataFrame]:
+def _derive(parsed: Path, out: Path, *, sql: bool) -> dict[str, pl.DataFrame]:
+    """The derived tables as ingest writes them, or (``sql``) as the SQL oracle computes them."""
     from tracelake.warehouse import derived
 
-    monkeypatch.setattr(derived, "REFERENCE_SQL", sql)
     out.mkdir()
-    derived.write_derived(parsed, out)
+    (write_derived_sql if sql else derived.write_derived)(parsed, out)
     return {name: pl.read_parquet(out / f"{name}.parquet") for name in _COMPARED}
 
 
@@ -109,12 +110,11 @@ def xla_gpu_warehouse(tmp_path_factory: pytest.TempPathFactory) -> Warehouse:
 
 
 @pytest.mark.parametrize("job", ["ddp_straggler", "launch_bound"])
-def test_sql_and_vectorised_derived_tables_are_equal(sample_warehouse: Warehouse, tmp_path: Path,
-                                                     monkeypatch: pytest.MonkeyPatch, job: str) -> None:
-    """Ingest stores the derived tables from numpy/polars; their SQL reference gives the same rows."""
+def test_sql_and_vectorised_derived_tables_are_equal(sample_warehouse: Warehouse, tmp_path: Path, job: str) -> None:
+    """Ingest stores the derived tables from numpy/polars; their SQL oracle gives the same rows."""
     parsed = _parsed_inputs(sample_warehouse, job, tmp_path / "parsed")
-    sql = _derive(parsed, tmp_path / "sql", monkeypatch, sql=True)
-    _assert_same(sql, _derive(parsed, tmp_path / "vectorised", monkeypatch, sql=False))
+    sql = _derive(parsed, tmp_path / "sql", sql=True)
+    _assert_same(sql, _derive(parsed, tmp_path / "vectorised", sql=False))
 
 
 def _rewrite(parsed: Path, folder: Path, layout: str) -> Path:
@@ -137,7 +137,11 @@ def _rewrite(parsed: Path, folder: Path, layout: str) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("layout", ["as parsed", "time order, ranks mixed, row groups backwards", "shuffled"])
+@pytest.mark.parametrize("layout", [  # the reordered layouts: the same sweep again, for the full run
+    "as parsed",
+    pytest.param("time order, ranks mixed, row groups backwards", marks=pytest.mark.slow),
+    pytest.param("shuffled", marks=pytest.mark.slow),
+])
 @pytest.mark.parametrize("job", ["ddp_straggler", "launch_bound", "xla", "xla_gpu"])
 def test_derived_tables_in_tiny_windows_equal_sql(sample_warehouse: Warehouse, xla_warehouse: Warehouse,
                                                   xla_gpu_warehouse: Warehouse, tmp_path: Path,
@@ -147,9 +151,9 @@ def test_derived_tables_in_tiny_windows_equal_sql(sample_warehouse: Warehouse, x
 
     wh = {"xla": xla_warehouse, "xla_gpu": xla_gpu_warehouse}.get(job, sample_warehouse)
     parsed = _rewrite(_parsed_inputs(wh, job, tmp_path / "parsed"), tmp_path / "rewritten", layout)
-    sql = _derive(parsed, tmp_path / "sql", monkeypatch, sql=True)
+    sql = _derive(parsed, tmp_path / "sql", sql=True)
     monkeypatch.setattr(derived, "CHUNK_ROWS", 7)
-    _assert_same(sql, _derive(parsed, tmp_path / "windows", monkeypatch, sql=False), launched=job != "xla")
+    _assert_same(sql, _derive(parsed, tmp_path / "windows", sql=False), launched=job != "xla")
 
 
 _SAMPLE_FILES = sorted(
@@ -159,16 +163,15 @@ _SAMPLE_FILES = sorted(
 
 
 @pytest.mark.parametrize("sample", _SAMPLE_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
-def test_every_sample_format_gets_the_same_derived_tables_both_ways(sample: Path, tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every format, those without device ops (NCCL records) included: windowed rows equal the SQL reference."""
+def test_every_sample_format_gets_the_same_derived_tables_both_ways(sample: Path, tmp_path: Path) -> None:
+    """Every format, those without device ops (NCCL records) included: windowed rows equal the SQL oracle."""
     from tracelake import ingest
 
     parsed = tmp_path / "parsed"
     parsed.mkdir()
     ingest.parse_into(sample, parsed, ingest.ParseOptions(source_name=sample.name, trace_id="0" * 20))
-    sql = _derive(parsed, tmp_path / "sql", monkeypatch, sql=True)
-    windowed = _derive(parsed, tmp_path / "windowed", monkeypatch, sql=False)
+    sql = _derive(parsed, tmp_path / "sql", sql=True)
+    windowed = _derive(parsed, tmp_path / "windowed", sql=False)
     for name, frame in sql.items():
         keys = [c for c in ("trace_id", "rank", "step", "name", "stream") if c in frame.columns]
         assert frame.schema == windowed[name].schema, name

@@ -10,6 +10,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+from oracles.diff import kernel_totals
 from tracelake.api.cli import app
 from tracelake.warehouse import NotFound, Warehouse
 
@@ -31,6 +32,19 @@ def test_rank_against_straggler(sample_warehouse: Warehouse) -> None:
     assert kernels.row(0, named=True)["change"] in ("slower", "faster")
     deltas = kernels["delta_ns"].abs().to_list()
     assert deltas == sorted(deltas, reverse=True)
+
+
+@pytest.mark.parametrize(("a", "b"), [("ddp_straggler", "launch_bound"), ("ddp_straggler", "ddp_straggler")])
+def test_kernel_times_equal_the_sql_over_the_device_ops(sample_warehouse: Warehouse, a: str, b: str) -> None:
+    """The per-rank kernel times, from the stored kernel_stats, equal the SQL oracle's over the device ops."""
+    kernels, _ = sample_warehouse.diff(a, b)
+    con = sample_warehouse.connect()
+    expected = {side: {name: ns for name, _, ns in kernel_totals(con, "job = ?", [job]).iter_rows()}
+                for side, job in (("a_ns", a), ("b_ns", b))}
+    assert kernels.height == len(expected["a_ns"].keys() | expected["b_ns"].keys()) > 0
+    for row in kernels.iter_rows(named=True):
+        for side in ("a_ns", "b_ns"):
+            assert row[side] == pytest.approx(expected[side].get(row["name"], 0.0), rel=1e-12), (row["name"], side)
 
 
 def test_appeared_and_vanished(sample_warehouse: Warehouse) -> None:

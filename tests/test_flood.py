@@ -28,9 +28,12 @@ import pytest
 from tracelake.api.app import create_app
 from tracelake.api.connections import RESERVED_FILES, ConnectionBudget, connections_for, fit_open_files
 from tracelake.api.routes import health
-from tracelake.warehouse import InvalidArgument, Settings
+from tracelake.api.settings import ServerSettings
+from tracelake.warehouse import InvalidArgument
 
-from server import read_answer, running_server
+from support.server import read_answer, running_server
+
+pytestmark = pytest.mark.slow  # a real uvicorn server under a flood of connections
 
 TOKEN = "flood-writer-token"
 MAX_CONNECTIONS = 200
@@ -46,7 +49,7 @@ PROMPT = 5.0
 def test_healthz_answers_while_every_thread_is_busy(home: Path) -> None:
     """50 requests to a blocking route take all 40 threads of the pool; /healthz still answers."""
     assert inspect.iscoroutinefunction(health.healthz)
-    app = create_app(Settings(home=home, ingest_workers=0))
+    app = create_app(ServerSettings(home=home, ingest_workers=0))
     release = threading.Event()
     entered = threading.Semaphore(0)
 
@@ -75,7 +78,7 @@ def test_healthz_answers_while_every_thread_is_busy(home: Path) -> None:
 
 def test_healthz_does_not_wait_for_the_queue(home: Path) -> None:
     """While the ingest queue's lock is held (an upload being queued), /healthz answers at once, with the depth."""
-    app = create_app(Settings(home=home, ingest_workers=0))
+    app = create_app(ServerSettings(home=home, ingest_workers=0))
     queue = app.state.tracelake.queue
     held, release = threading.Event(), threading.Event()
 

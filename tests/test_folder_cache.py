@@ -7,7 +7,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from conftest import SAMPLES
+from support import SAMPLES
 from tracelake.warehouse import Warehouse
 from tracelake.warehouse.folder_cache import FolderCache
 from tracelake.warehouse.store import Store

@@ -9,7 +9,8 @@ polars...) is a parser bug.
   (bit flips, truncation, splices, deleted and repeated ranges, inserted junk lines),
   at the JSON level (a random value in an event field, a field removed) and at the
   protobuf level (random bytes in a field's payload, stray fields with huge varints);
-  derandomized and without an example database, so CI tries the same inputs every run.
+  the same inputs every run (the deterministic hypothesis profile of conftest.py;
+  ``TRACELAKE_HYPOTHESIS=random`` draws new ones).
   One test per format goes end to end through ``Warehouse.ingest_file`` and checks
   that a failed file leaves nothing behind.
 - Regressions: every input that once crashed a parser, kept under
@@ -17,7 +18,11 @@ polars...) is a parser bug.
 - Memory: a small file must not make a parser allocate gigabytes (pickle memo
   indexes, gzip bombs).
 - Coverage-guided fuzzing (atheris): each harness runs for a few seconds
-  (``TRACELAKE_FUZZ_SECONDS``, default 5; 0 skips); see tests/fuzz/README.md for longer runs.
+  (``TRACELAKE_FUZZ_SECONDS``, default 5; 0 skips) from a fixed libFuzzer seed
+  (``TRACELAKE_FUZZ_SEED=<n>`` picks another, ``random`` a new one each run);
+  see tests/fuzz/README.md for longer runs.
+
+Every test here is marked ``slow``: ``pytest -m "not slow"`` leaves the module out.
 """
 
 from __future__ import annotations
@@ -38,14 +43,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import varint
-
 from fuzz import targets
 from fuzz.targets import TARGETS, Target
+from support import varint
 from tracelake import ingest
+from tracelake.contracts.errors import TracelakeError
 from tracelake.ingest import protowire
 from tracelake.warehouse import Warehouse
-from tracelake.warehouse.errors import TracelakeError
+
+pytestmark = pytest.mark.slow  # fuzzing: hypothesis mutations of every parser and the atheris harnesses
 
 HARNESS = Path(__file__).resolve().parent / "fuzz" / "fuzz_parsers.py"
 FORMATS = sorted(TARGETS)
@@ -57,9 +63,9 @@ DEFAULT_EXAMPLES = 40
 
 
 def fuzz_settings(examples: int) -> settings:
-    """Derandomized settings; ``TRACELAKE_FUZZ_EXAMPLES=<n>`` multiplies the examples for a longer run."""
+    """The suite's hypothesis profile with ``examples`` examples; ``TRACELAKE_FUZZ_EXAMPLES=<n>`` multiplies them."""
     examples *= max(int(os.environ.get("TRACELAKE_FUZZ_EXAMPLES", "1")), 1)
-    return settings(max_examples=examples, deadline=None, derandomize=True, database=None, print_blob=True,
+    return settings(max_examples=examples, deadline=None, print_blob=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -358,6 +364,12 @@ def fuzz_seconds() -> int:
     return int(os.environ.get("TRACELAKE_FUZZ_SECONDS", "5"))
 
 
+def fuzz_seed() -> list[str]:
+    """libFuzzer's ``-seed``: fixed by default, ``TRACELAKE_FUZZ_SEED=<n>`` or ``random`` (libFuzzer picks one)."""
+    chosen = os.environ.get("TRACELAKE_FUZZ_SEED") or "1"
+    return [] if chosen == "random" else [f"-seed={int(chosen)}"]
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_atheris_harness(fmt: str, tmp_path: Path) -> None:
     try:
@@ -369,7 +381,7 @@ def test_atheris_harness(fmt: str, tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     targets.write_corpus(TARGETS[fmt], corpus)
     command = [sys.executable, str(HARNESS), fmt, f"-max_total_time={fuzz_seconds()}", "-timeout=60",
-               "-rss_limit_mb=3072", f"-artifact_prefix={tmp_path}/", "-print_final_stats=1", str(corpus)]
+               "-rss_limit_mb=3072", f"-artifact_prefix={tmp_path}/", "-print_final_stats=1", *fuzz_seed(), str(corpus)]
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=fuzz_seconds() + 120)
     crashes = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("crash-", "oom-", "timeout-")))

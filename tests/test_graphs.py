@@ -3,7 +3,7 @@
 Checked against counts made here with plain json/gzip on the real SGLang decode trace (one
 ``hipGraphLaunch`` starting 544 kernels) and on generated traces with ``cudaGraphLaunch``;
 on random timelines, the windowed implementation (:class:`LaunchParts`, :func:`graph_rows`)
-against the SQL reference and both against a plain-Python oracle.
+against the SQL oracle and both against a plain-Python one.
 """
 
 from __future__ import annotations
@@ -23,15 +23,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tracelake.analysis.graphs import graph_launches_sql, graph_rows
-from tracelake.analysis.launches import (
-    GRAPH_CALL,
-    LaunchParts,
-    launch_calls,
-    launch_stats_sql,
-    queue_lengths_sql,
-    shared_correlations,
-)
+from oracles.derived import write_derived_sql
+from oracles.launches import graph_launches_sql, launch_stats_sql, queue_lengths_sql
+from tracelake.analysis.graphs import graph_rows
+from tracelake.analysis.launches import GRAPH_CALL, LaunchParts, launch_calls, shared_correlations
 from tracelake.warehouse import Warehouse
 
 SGLANG = "tracelens_inference_sglang_decode_sglang_Qwen3-8B_decode"
@@ -103,6 +98,7 @@ def sglang(real_kineto: Path, tmp_path: Path) -> tuple[Warehouse, _Counted, Path
     return _ingest(path, tmp_path / "warehouse", "sglang"), _Counted(_events(path)), path
 
 
+@pytest.mark.slow  # ingests a real trace
 def test_sglang_graph_launch_is_found_with_its_kernels(sglang: tuple[Warehouse, _Counted, Path]) -> None:
     wh, counted, _ = sglang
     graphs = pl.DataFrame(wh.query("SELECT * FROM graph_launches").rows,
@@ -122,6 +118,7 @@ def test_sglang_graph_launch_is_found_with_its_kernels(sglang: tuple[Warehouse, 
     assert 0 < row["gaps_ns"] < row["span_ns"]
 
 
+@pytest.mark.slow  # ingests a real trace
 def test_sglang_launch_cost_is_counted_once_per_call(sglang: tuple[Warehouse, _Counted, Path]) -> None:
     wh, counted, _ = sglang
     result = wh.query("SELECT * FROM launch_stats")
@@ -138,6 +135,7 @@ def test_sglang_launch_cost_is_counted_once_per_call(sglang: tuple[Warehouse, _C
     assert stats["launch_overhead_ns"] + stats["graph_launch_ns"] <= host_calls
 
 
+@pytest.mark.slow  # ingests a real trace
 def test_sglang_finding_stays_within_the_launch_calls_and_the_span(sglang: tuple[Warehouse, _Counted, Path]) -> None:
     wh, counted, _ = sglang
     analysis = wh.analyze(job="sglang")
@@ -152,6 +150,7 @@ def test_sglang_finding_stays_within_the_launch_calls_and_the_span(sglang: tuple
     assert analysis.graphs.height == 1 and analysis.as_dict()["graphs"][0]["kernels"] == 544
 
 
+@pytest.mark.slow  # ingests a real trace
 def test_sglang_graph_kernels_enter_the_queue_once_each(sglang: tuple[Warehouse, _Counted, Path]) -> None:
     wh, counted, path = sglang
     queues = {row[0]: row[1:] for row in wh.query("SELECT stream, launches, max_queue FROM stream_queues").rows}
@@ -242,7 +241,7 @@ def test_committed_samples_have_no_graph_launches(sample_warehouse: Warehouse) -
 @pytest.mark.parametrize("which", ["generated", "sglang"])
 def test_windowed_and_sql_derived_graph_tables_are_equal(which: str, request: pytest.FixtureRequest,
                                                         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ingest's windowed tables, in windows of 7 ops over shuffled row groups, equal the SQL reference."""
+    """Ingest's windowed tables, in windows of 7 ops over shuffled row groups, equal the SQL oracle."""
     from tracelake.warehouse import derived
 
     wh = request.getfixturevalue(which)[0]
@@ -256,12 +255,11 @@ def test_windowed_and_sql_derived_graph_tables_are_equal(which: str, request: py
             frame = frame.sample(fraction=1.0, shuffle=True, seed=3)
         frame.write_parquet(parsed / f"{name}.parquet", row_group_size=50)
     out: dict[bool, dict[str, pl.DataFrame]] = {}
+    monkeypatch.setattr(derived, "CHUNK_ROWS", 7)
     for sql in (True, False):
-        monkeypatch.setattr(derived, "REFERENCE_SQL", sql)
-        monkeypatch.setattr(derived, "CHUNK_ROWS", 7)
         folder = tmp_path / str(sql)
         folder.mkdir()
-        derived.write_derived(parsed, folder)
+        (write_derived_sql if sql else derived.write_derived)(parsed, folder)
         out[sql] = {n: pl.read_parquet(folder / f"{n}.parquet") for n in ("launch_stats", "stream_queues",
                                                                             "graph_launches")}
     assert out[True]["graph_launches"].height > 0
@@ -316,7 +314,7 @@ def _windowed(device: pl.DataFrame, host: pl.DataFrame, seed: int) -> LaunchPart
     return parts
 
 
-@settings(max_examples=40, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_timelines(), st.integers(0, 1000))
 def test_random_graph_timelines_windowed_equal_sql_and_stay_bounded(
     timeline: tuple[pl.DataFrame, pl.DataFrame], seed: int,

@@ -21,7 +21,6 @@ import random
 import string
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,17 +36,12 @@ from tracelake.sample_traces import generate_nccl
 from tracelake.warehouse import InvalidArgument, Settings, Warehouse
 from tracelake.warehouse.results import QueryResult
 
-from server import running_server
+from support.server import running_server
+
+pytestmark = pytest.mark.slow  # hostile requests against in-process and real servers
 
 MiB = 1 << 20
 TOKEN = "reader-token-0001"
-
-
-@pytest.fixture
-def client(home: Path) -> Iterator[TestClient]:
-    """An in-process server without tokens."""
-    with TestClient(create_app(Settings(home=home, ingest_workers=0))) as c:
-        yield c
 
 
 def _refused(answer: httpx.Response, status: int, *words: str) -> str:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import random
+from pathlib import Path
+
 import duckdb
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from oracles.idle import idle_breakdown, idle_sql
+from oracles.launches import launch_stats, launch_stats_sql, queue_lengths, queue_lengths_sql
 from tracelake.analysis.idle import COLUMNS as IDLE_COLUMNS
-from tracelake.analysis.idle import idle_breakdown
 from tracelake.analysis.launches import COLUMNS as LAUNCH_COLUMNS
-from tracelake.analysis.launches import launch_stats
 
 US = 1000
 
@@ -27,7 +32,26 @@ def _con(device: list[tuple], host: list[tuple]) -> duckdb.DuckDBPyConnection:  
     return con
 
 
-def test_idle_causes() -> None:
+def _stored(device: list[tuple], host: list[tuple], table: str, folder: Path) -> pl.DataFrame:  # type: ignore[type-arg]
+    """``table`` as ingest stores it for these ops: ``warehouse/derived.py`` over Parquet files of them."""
+    import pyarrow.parquet as pq
+
+    from tracelake.contracts import schema
+    from tracelake.warehouse.derived import INPUTS, write_derived
+
+    con = _con(device, host)
+    frames = {name: con.table(name).pl() for name in ("device_ops", "host_ops")}
+    folder.mkdir()
+    for name in INPUTS:
+        tbl = schema.table(name)
+        arrow = tbl.arrow_schema.empty_table() if name not in frames else frames[name].select(
+            pl.col(c) if c in frames[name].columns else pl.lit(None).alias(c) for c in tbl.column_names).to_arrow()
+        pq.write_table(arrow.cast(tbl.arrow_schema), folder / f"{name}.parquet")
+    write_derived(folder, folder)
+    return pl.read_parquet(folder / f"{table}.parquet")
+
+
+def test_idle_causes(tmp_path: Path) -> None:
     device = [
         ("t", 0, 7, "kernel", "compute", 0, 100 * US, 1),        # first op: no gap before it
         ("t", 0, 7, "kernel", "compute", 110 * US, 10 * US, 2),  # 10 us gap, launched early: kernel_wait
@@ -38,199 +62,192 @@ def test_idle_causes() -> None:
     ]
     host = [("t", 1, 0, 1 * US), ("t", 2, 50 * US, 5 * US), ("t", 3, 150 * US, 5 * US), ("t", 4, 60 * US, 5 * US),
             ("t", 5, 0, 1 * US)]
-    result = idle_breakdown(_con(device, host))
-    assert tuple(result.columns) == IDLE_COLUMNS
-    rows = {r["stream"]: r for r in result.to_dicts()}
-    assert rows[7] == rows[7] | {"gaps": 3, "idle_ns": 280 * US, "host_wait_ns": 80 * US,
-                                 "kernel_wait_ns": 10 * US, "other_ns": 190 * US}
-    assert rows[9]["gaps"] == 0 and rows[9]["idle_ns"] == 0
+    for result in (_stored(device, host, "stream_idle", tmp_path / "stored"), idle_breakdown(_con(device, host))):
+        assert tuple(result.columns) == IDLE_COLUMNS
+        rows = {r["stream"]: r for r in result.to_dicts()}
+        assert rows[7] == rows[7] | {"gaps": 3, "idle_ns": 280 * US, "host_wait_ns": 80 * US,
+                                     "kernel_wait_ns": 10 * US, "other_ns": 190 * US}
+        assert rows[9]["gaps"] == 0 and rows[9]["idle_ns"] == 0
 
 
-def test_overlapping_ops_on_a_stream_leave_no_gap() -> None:
+def test_overlapping_ops_on_a_stream_leave_no_gap(tmp_path: Path) -> None:
     device = [("t", 0, 7, "kernel", "compute", 0, 100, None), ("t", 0, 7, "kernel", "compute", 10, 20, None),
               ("t", 0, 7, "kernel", "compute", 100, 10, None)]
-    result = idle_breakdown(_con(device, []))
-    assert result.row(0, named=True)["idle_ns"] == 0
+    for result in (_stored(device, [], "stream_idle", tmp_path / "stored"), idle_breakdown(_con(device, []))):
+        assert result.row(0, named=True)["idle_ns"] == 0
 
 
-def test_launch_stats() -> None:
+def test_launch_stats(tmp_path: Path) -> None:
     device = [
         ("t", 0, 7, "kernel", "compute", 20 * US, 2 * US, 1),    # call 10-15 us: delay 5 us, shorter than call
         ("t", 0, 7, "kernel", "compute", 30 * US, 50 * US, 2),   # call 16-20 us: delay 10 us, longer than call
         ("t", 0, 7, "memcpy", "memory", 90 * US, 5 * US, 3),     # not a kernel
     ]
     host = [("t", 1, 10 * US, 5 * US), ("t", 2, 16 * US, 4 * US), ("t", 3, 80 * US, 1 * US)]
-    row = launch_stats(_con(device, host)).row(0, named=True)
-    assert tuple(launch_stats(_con(device, host)).columns) == LAUNCH_COLUMNS
-    assert row["launches"] == 2
-    assert row["mean_delay_ns"] == pytest.approx(7.5 * US) and row["max_delay_ns"] == 10 * US
-    assert row["shorter_than_launch"] == 1 and row["shorter_than_launch_pct"] == pytest.approx(50.0)
-    assert row["launch_overhead_ns"] == 5 * US
+    for result in (_stored(device, host, "launch_stats", tmp_path / "stored"), launch_stats(_con(device, host))):
+        row = result.row(0, named=True)
+        assert tuple(result.columns) == LAUNCH_COLUMNS
+        assert row["launches"] == 2
+        assert row["mean_delay_ns"] == pytest.approx(7.5 * US) and row["max_delay_ns"] == 10 * US
+        assert row["shorter_than_launch"] == 1 and row["shorter_than_launch_pct"] == pytest.approx(50.0)
+        assert row["launch_overhead_ns"] == 5 * US
 
 
 def test_launch_bound_sample(sample_warehouse) -> None:  # type: ignore[no-untyped-def]
     con = sample_warehouse.connect()
-    stats = launch_stats(con, where="d.job = ?", params=["launch_bound"]).row(0, named=True)
-    # The sample's ground truth: 1200 of its 1206 kernels are shorter than their launch.
-    assert stats["launches"] == 1206 and stats["shorter_than_launch"] == 1200
-    idle = idle_breakdown(con, where="d.job = ?", params=["launch_bound"])
-    compute = idle.filter(pl.col("stream") == 7).row(0, named=True)
-    assert compute["host_wait_ns"] > 0.8 * compute["idle_ns"], compute  # launch-bound: the CPU is late
+    stored = con.sql("SELECT * FROM launch_stats WHERE job = 'launch_bound' ORDER BY trace_id, rank").pl()
+    for result in (stored, launch_stats(con, where="d.job = ?", params=["launch_bound"])):
+        stats = result.row(0, named=True)
+        # The sample's ground truth: 1200 of its 1206 kernels are shorter than their launch.
+        assert stats["launches"] == 1206 and stats["shorter_than_launch"] == 1200
+    stored = con.sql("SELECT * FROM stream_idle WHERE job = 'launch_bound' ORDER BY trace_id, rank, stream").pl()
+    for idle in (stored, idle_breakdown(con, where="d.job = ?", params=["launch_bound"])):
+        compute = idle.filter(pl.col("stream") == 7).row(0, named=True)
+        assert compute["host_wait_ns"] > 0.8 * compute["idle_ns"], compute  # launch-bound: the CPU is late
 
 
-def test_queue_lengths() -> None:
-    from tracelake.analysis.launches import QUEUE_COLUMNS, queue_lengths
+def test_queue_lengths(tmp_path: Path) -> None:
+    from tracelake.analysis.launches import QUEUE_COLUMNS
 
     # Three launches at 0, 1, 2 us; the kernels start at 5, 6, 7 us: the queue reaches 3.
     device = [("t", 0, 7, "kernel", "compute", (5 + i) * US, 1 * US, i + 1) for i in range(3)]
     host = [("t", i + 1, i * US, 1) for i in range(3)]
-    result = queue_lengths(_con(device, host))
-    assert tuple(result.columns) == QUEUE_COLUMNS
-    row = result.row(0, named=True)
-    assert row["launches"] == 3 and row["max_queue"] == 3
-    # depth 1 for 1 us, 2 for 1 us, 3 for 3 us, 2 for 1 us, 1 for 1 us over 7 us
-    assert row["mean_queue"] == pytest.approx((1 + 2 + 9 + 2 + 1) / 7)
+    for result in (_stored(device, host, "stream_queues", tmp_path / "stored"), queue_lengths(_con(device, host))):
+        assert tuple(result.columns) == QUEUE_COLUMNS
+        row = result.row(0, named=True)
+        assert row["launches"] == 3 and row["max_queue"] == 3
+        # depth 1 for 1 us, 2 for 1 us, 3 for 3 us, 2 for 1 us, 1 for 1 us over 7 us
+        assert row["mean_queue"] == pytest.approx((1 + 2 + 9 + 2 + 1) / 7)
 
 
 def test_launch_bound_queue_stays_short(sample_warehouse) -> None:  # type: ignore[no-untyped-def]
-    from tracelake.analysis.launches import queue_lengths
-
     con = sample_warehouse.connect()
-    bound = queue_lengths(con, where="d.job = ?", params=["launch_bound"]).filter(pl.col("stream") == 7)
-    ddp = queue_lengths(con, where="d.job = ?", params=["ddp_straggler"]).filter(pl.col("stream") == 7)
-    # Launch-bound: the host barely gets ahead of the device; DDP: the host runs far ahead.
-    assert bound.row(0, named=True)["mean_queue"] < 1
-    assert ddp["mean_queue"].min() > 5
+
+    def stored(job: str) -> pl.DataFrame:
+        return con.sql("SELECT * FROM stream_queues WHERE job = ? ORDER BY trace_id, rank, stream", params=[job]).pl()
+
+    for queues in (stored, lambda job: queue_lengths(con, where="d.job = ?", params=[job])):
+        bound = queues("launch_bound").filter(pl.col("stream") == 7)
+        ddp = queues("ddp_straggler").filter(pl.col("stream") == 7)
+        # Launch-bound: the host barely gets ahead of the device; DDP: the host runs far ahead.
+        assert bound.row(0, named=True)["mean_queue"] < 1
+        assert ddp["mean_queue"].min() > 5
 
 
-def test_stored_idle_equals_the_sql_on_random_streams() -> None:
-    """idle_frame (polars, what ingest stores) and idle_sql (the reference) agree."""
-    import random
+@settings(max_examples=25, suppress_health_check=[HealthCheck.too_slow])
+@given(rng=st.randoms())
+def test_stored_idle_equals_the_sql_on_random_streams(rng: random.Random) -> None:
+    """idle_frame (what ingest stores) and idle_sql (the oracle) agree."""
+    from tracelake.analysis.idle import idle_frame
 
-    from tracelake.analysis.idle import idle_frame, idle_sql
-
-    rng = random.Random(3)
-    for trial in range(25):
-        n = rng.randint(1, 30)
-        device = pl.DataFrame({
-            "trace_id": ["t"] * n, "rank": [0] * n, "stream": [rng.choice([7, 8]) for _ in range(n)],
-            "category": [rng.choice(["compute", "communication", "sync"]) for _ in range(n)],
-            "ts_ns": [rng.randint(0, 500) * 100 for _ in range(n)],
-            "dur_ns": [rng.randint(0, 300) * 100 for _ in range(n)],
-            "correlation": [rng.choice([None, *range(10)]) for _ in range(n)],
-        }, schema={"trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "category": pl.String,
-                   "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64})
-        host = pl.DataFrame({"trace_id": ["t"] * 10, "correlation": list(range(10)),
-                             "ts_ns": [rng.randint(0, 500) * 100 for _ in range(10)]},
-                            schema={"trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64})
-        con = duckdb.connect()
-        con.register("d", device.to_arrow())
-        con.register("h", host.to_arrow())
-        expected = con.sql(idle_sql("d", "h")).pl()
-        launches = host.group_by("trace_id", "correlation").agg(pl.col("ts_ns").min().alias("launch_ns"))
-        got = idle_frame(device, launches)
-        assert got.rows() == expected.rows(), trial
+    n = rng.randint(1, 30)
+    device = pl.DataFrame({
+        "trace_id": ["t"] * n, "rank": [0] * n, "stream": [rng.choice([7, 8]) for _ in range(n)],
+        "category": [rng.choice(["compute", "communication", "sync"]) for _ in range(n)],
+        "ts_ns": [rng.randint(0, 500) * 100 for _ in range(n)],
+        "dur_ns": [rng.randint(0, 300) * 100 for _ in range(n)],
+        "correlation": [rng.choice([None, *range(10)]) for _ in range(n)],
+    }, schema={"trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "category": pl.String,
+               "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64})
+    host = pl.DataFrame({"trace_id": ["t"] * 10, "correlation": list(range(10)),
+                         "ts_ns": [rng.randint(0, 500) * 100 for _ in range(10)]},
+                        schema={"trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64})
+    con = duckdb.connect()
+    con.register("d", device.to_arrow())
+    con.register("h", host.to_arrow())
+    expected = con.sql(idle_sql("d", "h")).pl()
+    launches = host.group_by("trace_id", "correlation").agg(pl.col("ts_ns").min().alias("launch_ns"))
+    got = idle_frame(device, launches)
+    assert got.rows() == expected.rows()
 
 
-def test_stored_idle_equals_the_sql_on_many_streams_ranks_and_ties() -> None:
-    """idle_frame's numpy path (one trace and rank) and its polars path (several) agree with the SQL."""
-    import random
+@settings(max_examples=30, suppress_health_check=[HealthCheck.too_slow])
+@given(rng=st.randoms(), many=st.booleans())
+def test_stored_idle_equals_the_sql_on_many_streams_ranks_and_ties(rng: random.Random, many: bool) -> None:
+    """idle_frame agrees with the SQL on one trace and rank and on several."""
+    from tracelake.analysis.idle import idle_frame
 
-    from tracelake.analysis.idle import idle_frame, idle_sql
-
-    rng = random.Random(5)
-    for trial in range(30):
-        n = rng.randint(1, 50)
-        many = trial % 3 == 0
-        device = pl.DataFrame({
-            "trace_id": [rng.choice(["t", "u"]) if many else "t" for _ in range(n)],
-            "rank": [rng.randint(0, 2) if many else 1 for _ in range(n)],
-            "stream": [rng.choice([3, 7, 2**40, -1]) for _ in range(n)],
-            "category": [rng.choice(["compute", "memory", "sync"]) for _ in range(n)],
-            "ts_ns": [rng.randint(0, 40) * 1000 for _ in range(n)],
-            "dur_ns": [rng.choice([0, 1000, rng.randint(1, 90) * 1000]) for _ in range(n)],
-            "correlation": [rng.choice([None, *range(6)]) for _ in range(n)],
-        }, schema={"trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "category": pl.String,
-                   "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64})
-        host = pl.DataFrame({"trace_id": ["t"] * 6, "correlation": list(range(6)),
-                             "ts_ns": [rng.randint(0, 40) * 1000 for _ in range(6)]},
-                            schema={"trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64})
-        con = duckdb.connect()
-        con.register("d", device.to_arrow())
-        con.register("h", host.to_arrow())
-        expected = con.sql(idle_sql("d", "h")).pl()
-        launches = host.group_by("trace_id", "correlation").agg(pl.col("ts_ns").min().alias("launch_ns"))
-        got = idle_frame(device, launches)
-        assert got.rows() == expected.rows(), trial
+    n = rng.randint(1, 50)
+    device = pl.DataFrame({
+        "trace_id": [rng.choice(["t", "u"]) if many else "t" for _ in range(n)],
+        "rank": [rng.randint(0, 2) if many else 1 for _ in range(n)],
+        "stream": [rng.choice([3, 7, 2**40, -1]) for _ in range(n)],
+        "category": [rng.choice(["compute", "memory", "sync"]) for _ in range(n)],
+        "ts_ns": [rng.randint(0, 40) * 1000 for _ in range(n)],
+        "dur_ns": [rng.choice([0, 1000, rng.randint(1, 90) * 1000]) for _ in range(n)],
+        "correlation": [rng.choice([None, *range(6)]) for _ in range(n)],
+    }, schema={"trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "category": pl.String,
+               "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64})
+    host = pl.DataFrame({"trace_id": ["t"] * 6, "correlation": list(range(6)),
+                         "ts_ns": [rng.randint(0, 40) * 1000 for _ in range(6)]},
+                        schema={"trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64})
+    con = duckdb.connect()
+    con.register("d", device.to_arrow())
+    con.register("h", host.to_arrow())
+    expected = con.sql(idle_sql("d", "h")).pl()
+    launches = host.group_by("trace_id", "correlation").agg(pl.col("ts_ns").min().alias("launch_ns"))
+    got = idle_frame(device, launches)
+    assert got.rows() == expected.rows()
 
 
-def test_launch_parts_in_windows_equal_the_sql_on_random_timelines() -> None:
+@settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+@given(rng=st.randoms())
+def test_launch_parts_in_windows_equal_the_sql_on_random_timelines(rng: random.Random) -> None:
     """LaunchParts (what ingest stores), fed a rank's ops in random pieces, equals launch_stats and queue_lengths.
 
     The timelines have ties, zero durations, launches after the op's start, null streams, ops no host
     call launched, and host ids carried by several events (the call is the first by start, then duration).
     """
-    import random
-
     import numpy as np
 
-    from tracelake.analysis.launches import (
-        GRAPH_CALL,
-        LaunchParts,
-        launch_calls,
-        launch_stats_sql,
-        queue_lengths_sql,
-        shared_correlations,
-    )
+    from tracelake.analysis.launches import GRAPH_CALL, LaunchParts, launch_calls, shared_correlations
 
-    rng = random.Random(11)
-    for trial in range(40):
-        n, calls = rng.randint(1, 60), rng.randint(1, 12)
-        device = pl.DataFrame({
-            "trace_id": ["t"] * n, "rank": [2] * n, "stream": [rng.choice([None, 3, 7]) for _ in range(n)],
-            "kind": [rng.choice(["kernel", "kernel", "memcpy", "sync"]) for _ in range(n)],
-            "category": [rng.choice(["compute", "memory", "communication", "sync"]) for _ in range(n)],
-            "ts_ns": [rng.randint(0, 30) * 100 for _ in range(n)],
-            "dur_ns": [rng.choice([0, 100, rng.randint(1, 20) * 100]) for _ in range(n)],
-            "correlation": [rng.choice([None, *range(calls + 3)]) for _ in range(n)],
-            "graph_id": [None] * n,
-        }, schema={"trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "kind": pl.String,
-                   "category": pl.String, "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64,
-                   "graph_id": pl.Int64})
-        events = [(rng.randrange(calls), rng.randint(0, 30) * 100, rng.choice([None, 0, rng.randint(1, 9) * 100]))
-                  for _ in range(calls + rng.randint(0, 4))]
-        host = pl.DataFrame({"trace_id": ["t"] * len(events), "correlation": [e[0] for e in events],
-                             "ts_ns": [e[1] for e in events], "dur_ns": [e[2] for e in events],
-                             "name": [rng.choice(["cudaLaunchKernel", "cudaLaunchKernel", "cudaGraphLaunch_v10000"])
-                                      for _ in events]},
-                            schema={"trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64,
-                                    "dur_ns": pl.Int64, "name": pl.String})
-        con = duckdb.connect()
-        con.register("d", device.to_arrow())
-        con.register("h", host.to_arrow())
-        keys, starts, durations, graph = launch_calls(
-            *(host[c].fill_null(0).to_numpy().astype(np.int64) for c in ("correlation", "ts_ns", "dur_ns")),
-            host["name"].str.contains(GRAPH_CALL).to_numpy())
-        kernels = device.filter((pl.col("kind") == "kernel") & pl.col("correlation").is_not_null())
-        graph |= np.isin(keys, shared_correlations(kernels["correlation"].to_numpy()))
-        found = {int(k): (int(s), int(d), bool(g)) for k, s, d, g in zip(keys, starts, durations, graph, strict=True)}
-        ops = device.with_columns(
-            pl.col("correlation").map_elements(lambda c: found.get(c, (None, None))[0], return_dtype=pl.Int64)
-            .alias("launch_ns"),
-            pl.col("correlation").map_elements(lambda c: found.get(c, (None, None))[1], return_dtype=pl.Int64)
-            .alias("call_ns"),
-            pl.col("correlation").map_elements(lambda c: found.get(c, (None, None, None))[2],
-                                               return_dtype=pl.Boolean).alias("graph"))
-        parts = LaunchParts()
-        ops = ops.sample(fraction=1.0, shuffle=True, seed=trial)
-        cuts = sorted(rng.sample(range(n + 1), min(3, n + 1)))
-        for low, high in zip([0, *cuts], [*cuts, n], strict=True):
-            parts.add(ops[low:high])
-        stats = con.sql(launch_stats_sql("d", "h")).pl()
-        got = parts.stats("t", 2)
-        assert got.height == stats.height, trial
-        if stats.height:
-            assert got.row(0) == stats.cast(got.schema).row(0), trial  # type: ignore[arg-type]
-        queues = con.sql(queue_lengths_sql("d", "h")).pl()
-        got_queues = parts.queues("t", 2)
-        assert got_queues.rows() == queues.cast(got_queues.schema).rows(), trial  # type: ignore[arg-type]
+    n, calls = rng.randint(1, 60), rng.randint(1, 12)
+    device = pl.DataFrame({
+        "trace_id": ["t"] * n, "rank": [2] * n, "stream": [rng.choice([None, 3, 7]) for _ in range(n)],
+        "kind": [rng.choice(["kernel", "kernel", "memcpy", "sync"]) for _ in range(n)],
+        "category": [rng.choice(["compute", "memory", "communication", "sync"]) for _ in range(n)],
+        "ts_ns": [rng.randint(0, 30) * 100 for _ in range(n)],
+        "dur_ns": [rng.choice([0, 100, rng.randint(1, 20) * 100]) for _ in range(n)],
+        "correlation": [rng.choice([None, *range(calls + 3)]) for _ in range(n)],
+        "graph_id": [None] * n,
+    }, schema={"trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "kind": pl.String,
+               "category": pl.String, "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64,
+               "graph_id": pl.Int64})
+    events = [(rng.randrange(calls), rng.randint(0, 30) * 100, rng.choice([None, 0, rng.randint(1, 9) * 100]))
+              for _ in range(calls + rng.randint(0, 4))]
+    host = pl.DataFrame({"trace_id": ["t"] * len(events), "correlation": [e[0] for e in events],
+                         "ts_ns": [e[1] for e in events], "dur_ns": [e[2] for e in events],
+                         "name": [rng.choice(["cudaLaunchKernel", "cudaLaunchKernel", "cudaGraphLaunch_v10000"])
+                                  for _ in events]},
+                        schema={"trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64,
+                                "dur_ns": pl.Int64, "name": pl.String})
+    con = duckdb.connect()
+    con.register("d", device.to_arrow())
+    con.register("h", host.to_arrow())
+    keys, starts, durations, graph = launch_calls(
+        *(host[c].fill_null(0).to_numpy().astype(np.int64) for c in ("correlation", "ts_ns", "dur_ns")),
+        host["name"].str.contains(GRAPH_CALL).to_numpy())
+    kernels = device.filter((pl.col("kind") == "kernel") & pl.col("correlation").is_not_null())
+    graph |= np.isin(keys, shared_correlations(kernels["correlation"].to_numpy()))
+    found = {int(k): (int(s), int(d), bool(g)) for k, s, d, g in zip(keys, starts, durations, graph, strict=True)}
+    ops = device.with_columns(
+        pl.col("correlation").map_elements(lambda c: found.get(c, (None, None))[0], return_dtype=pl.Int64)
+        .alias("launch_ns"),
+        pl.col("correlation").map_elements(lambda c: found.get(c, (None, None))[1], return_dtype=pl.Int64)
+        .alias("call_ns"),
+        pl.col("correlation").map_elements(lambda c: found.get(c, (None, None, None))[2],
+                                           return_dtype=pl.Boolean).alias("graph"))
+    parts = LaunchParts()
+    ops = ops.sample(fraction=1.0, shuffle=True, seed=rng.randrange(2**32))
+    cuts = sorted(rng.sample(range(n + 1), min(3, n + 1)))
+    for low, high in zip([0, *cuts], [*cuts, n], strict=True):
+        parts.add(ops[low:high])
+    stats = con.sql(launch_stats_sql("d", "h")).pl()
+    got = parts.stats("t", 2)
+    assert got.height == stats.height
+    if stats.height:
+        assert got.row(0) == stats.cast(got.schema).row(0)  # type: ignore[arg-type]
+    queues = con.sql(queue_lengths_sql("d", "h")).pl()
+    got_queues = parts.queues("t", 2)
+    assert got_queues.rows() == queues.cast(got_queues.schema).rows()  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ import duckdb
 import orjson
 import polars as pl
 import pytest
-from conftest import REAL_TRACES, ROOT
+from support import REAL_TRACES, ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tracelake.analysis import findings
@@ -40,7 +40,7 @@ RUNTIME_CAT = "(?i)runtime|driver"
 NCCL_KERNEL = r"(?i)^(nccl|rccl)|nccl(dev)?kernel"
 #: The categories a device op may have (docs/analyses.md, "Classification of device ops").
 KNOWN_CATEGORIES = ("compute", "communication", "memory", "sync")
-#: The exclusive buckets of busy time (warehouse/schema.py, BREAKDOWN).
+#: The exclusive buckets of busy time (contracts/tables.py, BREAKDOWN).
 BUCKETS = ("compute_only_ns", "communication_only_ns", "memory_only_ns", "compute_communication_ns",
            "other_overlap_ns")
 
@@ -325,16 +325,23 @@ def violations(wh: Warehouse, job: str, only: str | None = None) -> dict[str, li
 
 
 class _Checked:
-    """Every job of :data:`JOBS` in one warehouse; each job's violations, checked once on first use."""
+    """The jobs of :data:`JOBS` in one warehouse, each ingested and checked once, on first use.
+
+    On first use, so that a run which selects only some jobs (``-m "not slow"`` leaves the real
+    traces out) ingests only those.
+    """
 
     def __init__(self, home: Path) -> None:
         self.warehouse = Warehouse(home)
-        self.errors: dict[str, str] = {}
+        self._errors: dict[str, str | None] = {}
         self._found: dict[str, dict[str, list[str]]] = {}
-        for job, paths in JOBS.items():
-            report = self.warehouse.ingest(paths, job=job)
-            if not report.ok:
-                self.errors[job] = "; ".join(f"{r.path.name}: {r.error}" for r in report.failed)
+
+    def error(self, job: str) -> str | None:
+        """Why ``job`` did not ingest (its files' errors); None where it did."""
+        if job not in self._errors:
+            report = self.warehouse.ingest(JOBS[job], job=job)
+            self._errors[job] = None if report.ok else "; ".join(f"{r.path.name}: {r.error}" for r in report.failed)
+        return self._errors[job]
 
     def violations(self, job: str) -> dict[str, list[str]]:
         if job not in self._found:
@@ -349,9 +356,11 @@ def checked(tmp_path_factory: pytest.TempPathFactory) -> _Checked:
 
 
 @pytest.mark.parametrize("invariant", list(INVARIANTS))
-@pytest.mark.parametrize("job", list(JOBS))
+@pytest.mark.parametrize("job", [pytest.param(job, marks=pytest.mark.slow) if job.startswith("real_") else job
+                                 for job in JOBS])
 def test_trace_invariant(checked: _Checked, job: str, invariant: str) -> None:
-    assert job not in checked.errors, f"{job} did not ingest: {checked.errors[job]}"
+    error = checked.error(job)
+    assert error is None, f"{job} did not ingest: {error}"
     assert checked.violations(job)[invariant] == [], f"{job} ({JOBS[job][0]}): {invariant}"
 
 
@@ -385,7 +394,8 @@ def _assert_holds(wh: Warehouse, job: str) -> None:
     assert broken == {}
 
 
-@settings(max_examples=6, deadline=None, derandomize=True,
+@pytest.mark.slow  # generates and ingests multi-rank traces
+@settings(max_examples=6, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(scenarios())
 def test_generated_kineto_invariants(scenario: generate.Scenario) -> None:
@@ -405,7 +415,7 @@ def test_generated_kineto_invariants(scenario: generate.Scenario) -> None:
             assert nccl.get(s["rank"], 0) == s["nccl_kernels"], s
 
 
-@settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 3), st.integers(0, 12), st.booleans())
 def test_generated_xla_invariants(steps: int, extra: int, gpu: bool) -> None:
     with tempfile.TemporaryDirectory() as tmp:

@@ -96,6 +96,7 @@ def test_other_names_say_nothing(name: str) -> None:
     assert nccl_kernels.parse(name) is None
 
 
+@pytest.mark.slow  # reads real traces
 def test_every_nccl_kernel_name_in_the_real_traces_parses(real_kineto: Path) -> None:
     names = {e["name"] for path in sorted(real_kineto.rglob("*.json.gz")) for e in _comm_kernels(_events(path))}
     assert names  # trace_filter, nccl_parser_config and the B200 trace have some
@@ -146,6 +147,7 @@ def trace_filter() -> dict[int, tuple[list[dict[str, Any]], pl.DataFrame]]:
     return out
 
 
+@pytest.mark.slow  # reads real traces
 def test_trace_filter_has_a_row_per_nccl_kernel(trace_filter: dict[int, Any]) -> None:
     assert sorted(trace_filter) == [0, 1]
     for events, rows in trace_filter.values():
@@ -164,6 +166,7 @@ def test_trace_filter_has_a_row_per_nccl_kernel(trace_filter: dict[int, Any]) ->
                 assert row["message_bytes"] >= want["in_bytes"]
 
 
+@pytest.mark.slow  # reads real traces
 def test_trace_filter_collectives_match_across_ranks(trace_filter: dict[int, Any]) -> None:
     frame = pl.concat([rows for _, rows in trace_filter.values()])
     inst = collectives.instances(frame)
@@ -183,6 +186,7 @@ def test_trace_filter_collectives_match_across_ranks(trace_filter: dict[int, Any
     assert max(expected) > 0  # there is skew to see
 
 
+@pytest.mark.slow  # reads real traces
 def test_nccl_parser_config_keeps_its_record_param_comms_rows(real_kineto: Path) -> None:
     path = next((real_kineto / "nccl_parser_config").glob("*.json.gz"))
     events = _events(path)
@@ -198,6 +202,7 @@ def test_nccl_parser_config_keeps_its_record_param_comms_rows(real_kineto: Path)
     assert set(rows.filter(pl.col("collective") == "broadcast")["reduction"]) == {None}
 
 
+@pytest.mark.slow  # reads real traces
 @pytest.mark.parametrize("folder", ["trace_filter", "nccl_parser_config", "tracelens_b200_eager_trace"])
 def test_every_nccl_kernel_belongs_to_a_collective(real_kineto: Path, folder: str) -> None:
     for path in sorted((real_kineto / folder).glob("*.json.gz")):

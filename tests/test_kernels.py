@@ -8,7 +8,8 @@ import duckdb
 import polars as pl
 import pytest
 
-from tracelake.analysis.kernels import COLUMNS, top_from_ops, top_kernels
+from oracles.kernels import top_kernels
+from tracelake.analysis.kernels import COLUMNS, top_from_counts, top_from_ops
 from tracelake.warehouse import Warehouse
 
 
@@ -24,27 +25,32 @@ def test_top_and_others_add_up() -> None:
     rows = [(0, "gemm", "compute", 100), (0, "gemm", "compute", 300), (0, "relu", "compute", 50),
             (0, "nccl", "communication", 400), (0, "tiny", "compute", 10), (0, "sync", "sync", 9999),
             (1, "gemm", "compute", 200)]
-    result = top_kernels(_con(rows), top=2)
-    assert tuple(result.columns) == COLUMNS
-    data = {r["name"]: r for r in result.to_dicts()}
-    assert list(data) == ["gemm", "nccl", "others"]
-    assert data["gemm"]["count"] == 3 and data["gemm"]["total_ns"] == 600 and data["gemm"]["max_ns"] == 300
-    assert data["gemm"]["p50_ns"] == 200
-    assert data["others"]["count"] == 2 and data["others"]["total_ns"] == 60
-    assert abs(sum(r["share_pct"] for r in data.values()) - 100) < 1e-9
-    assert "sync" not in data
+    ops = pl.DataFrame(rows, schema=["rank", "name", "category", "dur_ns"], orient="row")
+    for result in (top_from_ops(ops, top=2), top_kernels(_con(rows), top=2)):
+        assert tuple(result.columns) == COLUMNS
+        data = {r["name"]: r for r in result.to_dicts()}
+        assert list(data) == ["gemm", "nccl", "others"]
+        assert data["gemm"]["count"] == 3 and data["gemm"]["total_ns"] == 600 and data["gemm"]["max_ns"] == 300
+        assert data["gemm"]["p50_ns"] == 200
+        assert data["others"]["count"] == 2 and data["others"]["total_ns"] == 60
+        assert abs(sum(r["share_pct"] for r in data.values()) - 100) < 1e-9
+        assert "sync" not in data
 
 
 def test_per_rank_rankings() -> None:
     rows = [(0, "a", "compute", 10), (0, "b", "compute", 20), (1, "a", "compute", 30), (1, "b", "compute", 5)]
-    result = top_kernels(_con(rows), top=1, per_rank=True)
+    ops = pl.DataFrame(rows, schema=["rank", "name", "category", "dur_ns"], orient="row")
+    result = pl.concat([top_from_ops(mine, top=1).with_columns(pl.lit(rank).alias("rank"))
+                        for (rank,), mine in ops.partition_by("rank", as_dict=True).items()])
     firsts = {r["rank"]: r["name"] for r in result.to_dicts() if r["name"] != "others"}
     assert firsts == {0: "b", 1: "a"}
 
 
 def test_samples_top_kernel_is_the_nccl_wait_on_early_ranks(sample_warehouse) -> None:  # type: ignore[no-untyped-def]
-    con = sample_warehouse.connect()
-    result = top_kernels(con, where="job = ?", params=["ddp_straggler"], top=3, per_rank=True)
+    traces = [("ddp_straggler", t) for t in sample_warehouse.store.job_traces("ddp_straggler")]
+    ops = sample_warehouse.store.read_frame("device_ops", traces, columns=["rank", "name", "category", "dur_ns"])
+    result = pl.concat([top_from_ops(mine, top=3).with_columns(pl.lit(rank).alias("rank"))
+                        for (rank,), mine in ops.partition_by("rank", as_dict=True).items()])
     firsts = {r["rank"]: r for r in result.to_dicts() if r["name"] != "others"}
     totals = sample_warehouse.query(
         "SELECT rank, sum(dur_ns) FROM device_ops WHERE job = 'ddp_straggler' AND category <> 'sync' GROUP BY rank"
@@ -56,14 +62,16 @@ def test_samples_top_kernel_is_the_nccl_wait_on_early_ranks(sample_warehouse) ->
 
 
 def test_top_from_ops_matches_the_sql(sample_warehouse: Warehouse) -> None:
-    """The in-memory ranking across ranks gives the SQL's figures exactly."""
+    """The ranking across ranks, from the ops or from their counted durations, gives the SQL's figures exactly."""
     for job in ("ddp_straggler", "launch_bound"):
         traces = [(job, t) for t in sample_warehouse.store.job_traces(job)]
         ops = sample_warehouse.store.read_frame("device_ops", traces, columns=["name", "category", "dur_ns"])
-        with sample_warehouse._session(sample_warehouse._selection(None, job), tables=("device_ops",)) as con:
-            for top in (1, 3, 8, 1000):
-                expected = top_kernels(con, where="job = ?", params=[job], top=top)
-                _same(top_from_ops(ops, top=top), expected)
+        con = sample_warehouse.connect()
+        for top in (1, 3, 8, 1000):
+            expected = top_kernels(con, where="job = ?", params=[job], top=top)
+            _same(top_from_ops(ops, top=top), expected)
+            counts = ops.group_by("name", "category", "dur_ns").agg(pl.len().alias("n"))
+            _same(top_from_counts(counts, top=top), expected)
 
 
 def test_top_from_ops_random() -> None:

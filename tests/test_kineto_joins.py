@@ -13,11 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import SAMPLES, real_kineto_files
+from support import SAMPLES, real_kineto_files
 from tracelake import ingest
-from tracelake.ingest import kineto_scan, pytorch_profiler_sql
+from tracelake.contracts import schema
+from tracelake.ingest import kineto_scan, kineto_sql_tables
 from tracelake.ingest.model import ParseOptions
-from tracelake.warehouse import schema
 
 JOINED = ("device_ops", "host_ops")
 ENGINES = ["duckdb", "native"] if kineto_scan.AVAILABLE else ["duckdb"]
@@ -42,8 +42,8 @@ def test_a_join_by_ranges_gives_the_tables_of_one_join(
 ) -> None:
     whole = parse(path, tmp_path / "whole", engine)
     rows_per_join = 97
-    monkeypatch.setattr(pytorch_profiler_sql, "_memory_limit",
-                        lambda con: rows_per_join * max(pytorch_profiler_sql.JOIN_BYTES_PER_ROW.values()))
+    monkeypatch.setattr(kineto_sql_tables, "memory_limit",
+                        lambda con: rows_per_join * max(kineto_sql_tables.JOIN_BYTES_PER_ROW.values()))
     ranged = parse(path, tmp_path / "ranged", engine)
     for name in JOINED:
         assert nullable(ranged[name].schema) == nullable(schema.table(name).arrow_schema), name
@@ -60,7 +60,7 @@ def test_a_join_by_ranges_gives_the_tables_of_one_join(
 ])
 def test_the_memory_limit_is_read_in_bytes(limit: str, low: float, high: float) -> None:
     con = duckdb.connect(config={"memory_limit": limit})
-    assert low <= pytorch_profiler_sql._memory_limit(con) <= high
+    assert low <= kineto_sql_tables.memory_limit(con) <= high
 
 
 def test_ranges_follow_where_the_ops_are() -> None:
@@ -69,7 +69,7 @@ def test_ranges_follow_where_the_ops_are() -> None:
     con.execute("CREATE TABLE facts AS SELECT range * 7 AS event_id FROM range(20000) "  # ids 0..139,993
                 "UNION ALL SELECT 140000 + range * 10000 AS event_id FROM range(130)")  # sparse, up to ~1.43M
     budget = 1000
-    ranges = pytorch_profiler_sql._id_ranges(con, "facts", budget)
+    ranges = kineto_sql_tables.id_ranges(con, "facts", budget)
     assert ranges[0][0] == 0 and ranges[-1][1] == 140000 + 129 * 10000 + 1
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # contiguous, no gap, no overlap
     held = [con.execute(f"SELECT count(*) FROM facts WHERE event_id >= {a} AND event_id < {b}").fetchall()[0][0]
@@ -82,6 +82,6 @@ def test_ranges_follow_where_the_ops_are() -> None:
 def test_a_join_that_fits_is_one_range() -> None:
     con = duckdb.connect()
     con.execute("CREATE TABLE facts AS SELECT range + 5 AS event_id FROM range(100)")
-    assert pytorch_profiler_sql._id_ranges(con, "facts", 100) == [(5, 105)]
+    assert kineto_sql_tables.id_ranges(con, "facts", 100) == [(5, 105)]
     con.execute("CREATE TABLE no_facts AS FROM facts LIMIT 0")
-    assert pytorch_profiler_sql._id_ranges(con, "no_facts", 100) == []
+    assert kineto_sql_tables.id_ranges(con, "no_facts", 100) == []

@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REAL_TRACES, SAMPLES, real_kineto_files
+from support import REAL_TRACES, SAMPLES, real_kineto_files
 from tracelake import ingest
-from tracelake.ingest import kineto_scan, pytorch_profiler_sql
+from tracelake.contracts.errors import InvalidArgument, TraceFormatError
+from tracelake.ingest import kineto_scan, kineto_sql_events, kineto_sql_facts
 from tracelake.ingest.model import ParseOptions
 from tracelake.warehouse import Warehouse
-from tracelake.warehouse.errors import InvalidArgument, TraceFormatError
 
 pytestmark = pytest.mark.skipif(not kineto_scan.AVAILABLE, reason="the native Kineto scanner is not built")
 
@@ -67,6 +67,7 @@ def test_samples_read_the_same_with_both_engines(path: Path, tmp_path: Path) -> 
     assert native["device_ops"].num_rows > 0 and native["host_ops"].num_rows > 0
 
 
+@pytest.mark.slow  # reads the real traces with both engines
 @pytest.mark.skipif(not REAL_FILES, reason="../shared/real_traces/pytorch_profiler is not present")
 @pytest.mark.parametrize("path", REAL_FILES, ids=[p.parent.name for p in REAL_FILES])
 def test_real_traces_read_the_same_with_both_engines(path: Path, tmp_path: Path) -> None:
@@ -77,6 +78,7 @@ def test_real_traces_read_the_same_with_both_engines(path: Path, tmp_path: Path)
 REAL_MTIA = sorted((REAL_TRACES / "pytorch_other" / "hta_mtia_single_rank").glob("*.json.gz"))
 
 
+@pytest.mark.slow  # reads the real traces with both engines
 @pytest.mark.skipif(not REAL_MTIA, reason="../shared/real_traces/pytorch_other/hta_mtia_single_rank is not present")
 def test_the_real_mtia_trace_reads_the_same_with_both_engines(tmp_path: Path) -> None:
     native = assert_same(REAL_MTIA[0], tmp_path)
@@ -162,7 +164,7 @@ def test_a_thousand_generated_events_convert_the_same(tmp_path: Path) -> None:
     values: list[object] = [None, True, False, 0, -1, 7, 2.5, -2.5, 1e3, 1.5e-3, 1 << 20,
                             "0", " 12 ", "0x1F", "-0x1", "1_000", "12.", ".5", "1e2", "abc", "", "3 4",
                             "Spawned 12", [], [1, 2], {"a": 1}, "é\u00e9", "a\nb"]
-    keys = [key for key, _ in pytorch_profiler_sql.ARGS.values()]
+    keys = [key for key, _ in kineto_sql_events.ARGS.values()]
     cats = ["kernel", "Kernel", "cpu_op", "cuda_runtime", "gpu_memcpy", "Memset", "cuda_sync", "python_function",
             "user_annotation", "gpu_user_annotation", None, 3, "mtia_ccp_events", "MTIA_CCP_events", "mtia_runtime"]
     events = []
@@ -270,13 +272,13 @@ def test_truncated_batches_are_errors_not_crashes() -> None:
 def test_the_scanner_knows_what_the_sql_reads() -> None:
     """The keys, categories and phases compiled into the scanner are the ones the DuckDB path declares."""
     known = kineto_scan.constants()
-    assert known["args"] == {name: key for name, (key, _) in pytorch_profiler_sql.ARGS.items()}
-    assert known["kinds"] == pytorch_profiler_sql.KIND_BY_CAT
-    assert known["kinds_by_name"] == pytorch_profiler_sql.KIND_BY_CAT_NAME
-    assert known["mtia_cat"] == pytorch_profiler_sql.MTIA_CAT
-    assert tuple(known["not_host"]) == pytorch_profiler_sql.NOT_HOST_CATS
-    assert tuple(known["phases"]) == pytorch_profiler_sql.PHASES
-    assert tuple(known["checked"]) == pytorch_profiler_sql.CHECKED_INT_ARGS
+    assert known["args"] == {name: key for name, (key, _) in kineto_sql_events.ARGS.items()}
+    assert known["kinds"] == kineto_sql_events.KIND_BY_CAT
+    assert known["kinds_by_name"] == kineto_sql_events.KIND_BY_CAT_NAME
+    assert known["mtia_cat"] == kineto_sql_events.MTIA_CAT
+    assert tuple(known["not_host"]) == kineto_sql_events.NOT_HOST_CATS
+    assert tuple(known["phases"]) == kineto_sql_events.PHASES
+    assert tuple(known["checked"]) == kineto_sql_events.CHECKED_INT_ARGS
     layout = kineto_scan.layout()
     assert set(layout) == {"device", "host", "step_marks", "coll_args", "memory"}
 
@@ -294,7 +296,7 @@ def nested(host: pa.Table, steps: pa.Table, *, native: bool, batch_rows: int = 1
             rows += nesting.add(batch).to_pylist()
         return sorted(({k: row[k] for k in ("event_id", "depth", "step", "parent_id")} for row in rows),
                       key=lambda row: row["event_id"])
-    pytorch_profiler_sql._nesting_sql(con)
+    kineto_sql_facts.nesting_sql(con)
     return con.sql("SELECT event_id, depth, step, parent_id FROM host_d ORDER BY event_id").to_arrow_table().to_pylist()
 
 

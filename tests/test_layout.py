@@ -6,9 +6,9 @@ import importlib
 import tomllib
 from pathlib import Path
 
-from conftest import ROOT
+from support import ROOT
 
-CODE_FOLDERS = ("ingest", "warehouse", "analysis", "api")
+CODE_FOLDERS = ("contracts", "ingest", "warehouse", "analysis", "api")
 
 
 def _pyproject() -> dict:  # type: ignore[type-arg]

@@ -5,10 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from load import load_test  # noqa: E402
+
+pytestmark = pytest.mark.slow  # a real server under load for seconds
 
 
 def test_a_short_load_run_has_no_errors_and_registers_every_upload(tmp_path: Path) -> None:

@@ -14,13 +14,16 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from conftest import REAL_TRACES
+from support import REAL_TRACES
 from tracelake.api.cli import app
 from tracelake.warehouse import Warehouse
 
 MTIA = REAL_TRACES / "pytorch_other" / "hta_mtia_single_rank" / "mtia_rank_0.json.gz"
 
-pytestmark = pytest.mark.skipif(not MTIA.is_file(), reason="../shared/real_traces MTIA trace is not present")
+pytestmark = [
+    pytest.mark.slow,  # ingests a large real trace
+    pytest.mark.skipif(not MTIA.is_file(), reason="../shared/real_traces MTIA trace is not present"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 from tracelake import ingest
+from tracelake.contracts.errors import TraceFormatError
 from tracelake.ingest.detect import detect
 from tracelake.sample_traces import generate_nccl
-from tracelake.warehouse.errors import TraceFormatError
 
 
 def _collectives(tmp_path: Path, name: str, text: str) -> tuple[str, pl.DataFrame]:
@@ -85,13 +85,43 @@ def test_pretty_printed_inspector_is_detected_by_content(tmp_path: Path) -> None
     assert detect(path).name == "nccl_inspector"
 
 
-def test_unclosed_inspector_record_names_its_first_line(tmp_path: Path) -> None:
+def _ingest(tmp_path: Path, name: str, text: str) -> tuple[ingest.TraceInfo, pl.DataFrame]:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    staging = tmp_path / f"{name}.staging"
+    staging.mkdir()
+    _, info = ingest.parse_into(path, staging, ingest.ParseOptions(source_name=name, trace_id="t"))
+    return info, pl.read_parquet(staging / "collectives.parquet")
+
+
+def test_a_record_cut_off_by_the_files_end_is_left_out_with_a_warning(tmp_path: Path) -> None:
+    # a killed job leaves the record it was writing half written: the whole records before it are read
     text = generate_nccl.inspector_pretty(0)
     kept = text[: text.rindex("\n{") + 1]
-    cut = kept + '{\n  "header": {\n'
+    whole = kept.count('"header"')
     first = kept.count("\n") + 1
-    with pytest.raises(TraceFormatError, match=rf"cut\.log: a record is never closed.* at line {first}$"):
-        _collectives(tmp_path, "cut.log", cut)
+    info, rows = _ingest(tmp_path, "cut.log", kept + '{\n  "header": {\n')
+    assert rows.height == whole > 0
+    assert any(f"last record (from line {first}) is cut off" in w for w in info.warnings), info.warnings
+    # the same for JSON lines: a last line without its end
+    lines = generate_nccl.inspector_pretty(0).count('"header"')
+    _, full = _ingest(tmp_path, "full.log", text)
+    assert full.height == lines
+
+
+def test_a_file_of_only_a_cut_record_is_refused_and_names_its_line(tmp_path: Path) -> None:
+    with pytest.raises(TraceFormatError, match=r"cut\.log: a record is never closed.* at line 2$"):
+        _collectives(tmp_path, "cut.log", '\n{\n  "header": {"id": 1}, "coll_perf": {\n')
+
+
+def test_a_record_missing_its_brace_mid_file_is_refused(tmp_path: Path) -> None:
+    text = generate_nccl.inspector_pretty(0)
+    second = text.index("\n{", text.index("\n{") + 1) + 1  # the second record starts here
+    end = text.index("\n}", second)  # its last closing brace
+    broken = text[:end] + text[end + 2:]
+    first = text.count("\n", 0, second) + 1
+    with pytest.raises(TraceFormatError, match=rf"broken\.log: a record is never closed \(a missing '}}'\) at line {first}$"):
+        _collectives(tmp_path, "broken.log", broken)
 
 
 def test_broken_pretty_printed_inspector_record_names_its_first_line(tmp_path: Path) -> None:

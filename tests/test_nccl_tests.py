@@ -9,7 +9,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from conftest import ROOT
+from support import ROOT
 from tracelake.analysis import nccl, nccl_join
 from tracelake.ingest import detect
 from tracelake.sample_traces import generate_nccl

@@ -11,11 +11,12 @@ import pytest
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from conftest import SAMPLES
+from support import SAMPLES
 from tracelake.analysis import findings
 from tracelake.api.app import create_app
 from tracelake.api.cli import app
-from tracelake.warehouse import Settings, Warehouse
+from tracelake.api.settings import ServerSettings
+from tracelake.warehouse import Warehouse
 
 
 def host_trace(path: Path, *, steps: int, accelerator_cat: str | None = None, rank: int = 0) -> int:
@@ -84,7 +85,7 @@ def test_the_cli_prints_it_instead_of_no_findings(cpu_home: tuple[Path, int]) ->
 
 def test_the_api_carries_it(cpu_home: tuple[Path, int]) -> None:
     home, _ = cpu_home
-    with TestClient(create_app(Settings(home=home, ingest_workers=0))) as client:  # type: ignore[call-arg]
+    with TestClient(create_app(ServerSettings(home=home, ingest_workers=0))) as client:
         body = client.get("/api/v1/jobs/cpu").json()
     assert [f["kind"] for f in body["findings"]] == ["no_device_ops"]
 

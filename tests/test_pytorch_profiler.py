@@ -14,13 +14,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import REAL_KINETO, SAMPLES
+from support import REAL_KINETO, SAMPLES
 from tracelake import ingest
+from tracelake.contracts.errors import TraceFormatError
 from tracelake.ingest import parse
+from tracelake.ingest.kineto_sql_events import KIND_BY_CAT
 from tracelake.ingest.pytorch_profiler import _Loader
-from tracelake.ingest.pytorch_profiler_sql import KIND_BY_CAT
 from tracelake.ingest.source import read_ahead
-from tracelake.warehouse.errors import TraceFormatError
 
 DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "cuda_sync": "sync"}
 

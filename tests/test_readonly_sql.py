@@ -19,11 +19,11 @@ import duckdb
 import psutil
 import pytest
 
+from tracelake.contracts.errors import QueryMemoryLimit, QueryTimeout
 from tracelake.warehouse import InvalidArgument, QueryError, QueryResult, Settings, Warehouse
-from tracelake.warehouse.errors import QueryMemoryLimit, QueryTimeout
 from tracelake.warehouse.readonly import SqlEngine
 
-from conftest import SAMPLES
+from support import SAMPLES
 
 LIMITS: dict[str, Any] = {"sql_max_rows": 1000, "sql_timeout_seconds": 10.0, "sql_memory_limit": "500MB",
                           "threads": 2}

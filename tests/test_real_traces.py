@@ -9,8 +9,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from conftest import real_kineto_files
+from support import real_kineto_files
 from tracelake.warehouse import Warehouse
+
+pytestmark = pytest.mark.slow  # ingests every real trace of ../shared/real_traces
 
 DEVICE_KINDS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset", "cuda_sync": "sync"}
 FILES = real_kineto_files()

@@ -21,9 +21,9 @@ import pytest
 from tracelake.api.reports.archive import ReportArchive
 from tracelake.warehouse import Warehouse
 
-from chromium import Chromium, Tab, find_chromium
-from conftest import ROOT
-from server import running_server
+from support import ROOT
+from support.chromium import Chromium, Tab, find_chromium
+from support.server import running_server
 
 pytestmark = [
     pytest.mark.slow,

@@ -15,13 +15,14 @@ from fastapi.testclient import TestClient
 from plotly.offline import get_plotlyjs
 from typer.testing import CliRunner
 
-from conftest import SAMPLES
+from support import SAMPLES
 from tracelake.analysis.fleet import collective_summaries
 from tracelake.api.app import create_app
 from tracelake.api.cli import app as cli
 from tracelake.api.reports import fleet_report, job_report
 from tracelake.api.reports.page import esc, plot_text, tag
-from tracelake.warehouse import Settings, Warehouse
+from tracelake.api.settings import ServerSettings
+from tracelake.warehouse import Warehouse
 from tracelake.warehouse.fleet_report import compute as compute_fleet
 
 HOSTILE_KERNEL = '<script>alert("kernel")</script><img src=x onerror=alert(1)>'
@@ -251,7 +252,7 @@ def test_cli_report_help() -> None:
 # -- the API --------------------------------------------------------------------------------------------
 @pytest.fixture
 def client(fleet_warehouse_home: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(home=fleet_warehouse_home, ingest_workers=0))) as c:
+    with TestClient(create_app(ServerSettings(home=fleet_warehouse_home, ingest_workers=0))) as c:
         yield c
 
 
@@ -282,7 +283,7 @@ def test_api_fleet_report_errors(client: TestClient, params: dict[str, str], mes
 
 
 def test_api_reports_need_the_read_scope(fleet_warehouse_home: Path) -> None:
-    settings = Settings(home=fleet_warehouse_home, ingest_workers=0, tokens="reader-token-0001:read")
+    settings = ServerSettings(home=fleet_warehouse_home, ingest_workers=0, tokens="reader-token-0001:read")
     with TestClient(create_app(settings)) as c:
         for path in ("/api/v1/jobs/ddp/report", "/api/v1/reports/fleet"):
             assert c.get(path).status_code == 401

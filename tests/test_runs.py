@@ -19,8 +19,9 @@ from tracelake.analysis.runs import group_runs
 from tracelake.api.app import create_app
 from tracelake.api.cli import app
 from tracelake.api.reports.job import render
+from tracelake.api.settings import ServerSettings
 from tracelake.sample_traces.generate import SCENARIOS, write_trace
-from tracelake.warehouse import Settings, Warehouse
+from tracelake.warehouse import Warehouse
 from typer.testing import CliRunner
 
 BASE = dataclasses.replace(SCENARIOS["ddp_straggler"], ranks=2, steps=3, layers=4)
@@ -125,7 +126,7 @@ def test_faces_show_the_run(both: Warehouse) -> None:
     assert {row["run"] for row in json.loads(listed.output)} == {"run-1", "run-2"}
     analysed = CliRunner().invoke(app, ["analyze", "--job", "both", "--home", str(home)])
     assert analysed.exit_code == 0 and "runs in this job" in analysed.output
-    with TestClient(create_app(Settings(home=home, ingest_workers=0))) as client:  # type: ignore[call-arg]
+    with TestClient(create_app(ServerSettings(home=home, ingest_workers=0))) as client:
         job = client.get("/api/v1/jobs/both").json()
         assert [r["run"] for r in job["runs"]] == ["run-1", "run-2"]
         assert {r["run"] for r in job["breakdown"]} == {"run-1", "run-2"}
@@ -160,7 +161,7 @@ def _frame(rows: list[dict]) -> pl.DataFrame:  # type: ignore[type-arg]
                                                       "end_ns": pl.Int64})
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(_TRACE, min_size=1, max_size=25))
 def test_grouping_properties(rows: list[dict]) -> None:  # type: ignore[type-arg]
     traces = _frame(rows)
@@ -182,7 +183,7 @@ def test_grouping_properties(rows: list[dict]) -> None:  # type: ignore[type-arg
     assert set(runs.summary.select("job", "run").rows()) == set(a.select("job", "run").unique().rows())
 
 
-@settings(max_examples=200, deadline=None, derandomize=True)
+@settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 200), st.integers(0, 40)), min_size=1, max_size=30))
 def test_timed_runs_are_the_overlap_components(spans: list[tuple[int, int]]) -> None:
     """One world size, no labels, all timed: runs are the connected components of overlapping spans."""

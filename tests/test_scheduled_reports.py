@@ -19,13 +19,14 @@ from typer.testing import CliRunner
 
 from tracelake.api.app import create_app
 from tracelake.api.cli import app as cli
+from tracelake.api.cron import Cron
 from tracelake.api.reports.archive import ReportArchive, report_name
 from tracelake.api.scheduler import ReportScheduler
+from tracelake.api.settings import ServerSettings
+from tracelake.contracts.errors import NotFound
 from tracelake.warehouse import Settings, Warehouse
-from tracelake.warehouse.cron import Cron
-from tracelake.warehouse.errors import NotFound
 
-from server import running_server
+from support.server import running_server
 
 UTC = dt.timezone.utc
 
@@ -120,7 +121,7 @@ class _Clock:
 
 
 def test_the_schedule_makes_a_missed_run_then_each_run_on_time(fleet_copy: Path) -> None:
-    settings = Settings(home=fleet_copy, report_window="")
+    settings = ServerSettings(home=fleet_copy, report_window="")
     warehouse = Warehouse(settings=settings)
     cron = Cron.parse("0 6 * * MON")
     # started on a Thursday: last Monday's run was missed; then the clock passes the next two Mondays
@@ -173,7 +174,7 @@ def test_no_missed_run_when_the_last_one_was_made(fleet_copy: Path) -> None:
 
 
 def test_a_failed_run_is_reported_and_the_schedule_goes_on(fleet_copy: Path) -> None:
-    settings = Settings(home=fleet_copy, report_window="not a window")
+    settings = ServerSettings(home=fleet_copy, report_window="not a window")
     scheduler = ReportScheduler(Warehouse(settings=settings), Cron.parse("@daily"),
                                 clock=_Clock(dt.datetime(2026, 12, 3, 1, tzinfo=UTC)))
 
@@ -196,7 +197,7 @@ def test_a_failed_run_is_reported_and_the_schedule_goes_on(fleet_copy: Path) -> 
 @pytest.fixture
 def client(fleet_copy: Path) -> Iterator[TestClient]:
     """A server with a weekly schedule whose latest run was made (by hand, after the traces were ingested)."""
-    settings = Settings(home=fleet_copy, ingest_workers=0, report_schedule="0 6 * * MON",
+    settings = ServerSettings(home=fleet_copy, ingest_workers=0, report_schedule="0 6 * * MON",
                         report_timezone="Europe/Berlin", report_window="")
     ReportArchive(fleet_copy / "reports").generate(Warehouse(settings=settings), scheduled_for=_ingest_window()[0],
                                                    window="")
@@ -266,7 +267,7 @@ def test_report_names_are_checked(client: TestClient, path: str) -> None:
 
 
 def test_without_a_schedule_the_history_is_empty(fleet_copy: Path) -> None:
-    with TestClient(create_app(Settings(home=fleet_copy, ingest_workers=0))) as c:
+    with TestClient(create_app(ServerSettings(home=fleet_copy, ingest_workers=0))) as c:
         answer = c.get("/api/v1/reports").json()
         assert answer == {"reports": [], "schedule": None, "timezone": "UTC", "next_run": None, "last_error": None}
         missing = c.get("/api/v1/reports/latest")

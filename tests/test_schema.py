@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import ROOT
-from tracelake.warehouse import Warehouse, schema, schema_doc
+from support import ROOT
+from tracelake.api import settings as server_settings
+from tracelake.api.settings import ServerSettings
+from tracelake.contracts import schema
+from tracelake.warehouse import Settings, Warehouse, schema_doc
+from tracelake.warehouse.settings import SETTINGS_DOC
 
 
 def test_docs_schema_md_is_generated_from_the_declaration() -> None:
     expected = schema_doc.render()
     actual = (ROOT / "docs" / "schema.md").read_text()
     assert actual == expected, "docs/schema.md is stale: python -m tracelake.warehouse.schema_doc > docs/schema.md"
+
+
+def test_every_setting_is_documented_and_docs_api_md_lists_the_server_settings() -> None:
+    warehouse_fields = {f.name for f in dataclasses.fields(Settings)}
+    server_fields = {f.name for f in dataclasses.fields(ServerSettings)} - warehouse_fields
+    assert set(SETTINGS_DOC) == warehouse_fields
+    assert set(server_settings.SERVER_SETTINGS_DOC) == server_fields
+    assert server_settings.render_doc() in (ROOT / "docs" / "api.md").read_text(), (
+        "docs/api.md is stale: put the output of python -m tracelake.api.settings under \"Server settings\"")
 
 
 def test_every_column_is_documented_and_unit_named() -> None:

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracelake.warehouse import QueryError, schema
+from tracelake.contracts import schema
+from tracelake.warehouse import QueryError
 from tracelake.warehouse.readonly import API_POLICY
 from tracelake.warehouse.sql_functions import FILE_TABLE_FUNCTIONS, FUNCTIONS, REFUSED, TABLE_FUNCTIONS
 from tracelake.warehouse.sql_policy import LOCAL, check_tree, single_query

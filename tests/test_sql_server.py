@@ -25,8 +25,8 @@ import pytest
 
 from tracelake.warehouse.sql_sandbox import landlock_abi
 
-from conftest import SAMPLES
-from server import running_server
+from support import SAMPLES
+from support.server import running_server
 
 READER = "reader-token-0001"
 OTHER = "other-reader-0001"
@@ -34,7 +34,10 @@ WRITER = "writer-token-0001"
 MB = 10**6
 CAP = 256 * MB  # TRACELAKE_SQL_MEMORY_LIMIT below
 MAX_BYTES = 8 << 20
-pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="the API runs SQL only where Landlock confines it")
+pytestmark = [
+    pytest.mark.slow,  # a real uvicorn server and its SQL worker processes
+    pytest.mark.skipif(landlock_abi() < 1, reason="the API runs SQL only where Landlock confines it"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from tracelake.warehouse import QueryError, QueryMemoryLimit, Settings, Warehous
 from tracelake.warehouse.readonly import SqlEngine, api_spec
 from tracelake.warehouse.sql_sandbox import landlock_abi
 
-from conftest import SAMPLES
+from support import SAMPLES
 
 CANARY = "tl-canary-7d41e9-hunter2"
 pytestmark = pytest.mark.skipif(landlock_abi() < 1, reason="the OS wall needs Linux with Landlock")
@@ -186,6 +186,7 @@ def call(name: str, kind: str, types: list[str], strings: list[str], choice: int
     return f"SELECT * FROM {called}" if kind == "table" else f"SELECT {called}"
 
 
+@pytest.mark.slow  # sweeps every DuckDB function through the sandbox
 def test_no_function_writes_the_warehouse_or_reads_outside_it(
     wh: Warehouse, guarded: SqlEngine, os_only: SqlEngine, canary: Path
 ) -> None:
@@ -201,6 +202,7 @@ def test_no_function_writes_the_warehouse_or_reads_outside_it(
     assert snapshot(wh.home) == before
 
 
+@pytest.mark.slow  # sweeps every DuckDB function through the sandbox
 @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 @given(picked=st.sampled_from(FUNCTIONS), choice=st.integers(0, 50), wrap=st.sampled_from([
     "{q}", "WITH a AS ({q}) SELECT * FROM a", "SELECT * FROM ({q}) t, range(2)", "SELECT (SELECT count(*) FROM ({q}))",

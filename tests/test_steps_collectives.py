@@ -5,6 +5,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
+from oracles.kernels import top_kernels
 from tracelake.analysis import collectives, kernels, steps
 from tracelake.warehouse import Warehouse
 
@@ -71,7 +72,7 @@ def test_top_kernels_from_stored_stats_match_the_device_ops(sample_warehouse: Wa
     con = sample_warehouse.connect()
     for (trace_id,) in con.sql("SELECT trace_id FROM traces").fetchall():
         for top in (3, 1000):
-            live = kernels.top_kernels(con, where="trace_id = ?", params=[trace_id], top=top)
+            live = top_kernels(con, where="trace_id = ?", params=[trace_id], top=top)
             stats = con.sql("SELECT * FROM kernel_stats WHERE trace_id = ?", params=[trace_id]).pl()
             stored = kernels.top_from_stats(stats, top=top)
             assert stored.height == live.height > 0

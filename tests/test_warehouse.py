@@ -12,8 +12,9 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import SAMPLES
-from tracelake.warehouse import InvalidArgument, NotFound, QueryError, Warehouse, schema
+from support import SAMPLES
+from tracelake.contracts import schema
+from tracelake.warehouse import InvalidArgument, NotFound, QueryError, Warehouse
 from tracelake.warehouse.store import parse_labels
 
 
@@ -163,6 +164,7 @@ def test_staging_is_cleaned_up(warehouse: Warehouse) -> None:
         assert pq.read_metadata(path).num_columns > 0
 
 
+@pytest.mark.slow  # a pool of ingest worker processes
 def test_parallel_ingest_matches_serial(tmp_path: Path) -> None:
     serial = Warehouse(tmp_path / "serial")
     parallel = Warehouse(tmp_path / "parallel")

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REAL_TRACES, ROOT, len_field, varint
-from tracelake.analysis.classify import classify
+from support import REAL_TRACES, ROOT, len_field, varint
+from tracelake.contracts.classify import classify
 from tracelake.ingest import detect, xla_ops
 from tracelake.ingest.xspace import Space, stat_value
 from tracelake.warehouse import Warehouse
@@ -51,6 +51,7 @@ def primary_op_counts(path: Path) -> dict[int, int]:
     return counts
 
 
+@pytest.mark.slow  # ingests real XLA profiles
 @pytest.mark.parametrize("path", real_xplanes(), ids=lambda p: p.parent.name if p.parent != REAL_XLA else p.name)
 def test_real_xplane_ingests_with_every_primary_op(path: Path, warehouse: Warehouse) -> None:
     result = warehouse.ingest_file(path, job="xla")
@@ -72,6 +73,7 @@ def test_no_real_xla_files_skips() -> None:
     assert real_xplanes(), "the shared XLA folder holds .xplane.pb files"
 
 
+@pytest.mark.slow  # ingests real XLA profiles
 def test_tpu_real_trace_keeps_flops_and_peaks(warehouse: Warehouse) -> None:
     path = REAL_XLA / "tpu_inference_2.xplane.pb"
     if not path.exists():
@@ -272,14 +274,14 @@ def _gpu_stream_with_every_kind_of_stat(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("window", [1 << 20, 300])
+@pytest.mark.parametrize("window", [1 << 20, pytest.param(300, marks=pytest.mark.slow)])  # 300: thousands of windows
 def test_gpu_streams_decode_in_bulk_as_one_by_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                   window: int) -> None:
     """The bulk decoding of GPU stream lines gives the tables (and warnings) the protobuf path gives."""
     from tracelake import ingest
     from tracelake.ingest import xla, xspace
     from tracelake.sample_traces import generate_xla
-    from tracelake.warehouse.errors import TraceFormatError
+    from tracelake.contracts.errors import TraceFormatError
 
     monkeypatch.setattr(xspace, "LINE_CHUNK_BYTES", window)
     monkeypatch.setattr(xla, "FLUSH_ROWS", 500)
@@ -455,7 +457,7 @@ def test_varints_of_every_length_match_protobuf() -> None:
 def test_damaged_events_name_the_file_and_byte(
     damage: bytes, reason: str, offset: int, tmp_path: Path
 ) -> None:
-    from tracelake.warehouse.errors import TraceFormatError
+    from tracelake.contracts.errors import TraceFormatError
 
     good = len_field(4, b"\x08\x01\x10\x02\x18\x03")
     line = len_field(2, b"XLA Ops") + good * 3
@@ -559,7 +561,7 @@ def test_gzip_bomb_stops_at_the_cap_and_names_the_file(tmp_path: Path, monkeypat
     import gzip
 
     from tracelake.ingest import ParseOptions, xla
-    from tracelake.warehouse.errors import TraceFormatError
+    from tracelake.contracts.errors import TraceFormatError
 
     monkeypatch.setattr(xla, "GZIP_MIN_LIMIT", 1 << 20)
     bomb = tmp_path / "host0.xplane.pb.gz"
@@ -581,7 +583,7 @@ def test_truncated_gzip_xplane_is_a_format_error(tmp_path: Path) -> None:
     import gzip
 
     from tracelake.ingest import ParseOptions, xla
-    from tracelake.warehouse.errors import TraceFormatError
+    from tracelake.contracts.errors import TraceFormatError
 
     cut = tmp_path / "host0.xplane.pb.gz"
     cut.write_bytes(gzip.compress(TPU_SAMPLE.read_bytes())[:-100])

@@ -10,10 +10,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from conftest import REAL_TRACES, ROOT, len_field, varint
+from support import REAL_TRACES, ROOT, len_field, varint
 from tracelake import ingest
+from tracelake.contracts.errors import TraceFormatError
 from tracelake.ingest import xla_host, xspace
-from tracelake.warehouse.errors import TraceFormatError
 
 REAL_XLA = REAL_TRACES / "xla"
 SAMPLE_XLA = ROOT / "sample_traces" / "xla"
@@ -73,7 +73,8 @@ def _generated(tmp_path: Path, kind: str) -> Path:
 
 
 @pytest.mark.parametrize("window", [1 << 20, 700])
-@pytest.mark.parametrize("source", ["gpu", "tpu", *_xplanes(SAMPLE_XLA), *_xplanes(REAL_XLA)],
+@pytest.mark.parametrize("source", ["gpu", "tpu", *_xplanes(SAMPLE_XLA),
+                                    *(pytest.param(p, marks=pytest.mark.slow) for p in _xplanes(REAL_XLA))],
                          ids=lambda s: s if isinstance(s, str) else f"{s.parent.name}/{s.name}")
 def test_host_lines_decode_in_bulk_as_one_by_one(source: str | Path, window: int, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,8 @@
 """The warehouse: Parquet tables per trace, a DuckDB catalog, and the library facade.
 
 The facade and the result types load on first use (PEP 562), so a process that needs only
-the errors or the settings (a SQL worker, a short CLI command) does not pay for them.
+the errors or the settings (a SQL worker, a short CLI command) does not pay for them. The
+errors are declared in :mod:`tracelake.contracts.errors` and re-exported here.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from tracelake.contracts.errors import (
     Forbidden,
     InvalidArgument,
     NotFound,
@@ -26,6 +27,7 @@ from .errors import (
     UnknownFormatError,
     WarehouseError,
 )
+
 from .settings import Settings
 
 if TYPE_CHECKING:

@@ -91,7 +91,7 @@ def compute(
         lagging_ranks=nccl.lagging_ranks(stored["flight_recorder_status"]),
         unreached=nccl.unreached(stored["collectives"], stored["traces"]),
         nccl_tuning=nccl_join.tuned_collectives(stored["collectives"], stored["traces"]),
-        topology=nccl.topology(stored["communicators"], stored["comm_channels"]),
+        topology=nccl.topology(stored["communicators"], stored["comm_channels"], stored.get("devices")),
         bandwidth_by_size=collectives.bandwidth_by_size(instances),
         slowest_collectives=collectives.slowest(instances),
         graphs=stored["graph_launches"].sort("trace_id", "rank", "launch_ns") if "graph_launches" in stored

@@ -21,8 +21,9 @@ from collections.abc import Iterable, Sequence
 
 import duckdb
 
-from . import schema
-from .schema import sql_literal
+from tracelake.contracts import schema
+from tracelake.contracts.schema import sql_literal
+
 from .store import Store, temp_name
 
 log = logging.getLogger(__name__)

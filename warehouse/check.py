@@ -52,7 +52,9 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import catalog, schema
+from tracelake.contracts import schema
+
+from . import catalog
 from .check_layout import QUARANTINE, Footer, Layout, Quarantine, inspect, walk
 from .store import SCHEMA_JOB, TEMP_FILE, Store
 

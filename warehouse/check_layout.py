@@ -31,8 +31,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from . import schema
-from .errors import InvalidArgument
+from tracelake.contracts import schema
+from tracelake.contracts.errors import InvalidArgument
+
 from .store import _TRACE_ID, SCHEMA_JOB, TEMP_FILE, Store, check_job
 
 #: The folder under the warehouse home that ``check --repair`` moves what does not belong into; no view reads it.

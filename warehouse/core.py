@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import multiprocessing
 from collections.abc import Callable, Collection, Iterable, Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,19 +17,21 @@ import polars as pl
 from tracelake.analysis import diff as diff_analysis
 from tracelake.analysis import kernels
 from tracelake.analysis import nccl as nccl_analysis
+from tracelake.contracts.errors import InvalidArgument, NotFound, QueryError, WarehouseError
+from tracelake.contracts.status import IngestStatus
 from tracelake.ingest.model import ByteCallback
 
 from . import analysis_report, catalog, fleet_report, job_report, runs, staging, trace_ids
 from .analysis_report import Analysis
 from .check import STALE_AFTER, CheckReport
 from .check import check as check_warehouse
-from .errors import InvalidArgument, NotFound, QueryError, WarehouseError
 from .fleet_report import Fleet
 from .inputs import expand_inputs, file_size
 from .job_report import JobReport
 from .readonly import SqlEngine, local_query, query_once
 from .registry import Registry, job_summaries, select_traces
-from .results import IngestProgress, IngestReport, IngestResult, QueryResult, report_whole_file
+from .executor import IngestTask, executor_for, ingest_all
+from .results import IngestProgress, IngestReport, IngestResult, QueryResult
 from .settings import Settings
 from .store import Store, check_job
 
@@ -39,9 +39,6 @@ if TYPE_CHECKING:
     from distributed import Client as DaskClient
 
 log = logging.getLogger(__name__)
-
-#: Up to this many device ops, an analysis ranks kernels across ranks in memory (three columns: ~50 MB).
-IN_MEMORY_TOP_OPS = 2_000_000
 
 
 def tracelake_version() -> str:
@@ -63,7 +60,7 @@ class Warehouse:
 
     def __init__(self, home: str | Path | None = None, *, settings: Settings | None = None) -> None:
         base = settings or Settings.from_env()
-        self.settings = base if home is None else Settings(**{**base.__dict__, "home": Path(home)})
+        self.settings = base if home is None else replace(base, home=Path(home))
         self.home = self.settings.home_path
         self.store = Store(self.home)
         self.registry = Registry(self.store)
@@ -100,56 +97,21 @@ class Warehouse:
         With a Dask ``client`` (``dask.distributed.Client``), each file is parsed by a
         task on the cluster and registered here as its task finishes; workers must
         see the inputs and the warehouse at the same paths (see :mod:`.distributed`).
+        Each of these ways is an executor of :mod:`.executor`.
         """
         check_job(job)
         files = expand_inputs(paths)
         if progress is not None:
             progress.start([(f, file_size(f)) for f in files])
-        if client is not None:
-            from .distributed import ingest_on_dask
-
-            report = ingest_on_dask(self, files, job=job, labels=labels, progress=progress, client=client)
-        elif workers > 1 and len(files) > 1:
-            report = self._ingest_parallel(files, job, labels, progress, workers)
-        else:
-            report = IngestReport()
-            for path in files:
-                if progress is not None:
-                    progress.file_started(path)
-                on_bytes = progress.advance if progress is not None else None
-                result = self.ingest_file(path, job=job, labels=labels, on_bytes=on_bytes)
-                report.results.append(result)
-                if progress is not None:
-                    progress.file_done(result)
-        if any(r.status == "ingested" for r in report.results):
+        executor = executor_for(self, len(files), workers=workers, client=client)
+        try:
+            report = ingest_all(executor, [IngestTask(path, job, labels) for path in files], progress)
+        finally:
+            executor.shutdown(wait=True)
+        if any(r.status == IngestStatus.INGESTED for r in report.results):
             self.refresh_caches({job})
             runs.warn_repeats(self._runs.runs(self.registry.frame()), report.results)  # docs/analyses.md
         return report
-
-    def _ingest_parallel(
-        self,
-        files: list[Path],
-        job: str,
-        labels: dict[str, str] | None,
-        progress: IngestProgress | None,
-        workers: int,
-    ) -> IngestReport:
-        # Each process gets its share of the cores for DuckDB; progress advances per file.
-        threads = max(1, self.settings.threads // min(workers, len(files)))
-        settings = Settings(**{**self.settings.__dict__, "home": self.home, "threads": threads})
-        results: dict[Path, IngestResult] = {}
-        context = multiprocessing.get_context("spawn")  # no fork of a process holding DuckDB threads
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-            futures = {pool.submit(ingest_in_process, settings, path, job, labels): path for path in files}
-            for future in as_completed(futures):
-                path = futures[future]
-                try:
-                    result = future.result()
-                except Exception as exc:  # a worker died: report the file, keep going
-                    result = IngestResult(path=path, status="failed", job=job, error=f"{path}: worker failed ({exc})")
-                results[path] = result
-                report_whole_file(progress, path, result)
-        return IngestReport([results[path] for path in files])
 
     def ingest_file(
         self,
@@ -249,12 +211,11 @@ class Warehouse:
         stats = stored.pop("kernel_stats")
         if stats.select(pl.struct("trace_id", "rank").n_unique()).item() <= 1:
             top_kernels = kernels.top_from_stats(stats, top=top)
-        elif stats["count"].sum() <= IN_MEMORY_TOP_OPS:  # percentiles across ranks need every duration
-            ops = self.store.read_frame("device_ops", selection.traces, columns=["name", "category", "dur_ns"])
-            top_kernels = kernels.top_from_ops(ops, top=top)
-        else:  # many ops: DuckDB, which spills to disk past its memory limit
+        else:  # percentiles across ranks need every duration: counted in DuckDB, which spills past its memory limit
             with self._session(selection, tables=("device_ops",)) as con:
-                top_kernels = kernels.top_kernels(con, where=selection.where, params=selection.params, top=top)
+                counts = con.sql(f"SELECT name, category, dur_ns, count(*) AS n FROM device_ops WHERE {selection.where}"
+                                 " GROUP BY ALL", params=selection.params).pl()
+            top_kernels = kernels.top_from_counts(counts, top=top)
         return analysis_report.compute(whole, stored, top_kernels, self._link_peaks())
 
     def _link_peaks(self) -> dict[str, float]:
@@ -334,8 +295,8 @@ class Warehouse:
             NotFound: ``a`` or ``b`` is neither a trace id nor a job.
         """
         left, right = self._resolve(a), self._resolve(b)
-        with self._session(left, right, tables=("device_ops",)) as con:
-            kernels_frame = diff_analysis.kernel_diff(con, (left.where, left.params), (right.where, right.params))
+        kernels_frame = diff_analysis.kernel_diff(self._stored("kernel_stats", left),
+                                                  self._stored("kernel_stats", right))
         categories = diff_analysis.category_diff(
             self._breakdown(left, steps=False), self._breakdown(right, steps=False)
         )
@@ -482,13 +443,6 @@ class Warehouse:
         row["labels"] = dict(row["labels"] or [])
         row["run"] = self._runs.run_of(self.registry.frame(), trace_id)
         return {"trace_id": trace_id, "job": job, **{k: v for k, v in row.items() if k != "trace_id"}}
-
-
-def ingest_in_process(
-    settings: Settings, path: Path, job: str, labels: dict[str, str] | None, source_name: str | None = None
-) -> IngestResult:
-    """Ingest one file with a warehouse opened from ``settings`` (a picklable entry point for worker processes)."""
-    return Warehouse(settings=settings).ingest_file(path, job=job, labels=labels, source_name=source_name)
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
+from tracelake.contracts.errors import InvalidArgument, TracelakeError, WarehouseError
+from tracelake.contracts.status import IngestStatus
+
 from . import staging
-from .errors import InvalidArgument, TracelakeError, WarehouseError
-from .results import IngestProgress, IngestReport, IngestResult, report_whole_file
+from .executor import IngestTask
+from .results import IngestProgress, IngestResult, report_whole_file
 from .settings import Settings
 from .store import Store
 
@@ -167,7 +170,8 @@ def dask_client(target: ClusterTarget) -> Iterator[Client | None]:
 
 
 def stage_task(
-    settings: Settings, path: Path, job: str, labels: dict[str, str] | None, staging_root: Path
+    settings: Settings, path: Path, job: str, labels: dict[str, str] | None, staging_root: Path,
+    source_name: str | None = None,
 ) -> staging.StagedTrace:
     """The Dask task of one input file: parse it into a staging directory under ``staging_root``.
 
@@ -175,7 +179,7 @@ def stage_task(
     ``staging_root``; the client publishes. Failures are in the result.
     """
     return staging.stage_file(Store(settings.home_path), settings, path, job=job, labels=labels,
-                              staging_root=staging_root)
+                              source_name=source_name, staging_root=staging_root)
 
 
 @dataclass
@@ -195,44 +199,51 @@ def recompute_task(settings: Settings, job: str, trace_id: str, staging_root: Pa
         return _StagedDerived(None, str(exc))
 
 
-def ingest_on_dask(
-    warehouse: Warehouse,
-    files: Sequence[Path],
-    *,
-    job: str,
-    labels: dict[str, str] | None,
-    progress: IngestProgress | None,
-    client: Client,
-) -> IngestReport:
-    """Ingest ``files`` with one Dask task each, publishing every trace here as its task finishes.
+class DaskExecutor:
+    """The :class:`~.executor.IngestExecutor` of a Dask cluster: workers stage each file, this process publishes it.
 
-    Results come back in input order; a file whose task failed for good (its
-    workers kept dying) is reported as failed, like a bad file.
+    One Dask task per file (:func:`stage_task`) parses it into the run's staging folder; as
+    each task finishes, the trace is registered here (renamed into the table layout), so only
+    one process ever publishes. A file whose task failed for good (its workers kept dying) is
+    a failed result, like a bad file. The client belongs to the caller and stays open.
     """
-    settings = _task_settings(warehouse, client)
-    results: dict[Path, IngestResult] = {}
-    with _run_folder(warehouse.store, "ingest") as run:
-        futures: dict[Future, Path] = {}
-        for i, path in enumerate(files):  # workers have another working directory: absolute paths
-            future = client.submit(stage_task, settings, path.absolute(), job, labels, run.folder,
-                                   key=f"tracelake-ingest-{run.id}-{i}", pure=False)
-            futures[future] = path
-        for future, value, error in _finished(futures):
-            path = futures[future]
-            if error is not None:
-                result = IngestResult(path=path, status="failed", job=job, error=f"{path}: {error}")
-            else:
-                staged: staging.StagedTrace = value
-                # Name the file as the caller did, like the local path does.
-                if staged.result.error and path != path.absolute():
-                    staged.result.error = staged.result.error.replace(str(path.absolute()), str(path))
-                staged.result.path = path
-                result = staging.publish_staged(warehouse.store, staged)
-            if result.error:
-                log.info("ingest failed: %s", result.error)
-            results[path] = result
-            report_whole_file(progress, path, result)
-    return IngestReport([results[path] for path in files])
+
+    def __init__(self, warehouse: Warehouse, client: Client) -> None:
+        self.warehouse = warehouse
+        self.client = client
+
+    def run(
+        self, tasks: Sequence[IngestTask], progress: IngestProgress | None = None
+    ) -> Iterator[tuple[IngestTask, IngestResult]]:
+        """Stage every task on the cluster, publish each here as it finishes (see :meth:`IngestExecutor.run`)."""
+        settings = _task_settings(self.warehouse, self.client)
+        store = self.warehouse.store
+        with _run_folder(store, "ingest") as run:
+            futures: dict[Future, IngestTask] = {}
+            for i, task in enumerate(tasks):  # workers have another working directory: absolute paths
+                future = self.client.submit(stage_task, settings, task.path.absolute(), task.job, task.labels,
+                                            run.folder, task.source_name,
+                                            key=f"tracelake-ingest-{run.id}-{i}", pure=False)
+                futures[future] = task
+            for future, value, error in _finished(futures):
+                task = futures[future]
+                path = task.path
+                if error is not None:
+                    result = IngestResult(path=path, status=IngestStatus.FAILED, job=task.job, error=f"{path}: {error}")
+                else:
+                    staged: staging.StagedTrace = value
+                    # Name the file as the caller did, like the local path does.
+                    if staged.result.error and path != path.absolute():
+                        staged.result.error = staged.result.error.replace(str(path.absolute()), str(path))
+                    staged.result.path = path
+                    result = staging.publish_staged(store, staged)
+                if result.error:
+                    log.info("ingest failed: %s", result.error)
+                report_whole_file(progress, path, result)
+                yield task, result
+
+    def shutdown(self, *, wait: bool = True, cancel_futures: bool = False) -> None:
+        """Nothing to release: the run's tasks end with :meth:`run`, and the client is the caller's."""
 
 
 def recompute_on_dask(
@@ -290,7 +301,7 @@ def _task_settings(warehouse: Warehouse, client: Client) -> Settings:
     if getattr(client, "cluster", None) is not None:  # a cluster this process started: same machine
         workers = max(1, len(client.scheduler_info().get("workers", {})))
         threads = max(1, threads // workers)
-    return dataclasses.replace(warehouse.settings, home=warehouse.home, tokens="", tokens_file="", threads=threads)
+    return dataclasses.replace(warehouse.settings.base(), home=warehouse.home, threads=threads)
 
 
 @dataclass(frozen=True)

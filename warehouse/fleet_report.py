@@ -20,8 +20,8 @@ from typing import Any
 import polars as pl
 
 from tracelake.analysis import fleet
+from tracelake.contracts.errors import InvalidArgument
 
-from .errors import InvalidArgument
 from .folder_cache import FolderCache
 from .registry import select_traces
 from .store import Store

@@ -29,8 +29,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import schema
-from .errors import WarehouseError
+from tracelake.contracts import schema
+from tracelake.contracts.errors import WarehouseError
+
 from .store import SCHEMA_JOB, Store
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tracelake import ingest
-
-from .errors import TracelakeError
+from tracelake.contracts.errors import TracelakeError
 
 #: File name endings taken from a directory given to ``ingest`` (files named
 #: explicitly are always tried, whatever their name).

@@ -68,10 +68,12 @@ def link_choice(traces: pl.DataFrame, topology: pl.DataFrame,
     if not topology.is_empty() and "nodes" in topology.columns:
         nodes = int(topology["nodes"].max() or 1)  # type: ignore[arg-type]
         transports = [t.strip() for row in topology["transports"].drop_nulls().to_list() for t in row.split(",")]
+        nics = [n.strip() for row in topology["nics"].drop_nulls().to_list() for n in row.split(",")] \
+            if "nics" in topology.columns else []
     else:
-        nodes, transports = max(traces["host"].drop_nulls().n_unique(), 1), []
+        nodes, transports, nics = max(traces["host"].drop_nulls().n_unique(), 1), [], []
     models = traces["device_name"].drop_nulls().unique().sort().to_list() if "device_name" in traces.columns else []
-    return nccl.choose_link(nodes, models[0] if len(models) == 1 else None, transports, link_peaks)
+    return nccl.choose_link(nodes, models[0] if len(models) == 1 else None, transports, link_peaks, nics)
 
 
 def _run_of(runs: pl.DataFrame) -> pl.DataFrame:

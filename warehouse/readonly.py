@@ -27,8 +27,10 @@ from typing import Any
 
 import msgspec
 
-from . import catalog, schema
-from .errors import InvalidArgument
+from tracelake.contracts import schema
+from tracelake.contracts.errors import InvalidArgument
+
+from . import catalog
 from .results import QueryResult
 from .settings import Settings
 from .sql_policy import LOCAL, Policy, api_policy

@@ -16,7 +16,8 @@ from collections.abc import Collection
 
 import polars as pl
 
-from . import schema
+from tracelake.contracts import schema
+
 from .folder_cache import FolderCache
 from .store import Store
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from tracelake.contracts.status import IngestStatus
+
 from .inputs import file_size
 
 
@@ -14,7 +16,7 @@ class IngestResult:
     """What happened to one input file."""
 
     path: Path
-    status: str  # "ingested" | "duplicate" | "failed"
+    status: IngestStatus
     trace_id: str | None = None
     job: str | None = None
     format: str | None = None
@@ -29,7 +31,7 @@ class IngestResult:
     @property
     def ok(self) -> bool:
         """True unless the file failed to ingest."""
-        return self.status != "failed"
+        return self.status != IngestStatus.FAILED
 
 
 @dataclass
@@ -48,7 +50,7 @@ class IngestReport:
         """The inputs that failed."""
         return [r for r in self.results if not r.ok]
 
-    def count(self, status: str) -> int:
+    def count(self, status: IngestStatus | str) -> int:
         """How many inputs ended with ``status``."""
         return sum(1 for r in self.results if r.status == status)
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar, cast
 import polars as pl
 from tracelake.analysis import findings
 from tracelake.analysis.runs import Runs, group_runs
+from tracelake.contracts.status import IngestStatus
 
 from .analysis_report import Analysis
 from .results import IngestResult
@@ -155,7 +156,7 @@ def _with_run(frame: pl.DataFrame) -> pl.DataFrame:
 def warn_repeats(runs: Runs, results: Sequence[IngestResult]) -> None:
     """Add to each just-ingested trace's warnings the ranks it repeats within its run (a run mixing recordings?)."""
     for result in results:
-        if result.status != "ingested":
+        if result.status != IngestStatus.INGESTED:
             continue
         for repeat in runs.repeats:
             if result.trace_id in repeat.trace_ids and repeat.message() not in result.warnings:

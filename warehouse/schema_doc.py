@@ -6,7 +6,8 @@ fails when the file and the declarations disagree.
 
 from __future__ import annotations
 
-from . import schema
+from tracelake.contracts import schema
+
 from .settings import SETTINGS_DOC
 
 
@@ -32,7 +33,8 @@ def render() -> str:
     lines += ["## Settings", "", "Environment variables (prefix `TRACELAKE_`):", "", "| setting | meaning |", "|---|---|"]
     for name, doc in SETTINGS_DOC.items():
         lines.append(f"| `TRACELAKE_{name.upper()}` | {doc} |")
-    lines.append("")
+    lines += ["", "The settings only `tracelake serve` reads (API tokens, upload and connection limits, ingest",
+              "workers, the report schedule) are listed in [api.md](api.md#settings).", ""]
     return "\n".join(lines)
 
 

@@ -6,16 +6,19 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Self
 
-from .errors import InvalidArgument
+from tracelake.contracts.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything tracelake can be configured with.
+    """Everything the warehouse can be configured with.
 
     Each field is read from ``TRACELAKE_<FIELD NAME IN CAPITALS>``; the CLI's options
-    override the environment.
+    override the environment. What only the server reads (API tokens, upload and
+    connection limits, ingest workers, the report schedule) is added by
+    :class:`tracelake.api.settings.ServerSettings`, a subclass read the same way.
     """
 
     #: Warehouse directory: Parquet tables, the DuckDB catalog, staging area.
@@ -30,20 +33,10 @@ class Settings:
     kineto_engine: str = "auto"
     #: Bus bandwidth a link carries at best, GB/s per rank, by link or family: ``nvlink3=260,ib=400``.
     link_peaks: str = ""
-    #: API bearer tokens and their scopes: ``ci-uploader-7f3a:read,write;dashboard-9c2e:read`` (scopes: read, write, admin).
-    tokens: str = ""
-    #: A file of API tokens, one ``token:scopes`` per line (``#`` starts a comment).
-    tokens_file: str = ""
-    #: Largest file one upload may carry, bytes.
-    max_file_bytes: int = 4 << 30
-    #: Largest request body an upload may send, bytes (every file of it together).
-    max_request_bytes: int = 8 << 30
     #: Most bytes an uploaded archive or gzip file may expand to, in all.
     max_expanded_bytes: int = 32 << 30
     #: Most an uploaded archive or gzip file may expand relative to its size (zip and gzip bombs).
     max_expansion_ratio: int = 200
-    #: Most members an uploaded archive may hold.
-    max_archive_members: int = 10_000
     #: Seconds an API SQL query may run before it is cancelled.
     sql_timeout_seconds: int = 30
     #: Most rows an API SQL query returns (the answer says when it was cut).
@@ -60,27 +53,9 @@ class Settings:
     sql_queue_seconds: int = 10
     #: ``required``: API SQL runs only where the kernel confines its workers (Landlock); ``optional``: anywhere.
     sql_os_sandbox: str = "required"
-    #: Processes the server ingests uploads with, side by side.
-    ingest_workers: int = 1
-    #: Seconds an upload's body may send nothing before the upload is cut off (408): stalled clients.
-    upload_idle_timeout_seconds: int = 60
-    #: Seconds a client has to send a request's headers before the connection is closed (408): slow clients.
-    header_timeout_seconds: int = 30
-    #: Seconds one upload request may take from its first byte to its last, however steadily it sends (408).
-    upload_deadline_seconds: int = 3600
-    #: Connections the server holds open at once; past it, the longest idle one (no request in progress) is closed.
-    max_connections: int = 1000
-    #: When ``tracelake serve`` writes the fleet report into ``reports/``: cron syntax (``0 6 * * MON``); empty: never.
-    report_schedule: str = ""
-    #: Time zone of the report schedule's wall-clock times (IANA name).
-    report_timezone: str = "UTC"
-    #: What a scheduled fleet report covers: traces ingested this long before it is due (``7d``); empty: all.
-    report_window: str = "7d"
-    #: How many scheduled fleet reports ``reports/`` keeps (the oldest go first).
-    report_keep: int = 52
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: object) -> Self:
         """Build settings from ``environ`` (default: ``os.environ``), then ``overrides``.
 
         Overrides that are ``None`` are ignored, so CLI options can be passed through as they are.
@@ -101,6 +76,12 @@ class Settings:
         if "home" in values:
             values["home"] = Path(str(values["home"]))
         return cls(**values)  # type: ignore[arg-type]
+
+    def base(self) -> Settings:
+        """Only the warehouse's settings (a subclass's additions, such as API tokens, dropped): what workers get."""
+        if type(self) is Settings:
+            return self
+        return Settings(**{f.name: getattr(self, f.name) for f in fields(Settings)})
 
     @property
     def home_path(self) -> Path:
@@ -137,14 +118,8 @@ SETTINGS_DOC: dict[str, str] = {
     "(fail where it is not built) or `duckdb` (the reference reader, about half the speed).",
     "link_peaks": "Bus bandwidth per rank, GB/s, by link (`nvlink3=260`) or family (`nvlink`, `pcie`, `xgmi`, `ib`, "
                   "`roce`, `efa`, `socket`), over the per-GPU table of docs/analyses.md (\"Link peaks\").",
-    "tokens": "API bearer tokens with scopes, `ci-uploader-7f3a:read,write;dashboard-9c2e:read` (scopes `read`, `write`, `admin`); "
-    "none set: the server serves loopback only.",
-    "tokens_file": "A file of API tokens, one `token:scopes` per line; read with `tokens`.",
-    "max_file_bytes": "Largest file one upload may carry (default 4 GiB).",
-    "max_request_bytes": "Largest upload request body, every file together (default 8 GiB).",
     "max_expanded_bytes": "Most bytes an uploaded archive or gzip file may expand to (default 32 GiB).",
     "max_expansion_ratio": "Most an uploaded archive or gzip file may expand per byte uploaded (default 200).",
-    "max_archive_members": "Most members an uploaded `.zip` or `.tar.gz` may hold (default 10,000).",
     "sql_timeout_seconds": "Seconds an API SQL query may run before it is cancelled (default 30).",
     "sql_max_rows": "Most rows an API SQL query returns; the answer says when rows were cut (default 10,000).",
     "sql_memory_limit": "Memory the worker process of one SQL query may map beyond its idle size (default `1GB`), "
@@ -157,20 +132,4 @@ SETTINGS_DOC: dict[str, str] = {
     "sql_queue_seconds": "Seconds a SQL query waits for a free worker before it is answered 503 (default 10).",
     "sql_os_sandbox": "`required` (the default): the API runs SQL only where the kernel can confine its worker "
     "processes (Landlock, Linux 5.13+), else answers 503; `optional`: without that wall where the kernel lacks it.",
-    "ingest_workers": "Processes `tracelake serve` ingests uploads with (default 1).",
-    "upload_idle_timeout_seconds": "Seconds an upload's body may send nothing before the server cuts it off "
-    "with a 408 (default 60).",
-    "header_timeout_seconds": "Seconds a client has to send a request's headers before the server answers 408 and "
-    "closes the connection (default 30).",
-    "upload_deadline_seconds": "Seconds one upload may take from its first byte to its last, however steadily it "
-    "sends (default 3600); past it the server answers 408.",
-    "max_connections": "Connections the server holds open at once (default 1000, lowered to fit the open-file limit); "
-    "past it the connection idle longest (no request in progress) is closed to make room.",
-    "report_schedule": "When `tracelake serve` writes the fleet report into `$TRACELAKE_HOME/reports/`, in cron syntax "
-    "(`0 6 * * MON`: Mondays at 06:00; `@daily`); empty (the default): never. A run missed while the server was "
-    "down is made at start-up.",
-    "report_timezone": "Time zone of the schedule's times, an IANA name like `Europe/Berlin` (default `UTC`).",
-    "report_window": "What a scheduled fleet report covers: traces ingested this long before it is due "
-    "(default `7d`; `30m`, `12h`, `2w` work too; empty: every trace).",
-    "report_keep": "How many scheduled fleet reports `reports/` keeps, the oldest removed first (default 52).",
 }

@@ -29,7 +29,8 @@ from typing import Any
 
 import duckdb
 
-from .errors import QueryError
+from tracelake.contracts.errors import QueryError
+
 from .sql_functions import FILE_TABLE_FUNCTIONS, FUNCTIONS, TABLE_FUNCTIONS
 
 #: Query nodes that only read. COPY_QUERY_NODE, INSERT_QUERY_NODE, STATEMENT_NODE and any later type are refused.

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
-from .errors import QueryError, QueryMemoryLimit, QueryTimeout, Unavailable
+from tracelake.contracts.errors import QueryError, QueryMemoryLimit, QueryTimeout, Unavailable
 
 log = logging.getLogger(__name__)
 

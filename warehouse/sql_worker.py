@@ -135,7 +135,7 @@ class _Worker:
         """Run one request; False when this worker should exit (it says so in its last frame)."""
         import duckdb
 
-        from .errors import QueryError
+        from tracelake.contracts.errors import QueryError
 
         fired = threading.Event()
         timer: threading.Timer | None = None
@@ -241,7 +241,7 @@ class _Worker:
     def _send_head(self, columns: list[str], types: list[str]) -> None:
         head = json.dumps({"columns": columns, "types": types}).encode()
         if len(head) > _MAX_PIECE:
-            from .errors import QueryError
+            from tracelake.contracts.errors import QueryError
 
             raise QueryError(f"the answer's column names and types take {len(head):,} bytes: at most "
                              f"{_MAX_PIECE:,} can be sent")

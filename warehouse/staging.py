@@ -25,20 +25,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracelake import ingest
+from tracelake.contracts import schema
+from tracelake.contracts.errors import NotFound, TraceFormatError, TracelakeError, WarehouseError
+from tracelake.contracts.status import IngestStatus
 from tracelake.ingest.model import ByteCallback, TraceInfo
 
-from . import schema
 from .derived import INPUTS, write_derived
-from .errors import NotFound, TraceFormatError, TracelakeError, WarehouseError
 from .results import IngestResult
 from .settings import Settings
 from .store import Store, check_job
 
 log = logging.getLogger(__name__)
-
-#: ``IngestResult.status`` of a trace staged but not yet published (never returned to callers).
-STAGED = "staged"
-
 
 @dataclass
 class StagedTrace:
@@ -76,7 +73,7 @@ def stage_file(
     """
     path = Path(path)
     started = time.perf_counter()
-    result = IngestResult(path=path, status="failed", job=job)
+    result = IngestResult(path=path, status=IngestStatus.FAILED, job=job)
     staged = StagedTrace(result)
     try:
         check_job(job)
@@ -108,7 +105,7 @@ def _stage(
     result.trace_id = trace_id
     existing = store.registered_job(trace_id)
     if existing is not None:
-        result.status = "duplicate"
+        result.status = IngestStatus.DUPLICATE
         result.job = existing
         if on_bytes is not None:
             on_bytes(result.source_bytes)
@@ -128,7 +125,7 @@ def _stage(
             max_expanded_bytes=settings.max_expanded_bytes,
         )
         fmt, info = ingest.parse_into(path, staging, options)
-        write_derived(staging, staging, threads=settings.threads, memory_limit=settings.ingest_memory_limit)
+        write_derived(staging, staging)
         rows = {name: pq.read_metadata(staging / f"{name}.parquet").num_rows for name in schema.DATA_TABLES}
         row = traces_row(path, source_name, trace_id, labels, fmt.name, info, rows, started)
         pq.write_table(pa.Table.from_pylist([row], schema=schema.TRACES.arrow_schema),
@@ -138,7 +135,7 @@ def _stage(
         if isinstance(exc, (pa.ArrowException, duckdb.Error)):
             raise TraceFormatError(source_name, f"could not convert the trace ({exc})") from exc
         raise
-    result.status = STAGED
+    result.status = IngestStatus.STAGED
     result.format = fmt.name
     result.rank = info.rank
     result.rows = rows
@@ -162,12 +159,12 @@ def publish_staged(store: Store, staged: StagedTrace) -> IngestResult:
     try:
         existing = store.publish(staged.staging, job, trace_id)  # checks for a registration under the write lock
         if existing is not None:
-            result = IngestResult(path=result.path, status="duplicate", trace_id=trace_id, job=existing,
+            result = IngestResult(path=result.path, status=IngestStatus.DUPLICATE, trace_id=trace_id, job=existing,
                                   source_bytes=result.source_bytes, seconds=result.seconds)
         else:
-            result.status = "ingested"
+            result.status = IngestStatus.INGESTED
     except OSError as exc:
-        result.status = "failed"
+        result.status = IngestStatus.FAILED
         result.error = f"{result.path}: cannot publish into {store.home} ({exc.strerror or exc})"
     finally:
         store.discard(staged.staging)
@@ -239,7 +236,7 @@ def stage_derived(
                 os.symlink(stored, staging / f"{name}.parquet")
             else:  # a trace ingested before the table existed
                 pq.write_table(schema.table(name).arrow_schema.empty_table(), staging / f"{name}.parquet")
-        write_derived(staging, staging, threads=settings.threads, memory_limit=settings.ingest_memory_limit)
+        write_derived(staging, staging)
     except (duckdb.Error, OSError) as exc:
         store.discard(staging)
         raise WarehouseError(f"cannot recompute trace {trace_id}: {exc}") from exc

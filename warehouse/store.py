@@ -42,8 +42,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from . import schema
-from .errors import InvalidArgument
+from tracelake.contracts import schema
+from tracelake.contracts.errors import InvalidArgument
 
 try:
     import fcntl

@@ -11,7 +11,8 @@ from __future__ import annotations
 import itertools
 import re
 
-from .errors import InvalidArgument
+from tracelake.contracts.errors import InvalidArgument
+
 from .store import SCHEMA_JOB, Store
 
 #: The fewest characters a trace id prefix may have (as git's shortest abbreviation).

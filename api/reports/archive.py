@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import quote
 
+from tracelake.contracts.errors import InvalidArgument, NotFound
 from tracelake.warehouse import Fleet, Warehouse
-from tracelake.warehouse.errors import InvalidArgument, NotFound
 from tracelake.warehouse.fleet_report import parse_when
 
 from .fleet import render as render_fleet

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Path as PathParam, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from tracelake.warehouse.errors import NotFound
+from tracelake.contracts.errors import NotFound
 from tracelake.warehouse.fleet_report import parse_when
 from tracelake.warehouse.store import parse_labels
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tracelake import ingest
-from tracelake.warehouse.errors import TracelakeError
+from tracelake.contracts.errors import TracelakeError
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_traces"

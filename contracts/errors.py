@@ -1,7 +1,8 @@
 """The one error hierarchy of tracelake.
 
-Domain code raises these; the CLI maps them to a message and an exit code in one
-place, and the REST API maps them to HTTP statuses in one exception handler.
+Domain code raises these; they say what went wrong, never how a face reports it. The
+CLI maps them to a message and an exit code, and the REST API to an HTTP status, in
+one place each (:mod:`tracelake.api.errors`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,6 @@ from pathlib import Path
 class TracelakeError(Exception):
     """Base class of every error tracelake raises on purpose."""
 
-    #: What the CLI exits with and the API answers with for this kind of error.
-    exit_code: int = 1
-    http_status: int = 400
-
 
 class TraceFormatError(TracelakeError):
     """An input file is not a trace tracelake can read, or is damaged.
@@ -23,8 +20,6 @@ class TraceFormatError(TracelakeError):
     The message always names the file and the place (byte offset, event index or
     line) so that a person can find the problem.
     """
-
-    http_status = 422
 
     def __init__(self, source: str | Path, message: str, *, where: str | None = None) -> None:
         self.source = str(source)
@@ -45,8 +40,6 @@ class InvalidArgument(TracelakeError):
 class NotFound(TracelakeError):
     """A trace, job or file that was asked for does not exist."""
 
-    http_status = 404
-
 
 class QueryError(TracelakeError):
     """A SQL query failed; the message is DuckDB's."""
@@ -65,36 +58,24 @@ class QueryMemoryLimit(QueryLimit):
 
 
 class Unavailable(TracelakeError):
-    """The server cannot do this now (every SQL worker busy) or here (no OS sandbox for SQL): 503."""
-
-    http_status = 503
+    """The server cannot do this now (every SQL worker busy) or here (no OS sandbox for SQL)."""
 
 
 class TooManyRequests(TracelakeError):
     """One client (token) has as many requests of this kind running as it may."""
 
-    http_status = 429
-
 
 class WarehouseError(TracelakeError):
     """The warehouse directory or its catalog cannot be used as it is."""
-
-    http_status = 500
 
 
 class TooLarge(InvalidArgument):
     """An upload, archive or decompressed stream is larger than the configured limit."""
 
-    http_status = 413
-
 
 class Unauthorized(TracelakeError):
     """A request carries no valid API token."""
 
-    http_status = 401
-
 
 class Forbidden(TracelakeError):
     """A request's token lacks the scope the operation needs."""
-
-    http_status = 403

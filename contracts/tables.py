@@ -1,91 +1,13 @@
-"""Every warehouse table, declared once as data.
+"""The declarations of every warehouse table: what each table and column means.
 
-The declaration drives everything else: the Arrow schema parsers must produce, the
-SQL casts that normalise a parser's output, the DuckDB views of the catalog and
-``docs/schema.md`` (a test checks that the document matches this module).
-
-Units live in column names: ``*_ns`` are integer nanoseconds (timestamps since the
-Unix epoch where the trace gives absolute time), ``*_bytes``/``bytes`` are bytes.
+Use them through :mod:`tracelake.contracts.schema`, which also lists them in write order.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-import pyarrow as pa
-
-#: Bumped whenever a table or column changes meaning or type.
-SCHEMA_VERSION = 7
-
-_ARROW_TYPES: dict[str, pa.DataType] = {
-    "VARCHAR": pa.string(),
-    "BIGINT": pa.int64(),
-    "UBIGINT": pa.uint64(),
-    "INTEGER": pa.int32(),
-    "DOUBLE": pa.float64(),
-    "BOOLEAN": pa.bool_(),
-    "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
-    "VARCHAR[]": pa.list_(pa.string()),
-    "INTEGER[]": pa.list_(pa.int32()),
-    "MAP(VARCHAR, VARCHAR)": pa.map_(pa.string(), pa.string()),
-}
-
-
-@dataclass(frozen=True)
-class Column:
-    """One column: its name, DuckDB type and what it means."""
-
-    name: str
-    type: str
-    doc: str
-
-    @property
-    def arrow_type(self) -> pa.DataType:
-        """The Arrow type Parquet files store this column as."""
-        return _ARROW_TYPES[self.type]
-
-
-@dataclass(frozen=True)
-class Table:
-    """A warehouse table: one Parquet file per trace under ``tables/<name>/job=<job>/``."""
-
-    name: str
-    doc: str
-    columns: tuple[Column, ...]
-    #: Columns that come from the directory layout (hive partitioning), not the file.
-    partition_columns: tuple[Column, ...] = field(default=())
-    #: Computed from other tables after parsing (and again by ``analyze --recompute``).
-    derived: bool = False
-
-    @property
-    def arrow_schema(self) -> pa.Schema:
-        """The schema of this table's Parquet files (partition columns excluded)."""
-        return pa.schema([pa.field(c.name, c.arrow_type) for c in self.columns])
-
-    def column(self, name: str) -> Column:
-        """Return the column called ``name``."""
-        for col in (*self.columns, *self.partition_columns):
-            if col.name == name:
-                return col
-        raise KeyError(f"table {self.name} has no column {name!r}")
-
-    @property
-    def column_names(self) -> list[str]:
-        """Names of the columns stored in each file, in order."""
-        return [c.name for c in self.columns]
-
-
-def _c(name: str, type_: str, doc: str) -> Column:
-    return Column(name, type_, doc)
-
-
-JOB = _c("job", "VARCHAR", "Job the trace was ingested under (from the `job=<job>` folder).")
-TRACE_ID = _c("trace_id", "VARCHAR", "Content hash of the source file; joins every table to `traces`.")
-RANK = _c("rank", "INTEGER", "Global rank of the process that wrote the trace.")
-EVENT_ID = _c("event_id", "BIGINT", "Index of the event in the source file's event list (unique per trace).")
-TS = _c("ts_ns", "BIGINT", "Start time, ns since the epoch (or the profiler's clock when the trace has no epoch).")
-DUR = _c("dur_ns", "BIGINT", "Duration in ns, never negative.")
-STEP = _c("step", "BIGINT", "Training step (`ProfilerStep#N`) the event belongs to; null outside steps.")
+from .columns import DUR, EVENT_ID, JOB, RANK, STEP, TRACE_ID, TS, Table
+from .columns import column as _c
+from .columns import ns_column as _ns
 
 TRACES = Table(
     "traces",
@@ -135,7 +57,7 @@ DEVICE_OPS = Table(
         _c("device", "INTEGER", "Device index on the host (CUDA/HIP ordinal, TPU chip, XLA CPU device)."),
         _c("stream", "BIGINT", "Stream (or XLA line) the op ran on."),
         _c("kind", "VARCHAR", "`kernel`, `memcpy`, `memset`, `sync`, or `xla_op` (an XLA op on TPU or the CPU back-end)."),
-        _c("category", "VARCHAR", "`compute`, `communication`, `memory` or `sync`: a `tracelake.analysis.classify.Category` (rules: `tracelake.analysis.classify.RULES`)."),
+        _c("category", "VARCHAR", "`compute`, `communication`, `memory` or `sync`: a `tracelake.contracts.classify.Category` (rules: `tracelake.contracts.classify.RULES`)."),
         _c("name", "VARCHAR", "Kernel or operation name."),
         TS,
         DUR,
@@ -258,12 +180,13 @@ COUNTERS = Table(
 DEVICES = Table(
     "devices",
     "The accelerators a trace ran on, with their peak figures where the profile gives them (for MFU and "
-    "rooflines).",
+    "rooflines), and the network devices its NCCL logs name.",
     (
         TRACE_ID,
         RANK,
         _c("device", "INTEGER", "Device index, as in `device_ops.device`."),
-        _c("kind", "VARCHAR", "`tpu`, `gpu` or `cpu`."),
+        _c("kind", "VARCHAR", "`tpu`, `gpu`, `cpu`, or `nic`: a network device NCCL names (`mlx5_0:1/IB`, "
+                              "`mlx5_0:1/RoCE`, `eth0`), with `device` its index and no rank."),
         _c("name", "VARCHAR", "Model, e.g. `TPU v6 Lite`."),
         _c("vendor", "VARCHAR", "Vendor, when given."),
         _c("peak_tflops", "DOUBLE", "Peak dense TFLOP/s, when given."),
@@ -353,10 +276,6 @@ FLIGHT_RECORDER_STATUS = Table(
     ),
     (JOB,),
 )
-
-
-def _ns(name: str, doc: str) -> Column:
-    return _c(name, "BIGINT", doc)
 
 
 BREAKDOWN = Table(
@@ -495,46 +414,3 @@ STREAM_QUEUES = Table(
     (JOB,),
     derived=True,
 )
-
-#: Every table, in the order they are written; `traces` is last because writing
-#: its row is what makes a trace visible.
-TABLES: dict[str, Table] = {
-    t.name: t
-    for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, DEVICES, NCCL_BENCHMARKS, COMMUNICATORS,
-              COMM_CHANNELS, FLIGHT_RECORDER_STATUS, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
-              LAUNCH_STATS, STREAM_QUEUES, GRAPH_LAUNCHES, TRACES)
-}
-
-#: Tables holding one trace's data (everything except the registry itself).
-DATA_TABLES: tuple[str, ...] = tuple(name for name in TABLES if name != "traces")
-#: Tables a parser writes.
-PARSED_TABLES: tuple[str, ...] = tuple(name for name in DATA_TABLES if not TABLES[name].derived)
-#: Tables computed from the parsed ones.
-DERIVED_TABLES: tuple[str, ...] = tuple(name for name in DATA_TABLES if TABLES[name].derived)
-
-
-def table(name: str) -> Table:
-    """Return the declared table called ``name``."""
-    try:
-        return TABLES[name]
-    except KeyError:
-        raise KeyError(f"no table {name!r}; tables: {', '.join(TABLES)}") from None
-
-
-def sql_literal(text: str) -> str:
-    """``text`` as a SQL string literal (paths, ids) for statements built from parts."""
-    return "'" + text.replace("'", "''") + "'"
-
-
-def select_list(tbl: Table, exprs: dict[str, str]) -> str:
-    """A SQL select list casting ``exprs`` to ``tbl``'s columns, in order.
-
-    Columns missing from ``exprs`` become typed NULLs, so every parser's output
-    has exactly the declared columns and types.
-    """
-    unknown = set(exprs) - set(tbl.column_names)
-    if unknown:
-        raise KeyError(f"{tbl.name} has no columns {sorted(unknown)}")
-    return ",\n  ".join(
-        f"CAST({exprs.get(c.name, 'NULL')} AS {c.type}) AS {c.name}" for c in tbl.columns
-    )

@@ -1,0 +1,90 @@
+"""The per-trace analyses stored at ingest, computed rank by rank in windows of time.
+
+docs/analyses.md, "Stored at ingest" and "How the stored figures are computed": each
+(trace, rank)'s device ops come in consecutive windows of start times; every analysis
+adds up exactly over the windows, so memory follows the window, not the trace. This
+module only feeds the analyses' accumulators (:class:`breakdown.BreakdownParts`,
+:func:`idle.idle_window`, :class:`kernels.KernelStats`, :class:`launches.LaunchParts`,
+:func:`graphs.graph_rows`); reading the windows and writing the tables is the
+warehouse's (``warehouse/derived.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import polars as pl
+
+from tracelake.contracts.classify import Category
+
+from . import breakdown, idle
+from .graphs import graph_rows
+from .kernels import KernelStats
+from .launches import LaunchCalls, LaunchParts, launch_of
+
+#: A window of one rank's device ops: ``[low, high)`` and the ops starting in it, in start order.
+Window = tuple[int, int, pl.DataFrame]
+
+
+class DerivedTables:
+    """Every derived table (``breakdown``, ``kernel_stats``, ``stream_idle``, ``launch_stats``, ``stream_queues``,
+    ``graph_launches``) of the ranks fed to :meth:`add_rank`.
+
+    Args:
+        calls: per trace, the host calls that launched device ops (:func:`launches.launch_calls`, with
+            ``graph`` set also where more than one kernel carries the id).
+        graph_calls: per trace, the name of each graph launch call, by correlation.
+        async_windows: async collective spans (``trace_id``, ``rank``, ``step``, ``ts_ns``, ``dur_ns``).
+        peaks: the device's peak TFLOP/s per (trace, rank), where known.
+    """
+
+    def __init__(self, calls: dict[str, LaunchCalls], graph_calls: dict[str, dict[int, str]],
+                 async_windows: pl.DataFrame, peaks: dict[tuple[str, int], float]) -> None:
+        self._calls = calls
+        self._graph_calls = graph_calls
+        self._async = async_windows
+        self._peaks = peaks
+        self._breakdown: list[dict[str, object]] = []
+        self._idle: list[pl.DataFrame] = []
+        self._stats: list[pl.DataFrame] = []
+        self._launches: list[pl.DataFrame] = []
+        self._queues: list[pl.DataFrame] = []
+        self._graphs: list[pl.DataFrame] = []
+
+    def add_rank(self, trace_id: str, rank: int, windows: Iterable[Window]) -> None:
+        """Add one (trace, rank) from its device ops in consecutive windows of start times.
+
+        The windows run from :data:`breakdown.LOWEST` to :data:`breakdown.HIGHEST`, each op in one
+        window, ops with the same start in the same one. The ops have ``trace_id``, ``rank``,
+        ``stream``, ``step``, ``kind``, ``category``, ``name``, ``ts_ns`` (not null), ``dur_ns``,
+        ``correlation``, ``flops`` and ``graph_id``.
+        """
+        parts = breakdown.BreakdownParts()
+        carry: dict[int, int] = {}
+        counts = KernelStats()
+        launched = LaunchParts()
+        mine = self._async.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank))
+        for low, high, ops in windows:
+            parts.add(ops, mine.filter((pl.col("ts_ns") >= low) & (pl.col("ts_ns") < high)), low, high)
+            ops = ops.with_columns(launch_of(ops["correlation"], self._calls.get(trace_id)))
+            launched.add(ops)
+            work = ops.filter(pl.col("category") != Category.SYNC)
+            self._idle.append(idle.idle_window(work.select(
+                "trace_id", "rank", "stream", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
+                "launch_ns"), carry))
+            counts.add(work)
+        self._breakdown.extend(parts.rows(trace_id, rank, self._peaks.get((trace_id, rank))))
+        self._stats.append(counts.kernel_stats(trace_id, rank))
+        self._launches.append(launched.stats(trace_id, rank))
+        self._queues.append(launched.queues(trace_id, rank))
+        self._graphs.append(graph_rows(launched.graph_kernels(), trace_id, rank,
+                                       self._graph_calls.get(trace_id, {})))
+
+    def tables(self) -> dict[str, pl.DataFrame | None]:
+        """Each derived table's rows, by table name; None where no rank was added."""
+        def joined(parts: list[pl.DataFrame]) -> pl.DataFrame | None:
+            return pl.concat(parts) if parts else None
+
+        return {"breakdown": breakdown.rows_frame(self._breakdown), "stream_idle": idle.combine_windows(self._idle),
+                "kernel_stats": joined(self._stats), "launch_stats": joined(self._launches),
+                "stream_queues": joined(self._queues), "graph_launches": joined(self._graphs)}

@@ -1,0 +1,237 @@
+"""The cross-event facts of a Kineto trace (stage 2, at the end), derived in DuckDB.
+
+From narrow columns read back from the Parquet parts (:func:`narrow`): the steps, the nesting
+of host events (natively where the scanner is built, else in SQL), the step of every device
+op, the collective calls linked to their kernels, the counters, and the trace's span and
+device type. :meth:`.pytorch_profiler_sql.Normaliser.finish` runs them in this order;
+:mod:`.kineto_sql_tables` joins the results onto the parts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracelake.contracts.classify import Category, category_sql
+from tracelake.contracts.schema import sql_literal
+
+from . import kineto_scan
+from .kineto_sql_events import DTYPE_BYTES, max_object
+from .model import TraceInfo
+
+
+def narrow(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
+    """The columns the cross-event facts need, read back from the parts (nothing stays resident while loading)."""
+    host = sql_literal(str(parts / "host-*.parquet"))
+    device = sql_literal(str(parts / "device-*.parquet"))
+    if not any(parts.glob("host-*.parquet")):
+        con.execute("CREATE VIEW host_n AS SELECT NULL::BIGINT AS event_id, NULL::BIGINT AS pid, NULL::BIGINT AS tid, "
+                    "NULL::BIGINT AS ts_ns, NULL::BIGINT AS dur_ns, NULL::BIGINT AS correlation LIMIT 0")
+        con.execute("CREATE TABLE dev_n AS SELECT NULL::BIGINT AS event_id, NULL::INTEGER AS device, "
+                    "NULL::BIGINT AS ts_ns, NULL::BIGINT AS dur_ns, NULL::BIGINT AS correlation, "
+                    "NULL::VARCHAR AS category LIMIT 0")
+        return
+    con.execute(f"CREATE VIEW host_n AS SELECT event_id, pid, tid, ts_ns, dur_ns, correlation FROM read_parquet({host})")
+    con.execute(f"""CREATE VIEW dev_n AS SELECT event_id, device, ts_ns, dur_ns, correlation, {category_sql()} AS category
+                    FROM read_parquet({device})""")
+
+
+def steps(con: duckdb.DuckDBPyConnection) -> None:
+    """``steps``: each ``ProfilerStep#N`` from its first mark to the end of its last."""
+    con.execute("""
+        CREATE TABLE steps AS
+        SELECT step, min(ts_ns) AS ts_ns, max(ts_ns + dur_ns) - min(ts_ns) AS dur_ns
+        FROM step_marks WHERE step IS NOT NULL GROUP BY step
+    """)
+
+
+def nesting(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) -> None:
+    """``host_d``: the host events with their depth, parent and step; ``native``: by the native sweep."""
+    if native:
+        ts_max, dur_max = con.execute(
+            "SELECT max(abs(CAST(ts_ns AS HUGEINT))), max(dur_ns) FROM host_n").fetchall()[0]
+        if (ts_max or 0) + (dur_max or 0) < kineto_scan.NEST_LIMIT:
+            _nesting_native(con, parts / "nesting.parquet")
+            return
+    nesting_sql(con)
+
+
+def _nesting_native(con: duckdb.DuckDBPyConnection, out: Path) -> None:
+    """The native sweep over host events sorted by DuckDB (out of core), a batch at a time, into ``out``."""
+    steps = con.sql("SELECT step, ts_ns, dur_ns FROM steps ORDER BY ts_ns, step").to_arrow_table()
+    nesting = kineto_scan.HostNesting(steps)
+    reader = con.sql("""
+        SELECT event_id, pid, tid, ts_ns, dur_ns, correlation FROM host_n
+        ORDER BY pid, tid, ts_ns, dur_ns DESC, event_id
+    """).to_arrow_reader(_NEST_BATCH_ROWS)
+    schema = reader.schema.append(pa.field("depth", pa.int32())).append(pa.field("step", pa.int64())).append(
+        pa.field("parent_id", pa.int64()))
+    with pq.ParquetWriter(out, schema, compression="lz4", use_dictionary=False) as writer:
+        for batch in reader:
+            writer.write_batch(nesting.add(batch))
+    con.execute(f"CREATE VIEW host_d AS SELECT * FROM read_parquet({sql_literal(str(out))})")
+
+
+#: Host events nested per batch.
+_NEST_BATCH_ROWS = 262_144
+
+
+def nesting_sql(con: duckdb.DuckDBPyConnection) -> None:
+    """Depth, parent and step of host events per thread, by a sweep over starts and ends.
+
+    At equal times ends come before starts (touching is not nesting), longer events
+    start first (the parent), and the end of a zero-length event comes after its start.
+    """
+    con.execute("""
+        CREATE TABLE depths AS
+        WITH points AS (
+            SELECT pid, tid, ts_ns AS t, 1 AS ord, dur_ns, event_id, 1 AS delta FROM host_n
+            UNION ALL
+            SELECT pid, tid, ts_ns + dur_ns AS t, CASE WHEN dur_ns = 0 THEN 2 ELSE 0 END AS ord,
+                   0 AS dur_ns, event_id, -1 AS delta FROM host_n
+        ), running AS (
+            SELECT event_id, ord,
+                   sum(delta) OVER (PARTITION BY pid, tid ORDER BY t, ord, dur_ns DESC, event_id
+                                    ROWS UNBOUNDED PRECEDING) AS open
+            FROM points
+        )
+        SELECT event_id, CAST(open - 1 AS INTEGER) AS depth FROM running WHERE ord = 1
+    """)
+    con.execute("""
+        CREATE TABLE host1 AS
+        SELECT h.*, d.depth, CASE WHEN h.ts_ns < s.ts_ns + s.dur_ns THEN s.step END AS step
+        FROM host_n h JOIN depths d USING (event_id)
+        ASOF LEFT JOIN steps s ON h.ts_ns >= s.ts_ns
+    """)
+    con.execute("""
+        CREATE TABLE host_d AS
+        SELECT c.*, p.event_id AS parent_id
+        FROM host1 c ASOF LEFT JOIN (SELECT pid, tid, depth + 1 AS child_depth, ts_ns, event_id FROM host1) p
+          ON c.pid IS NOT DISTINCT FROM p.pid AND c.tid IS NOT DISTINCT FROM p.tid
+         AND c.depth = p.child_depth AND c.ts_ns >= p.ts_ns
+    """)
+    con.execute("DROP TABLE depths; DROP TABLE host1")
+
+
+def device_steps(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
+    """``dev_d``: the device ops with their step: that of the runtime call that launched them, else by time.
+
+    It goes to a file in ``parts/``, not to a table in DuckDB's memory, where it would
+    take from the memory limit that the final joins need.
+    """
+    out = sql_literal(str(parts / "device_steps.parquet"))
+    con.execute(f"""
+        COPY (
+            SELECT d.*, coalesce(l.step, CASE WHEN d.ts_ns < s.ts_ns + s.dur_ns THEN s.step END) AS step
+            FROM dev_n d
+            LEFT JOIN (
+                SELECT correlation, any_value(step) AS step FROM host_d
+                WHERE correlation IS NOT NULL GROUP BY correlation
+            ) l USING (correlation)
+            ASOF LEFT JOIN steps s ON d.ts_ns >= s.ts_ns
+        ) TO {out} (FORMAT parquet, COMPRESSION lz4)
+    """)
+    con.execute(f"CREATE VIEW dev_d AS SELECT * FROM read_parquet({out})")
+    con.execute("""
+        CREATE TABLE step_rows AS
+        SELECT s.step, s.ts_ns, s.dur_ns, min(d.ts_ns) AS device_start_ns,
+               max(d.ts_ns + d.dur_ns) AS device_end_ns, count(d.event_id) AS device_op_count
+        FROM steps s LEFT JOIN dev_d d ON d.step = s.step
+        GROUP BY ALL
+    """)
+
+
+def collectives(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
+    """Collective calls from ``record_param_comms`` (or NCCL kernel args), linked to kernels."""
+    sizes = ", ".join(f"('{k}', {v})" for k, v in DTYPE_BYTES.items())
+    con.execute(f"CREATE TABLE dtype_bytes(dtype VARCHAR, size INTEGER); INSERT INTO dtype_bytes VALUES {sizes}")
+    con.execute("""
+        CREATE TABLE coll_cpu AS
+        SELECT c.*, h.pid, h.tid, h.ts_ns, h.dur_ns, h.step
+        FROM coll_args c JOIN host_d h USING (event_id)
+    """)
+    # The kernel of a CPU-side call is launched from inside it, on the same thread.
+    con.execute(f"""
+        CREATE TABLE coll_links AS
+        SELECT event_id, kernel_event_id FROM (
+            SELECT c.event_id, k.event_id AS kernel_event_id,
+                   row_number() OVER (PARTITION BY c.event_id ORDER BY k.ts_ns, k.event_id) AS n
+            FROM coll_cpu c
+            JOIN host_d r ON r.pid = c.pid AND r.tid = c.tid AND r.correlation IS NOT NULL
+                       AND r.ts_ns >= c.ts_ns AND r.ts_ns <= c.ts_ns + c.dur_ns
+            JOIN dev_d k ON k.correlation = r.correlation AND k.category = '{Category.COMMUNICATION}'
+        ) WHERE n = 1
+    """)
+    kernels = sql_literal(str(parts / "device-*.parquet"))
+    con.execute(f"""
+        CREATE TABLE coll AS
+        WITH calls AS (
+            SELECT c.*, l.kernel_event_id, c.ts_ns AS cpu_ts_ns, c.dur_ns AS cpu_dur_ns
+            FROM coll_cpu c LEFT JOIN coll_links l USING (event_id)
+            UNION ALL BY NAME
+            -- Kernels that carry collective args but no CPU-side call claimed them.
+            SELECT c.*, d.event_id AS kernel_event_id, d.ts_ns, d.dur_ns, d.step
+            FROM coll_args c JOIN dev_d d USING (event_id)
+            WHERE d.event_id NOT IN (SELECT kernel_event_id FROM coll_links)
+        ), kernel AS (
+            SELECT event_id, name, stream FROM read_parquet({kernels})
+            WHERE event_id IN (SELECT kernel_event_id FROM calls)
+        )
+        SELECT n.event_id, n.coll_name AS collective, n.process_group, n.pg_desc AS process_group_desc,
+               n.pg_ranks AS group_ranks, n.group_size,
+               coalesce(n.coll_seq, row_number() OVER (
+                   PARTITION BY n.process_group ORDER BY coalesce(n.cpu_ts_ns, n.ts_ns), n.event_id)) AS seq,
+               n.dtype, n.in_nelems, n.out_nelems,
+               greatest(n.in_nelems, n.out_nelems) * b.size AS message_bytes,
+               n.src_rank, n.dst_rank,
+               coalesce(k.ts_ns, n.ts_ns) AS ts_ns, coalesce(k.dur_ns, n.dur_ns) AS dur_ns,
+               n.cpu_ts_ns, n.cpu_dur_ns, n.kernel_event_id, kn.name AS kernel_name, kn.stream,
+               coalesce(n.step, k.step) AS step
+        FROM calls n
+        LEFT JOIN dev_d k ON k.event_id = n.kernel_event_id
+        LEFT JOIN kernel kn ON kn.event_id = n.kernel_event_id
+        LEFT JOIN dtype_bytes b ON b.dtype = n.dtype
+    """)
+
+
+def counters(con: duckdb.DuckDBPyConnection, counter_batches: list[Path]) -> None:
+    """``C`` counter events (memory instants were collected per group)."""
+    if not counter_batches:
+        return
+    files = "[" + ", ".join(sql_literal(str(p)) for p in counter_batches) + "]"
+    con.execute(f"""
+        INSERT INTO counter_rows
+        WITH c AS (
+            SELECT name, ts, TRY_CAST(args AS MAP(VARCHAR, DOUBLE)) AS m
+            FROM read_json({files}, format = 'array',
+                           columns = {{'ph': 'VARCHAR', 'name': 'VARCHAR', 'ts': 'DECIMAL(20,3)', 'args': 'JSON'}},
+                           maximum_object_size = {max(max_object(p) for p in counter_batches)})
+            WHERE ph = 'C' AND ts IS NOT NULL
+        )
+        SELECT CASE WHEN key = name THEN name ELSE name || '.' || key END, NULL, rel_ns(ts), value
+        FROM (SELECT name, ts, unnest(map_keys(m)) AS key, unnest(map_values(m)) AS value FROM c)
+        WHERE value IS NOT NULL
+    """)
+
+
+def fill_info(con: duckdb.DuckDBPyConnection, info: TraceInfo, base_ns: int) -> None:
+    """Fill ``info``'s span, device count and type, and (if missing) the pid with most host events."""
+    row = con.execute("""
+        SELECT min(s), max(e) FROM (
+            SELECT min(ts_ns) s, max(ts_ns + dur_ns) e FROM dev_d
+            UNION ALL SELECT min(ts_ns), max(ts_ns + dur_ns) FROM host_n)
+    """).fetchone()
+    start, end = row if row else (None, None)
+    info.start_ns = None if start is None else start + base_ns
+    info.end_ns = None if end is None else end + base_ns
+    info.device_count = con.execute("SELECT count(DISTINCT device) FROM dev_d").fetchone()[0]  # type: ignore[index]
+    hip, mtia = con.execute("SELECT sum(hip_calls), sum(mtia_ops) FROM facts").fetchall()[0]
+    info.device_type = ("mtia" if mtia else "rocm" if hip else "cuda") if info.device_count else "cpu"
+    if info.pid is None:
+        found = con.execute(
+            "SELECT pid FROM host_n WHERE pid IS NOT NULL GROUP BY pid ORDER BY count(*) DESC LIMIT 1"
+        ).fetchone()
+        info.pid = found[0] if found else None
