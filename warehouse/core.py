@@ -21,7 +21,7 @@ from tracelake.contracts.errors import InvalidArgument, NotFound, QueryError, Wa
 from tracelake.contracts.status import IngestStatus
 from tracelake.ingest.model import ByteCallback
 
-from . import analysis_report, catalog, fleet_report, job_report, runs, staging, trace_ids
+from . import analysis_report, catalog, fleet_report, job_report, overview, runs, staging, trace_ids
 from .analysis_report import Analysis
 from .check import STALE_AFTER, CheckReport
 from .check import check as check_warehouse
@@ -363,6 +363,25 @@ class Warehouse:
         elif offset:
             frame = frame.slice(offset)
         return frame.to_dicts()
+
+    def trace_listing(self, job: str | None = None) -> QueryResult:
+        """What ``tracelake traces`` lists: one row per trace (of ``job``), with its run and the ranks it holds."""
+        sql, params = overview.TRACE_LISTING, []
+        if job:
+            sql += " WHERE job = ?"
+            params.append(job)
+        result = self.query(sql + " ORDER BY job, rank, source_name", params)
+        run_of = {t["trace_id"]: t["run"] for t in self.traces(job)}  # docs/analyses.md, "Runs within a job"
+        return QueryResult([*result.columns[:2], "run", *result.columns[2:]], [*result.types[:2], "VARCHAR",
+                           *result.types[2:]], [(*row[:2], run_of.get(row[0]), *row[2:]) for row in result.rows])
+
+    def rank_summary(self, job: str) -> pl.DataFrame:
+        """Per rank of ``job``: steps, device ops, op time per category and mean step time (:mod:`.overview`)."""
+        con = self.connect()
+        try:
+            return overview.rank_summary(con, job)
+        finally:
+            con.close()
 
     def count_traces(
         self,

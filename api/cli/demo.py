@@ -10,7 +10,6 @@ from typing import Annotated
 
 import typer
 
-from tracelake.analysis import overview
 from tracelake.warehouse import IngestResult, InvalidArgument, Settings, Warehouse
 
 from ..output import to_table
@@ -43,11 +42,7 @@ def demo(
     ingest_summary(results, time.perf_counter() - started)
     for scenario in scenarios:
         job = f"demo-{scenario.name}"
-        con = warehouse.connect()
-        try:
-            summary = overview.rank_summary(con, job)
-        finally:
-            con.close()
+        summary = warehouse.rank_summary(job)
         console.print()
         console.print(to_table(render.frame_result(summary), title=f"job {job}: device time per rank"))
         print_findings(warehouse.analyze(job=job).findings)

@@ -1,9 +1,9 @@
-"""First-look figures per rank, used by ``tracelake demo`` and quick checks.
+"""First-look listings over the catalog's views, for ``tracelake demo`` and ``tracelake traces``.
 
-Pure functions: a DuckDB connection holding the warehouse views in, a polars
-frame out. Sums here are plain sums of op durations per category; the
-overlap-aware breakdown (unions, exposed communication) lives in the breakdown
-analysis.
+Queries over stored tables (a DuckDB connection holding the warehouse views in, a frame or
+rows out), reached through the facade (:meth:`Warehouse.rank_summary`, :meth:`Warehouse.trace_listing`).
+Sums here are plain sums of op durations per category; the overlap-aware breakdown (unions,
+exposed communication) is :mod:`tracelake.analysis.breakdown`'s.
 """
 
 from __future__ import annotations
@@ -46,3 +46,13 @@ def rank_summary(con: duckdb.DuckDBPyConnection, job: str) -> pl.DataFrame:
         """,
         params={"job": job},
     ).pl()
+
+
+#: ``tracelake traces``' columns; ``ranks`` from the stored breakdown: an XLA profile holds a rank per device
+#: (docs/formats.md).
+TRACE_LISTING = (
+    "SELECT trace_id, job, rank, coalesce(r.ranks, [rank]) AS ranks, format, source_name, device_name, "
+    "device_op_count, round((end_ns - start_ns) / 1e6, 3) AS span_ms, ingested_at FROM traces LEFT JOIN ("
+    "SELECT trace_id, list(DISTINCT rank ORDER BY rank) AS ranks FROM breakdown WHERE step IS NULL "
+    "GROUP BY trace_id) r USING (trace_id)"
+)
