@@ -61,7 +61,7 @@ def test_code_cites_the_projects_own_docs() -> None:
     """Every doc the code and its docs cite ships with the project: ``docs/<name>.md`` exists, nothing outside it."""
     import re
 
-    texts = [p for folder in (*CODE_FOLDERS, "docs", "benchmarks", "sample_traces", ".ci")
+    texts = [p for folder in (*CODE_FOLDERS, "tests", "docs", "benchmarks", "sample_traces", ".ci")
              for p in (ROOT / folder).rglob("*") if p.suffix in (".py", ".md", ".c", "") and p.is_file()
              and "__pycache__" not in p.parts]
     texts.append(ROOT / "README.md")
