@@ -1,6 +1,7 @@
 """Collectives across ranks: arrival skew, the last rank, transfer time and bandwidth.
 
-A collective instance is (process group, seq) within a job (docs/analyses.md, "Collectives across ranks"). Its
+A collective instance is (process group, seq) within a job, a send/recv the pair's (process group, source,
+destination, seq) (docs/analyses.md, "Collectives across ranks"). Its
 transfer time is estimated as the shortest duration over ranks (the others also
 waited for the last arrival); algbw = bytes / time and busbw = algbw x the
 collective's factor for n ranks, with bytes and factors from docs/formats.md (the
@@ -42,8 +43,20 @@ def busbw_factor(collective: pl.Expr, n: pl.Expr) -> pl.Expr:
     return a * (n - 1) / n + b
 
 
+#: Point-to-point operations: an instance is a send and its recv, the same (group, source, destination, seq).
+P2P = ("send", "recv", "isend", "irecv")
+
+
 def _timed(collectives: pl.DataFrame) -> pl.DataFrame:
-    return collectives.filter(pl.col("seq").is_not_null() & pl.col("ts_ns").is_not_null())
+    """Rows with a ``seq`` and a start; a send/recv's group named with its pair (``0:1->2``), whose ``seq`` it counts."""
+    timed = collectives.filter(pl.col("seq").is_not_null() & pl.col("ts_ns").is_not_null())
+    if "src_rank" not in timed.columns or "dst_rank" not in timed.columns:
+        return timed
+    pair = (pl.col("collective").str.to_lowercase().is_in(P2P) & pl.col("src_rank").is_not_null()
+            & pl.col("dst_rank").is_not_null())
+    return timed.with_columns(pl.when(pair).then(pl.format("{}:{}->{}", pl.col("process_group"), pl.col("src_rank"),
+                                                           pl.col("dst_rank")))
+                              .otherwise(pl.col("process_group")).alias("process_group"))
 
 
 def instances(collectives: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
@@ -90,7 +103,8 @@ def last_arrivals(collectives: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataF
     """
     ts = pl.col("ts_ns")
     key = (*by, *_INSTANCE)
-    c = _timed(collectives).select(*by, "rank", *_INSTANCE, "ts_ns").with_columns(
+    # a recv posted before its send is not waiting for a straggler: only collectives count
+    c = _timed(collectives).filter(~pl.col("collective").str.to_lowercase().is_in(P2P)).select(*by, "rank", *_INSTANCE, "ts_ns").with_columns(
         ts.max().over(key).alias("last_ns"),
         ts.min().over(key).alias("first_ns"),
         pl.len().over(key).alias("rows"),

@@ -97,10 +97,13 @@ def from_breakdown(whole: pl.DataFrame) -> list[Finding]:
 MIN_GAIN_SHARE = 0.001
 #: ...and it arrives at least this late on average.
 MIN_SKEW_NS = 10_000
+#: A rank is a straggler when it starts last at more than twice the share chance gives (2/ranks), and
+#: with 2 or 3 ranks, where twice chance is 1 or near it, at more than this share.
+STRAGGLER_SHARE = 0.6
 
 
 def from_last_arrivals(arrivals: pl.DataFrame, ranks: int, whole: pl.DataFrame | None = None) -> list[Finding]:
-    """A straggler: a rank that starts collectives last far more often than 1/n of the time.
+    """A straggler: a rank that starts collectives last far more often than 1/n of the time (:data:`STRAGGLER_SHARE`).
 
     With the whole-trace breakdown, the evidence adds the straggler's compute time
     against the median rank's (more compute points at the rank's own work; equal
@@ -111,7 +114,7 @@ def from_last_arrivals(arrivals: pl.DataFrame, ranks: int, whole: pl.DataFrame |
     top = arrivals.row(0, named=True)
     total = int(top["collectives"])
     share = top["times_last"] / max(total, 1)
-    if share <= 2 / ranks:
+    if share <= min(2 / ranks, STRAGGLER_SHARE):  # twice chance; with 2 or 3 ranks chance is too close to 1
         return []
     skew_ns = float(top["mean_skew_us"] or 0) * 1e3
     if skew_ns < MIN_SKEW_NS:

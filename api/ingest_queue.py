@@ -219,6 +219,13 @@ class IngestQueue:
         """Files queued or being ingested; takes no lock (``/healthz`` reads it on the event loop)."""
         return self._queued
 
+    def recount(self) -> tuple[int, int]:
+        """:meth:`depth` and a recount of the tasks whose status is ``queued``, read at one moment (under the lock,
+        so no task changes between the two); equal unless the kept depth went wrong. For checks: it waits for the
+        lock, which :meth:`depth` never does."""
+        with self._changed:
+            return self._queued, sum(t.status == TaskStatus.QUEUED for t in self._tasks.values())
+
     def wait(self, trace_ids: list[str], timeout: float) -> bool:
         """Block until none of ``trace_ids`` is queued any more, or ``timeout`` seconds pass; True if all finished."""
         deadline = time.monotonic() + timeout

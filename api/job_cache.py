@@ -54,6 +54,11 @@ class JobAnalyses:
                 self._answers.popitem(last=False)
         return body
 
+    def prepared(self) -> list[bytes]:
+        """The answers kept ready now, least recently used first (what a request would find without computing)."""
+        with self._lock:
+            return list(self._answers.values())
+
     def warm(self, job: str) -> None:
         """Prepare the job's answer in the background (after an ingest into it)."""
         self._warmer.submit(self._warm, job)
@@ -83,5 +88,7 @@ class JobAnalyses:
 
     def _compute(self, job: str, top: int, *, traces: int) -> bytes:
         analysis = self.warehouse.analyze(job=job, top=top).as_dict()
-        main = {name: analysis.pop(name) for name in ("runs", "findings", "breakdown", "last_arrivals", "top_kernels")}
+        main = {name: analysis.pop(name) for name in ("runs", "findings", "breakdown", "last_arrivals", "top_kernels",
+                                                      "critical_path", "critical_path_stretches", "what_if",
+                                                      "parallelism", "pipeline_bubbles")}
         return encode({"job": job, "traces": traces, **main, "analysis": analysis})

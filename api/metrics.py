@@ -6,7 +6,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
-from tracelake.contracts.status import FINAL_INGEST_STATUSES
+from tracelake.contracts.status import FINAL_INGEST_STATUSES, IngestStatus
 
 #: Upper bounds (seconds) of the ingest duration histogram's buckets.
 INGEST_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, float("inf"))
@@ -81,7 +81,7 @@ class Metrics:
         """Count one finished ingest (``ingested``, ``duplicate`` or ``failed``) and its duration."""
         with self._lock:
             self.ingests[outcome] += 1
-            if outcome == "ingested":
+            if outcome == IngestStatus.INGESTED:
                 self.ingest_seconds.observe(seconds)
 
     def request(self, method: str, route: str, status: int, seconds: float) -> None:

@@ -106,6 +106,29 @@ class JobAnalysis(BaseModel):
     breakdown: list[dict[str, Any]] = Field(description="Device time per rank: compute, communication, exposed, idle.")
     last_arrivals: list[dict[str, Any]] = Field(description="Stragglers: the ranks that arrive last at collectives.")
     top_kernels: list[dict[str, Any]]
+    critical_path: list[dict[str, Any]] = Field(
+        description="What bounds each step across the ranks (docs/analyses.md, \"Critical path\"): one row per step: "
+                    "`step`, `ranks`, `measured_ns`, `length_ns`, `residual_pct`, `bounding_rank` (the rank with the "
+                    "most time on the path) and the time on the path by kind, `compute_ns`, `communication_ns`, "
+                    "`memory_ns`, `host_ns`, `launch_ns`, `sync_ns`, `idle_ns` (they add up to `length_ns`).")
+    critical_path_stretches: list[dict[str, Any]] = Field(
+        description="Each step's critical path, stretch by stretch in order: `step`, `position`, `rank`, `kind` "
+                    "(compute, communication, memory, host, launch, sync, idle), `name`, `process_group` (a collective's), "
+                    "`start_ns`, `dur_ns`.")
+    what_if: list[dict[str, Any]] = Field(
+        description="Each step replayed under each what-if scenario (`as_measured`, `communication_overlapped`, "
+                    "`bandwidth_x2`, `compute_x2`, `no_launch_overhead`, `slowest_rank_at_median`, `ranks_x2`): `step`, "
+                    "`scenario`, `measured_ns`, `predicted_ns`, `saving_ns`, `saving_pct` and the predicted "
+                    "path's time by kind (`compute_ns` ... `idle_ns`).")
+    parallelism: list[dict[str, Any]] = Field(
+        description="Communication per process group (docs/analyses.md, \"Parallelism\"): `process_group`, "
+                    "`description`, `dimension` (data, tensor, pipeline, context, expert, sequence), `basis` (name, "
+                    "operations or ranks), `group_size`, `ranks`, `collectives`, `operations`, `time_ns` and "
+                    "`exposed_ns` (per rank, on average), `critical_ns` and `critical_pct` (on the critical paths).")
+    pipeline_bubbles: list[dict[str, Any]] = Field(
+        description="Per pipeline stage and step: `rank`, `step`, `stages`, `microbatches`, `span_ns`, `busy_ns`, "
+                    "`bubble_ns`, `bubble_pct`, and the schedule's own bubble `schedule_bubble_pct`, "
+                    "(p - 1) / (m + p - 1).")
     analysis: dict[str, Any] = Field(description="Every other analysis: idle by stream, launches, steps, collectives...")
 
 

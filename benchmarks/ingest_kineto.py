@@ -226,13 +226,16 @@ def report(figs: list[Figures], trace_bytes: int, events: int) -> dict[str, Any]
     return rows
 
 
-def tracelake_source_id() -> str:
-    """A hash of the tracelake sources measured (the tree has no fixed commit to quote)."""
-    import tracelake.ingest
-    import tracelake.warehouse
+def tracelake_source_id(*packages: str) -> str:
+    """A hash of the tracelake sources measured (the tree has no fixed commit to quote).
+
+    ``packages`` are subpackages of ``tracelake`` (default: ``ingest`` and ``warehouse``).
+    """
+    import importlib
 
     digest = hashlib.sha256()
-    for package in (tracelake.ingest, tracelake.warehouse):
+    for name in packages or ("ingest", "warehouse"):
+        package = importlib.import_module(f"tracelake.{name}")
         for path in sorted(Path(package.__path__[0]).glob("*.py")):
             digest.update(path.name.encode() + path.read_bytes())
     return digest.hexdigest()[:12]

@@ -142,7 +142,7 @@ static const ColSpec HOST_COLS[] = {
     {"event_id", T_I64}, {"cat", T_STR}, {"name", T_STR}, {"pid", T_I64}, {"tid", T_I64},
     {"ts_ns", T_I64}, {"dur_ns", T_I64}, {"correlation", T_I64}, {"external_id", T_I64},
     {"sequence_number", T_I64}, {"fwd_thread_id", T_I64}, {"input_dims", T_STR},
-    {"input_types", T_STR}, {"flops", T_F64},
+    {"input_types", T_STR}, {"flops", T_F64}, {"concrete_inputs", T_STR},
 };
 static const ColSpec STEP_COLS[] = {{"step", T_I64}, {"ts_ns", T_I64}, {"dur_ns", T_I64}};
 static const ColSpec COLL_COLS[] = {
@@ -166,13 +166,15 @@ enum {
     A_EXTERNAL_ID, A_CORRELATION, A_DEVICE, A_STREAM, A_BYTES, A_GRID, A_BLOCK, A_REGS, A_SMEM,
     A_OCCUPANCY, A_SEQ_NR, A_FWD_TID, A_INPUT_DIMS, A_INPUT_TYPES, A_FLOPS, A_COLL_NAME, A_DTYPE,
     A_IN_NELEMS, A_OUT_NELEMS, A_GROUP_SIZE, A_PG_NAME, A_PG_DESC, A_PG_RANKS, A_COLL_SEQ,
-    A_SRC_RANK, A_DST_RANK, A_TOTAL_ALLOCATED, A_TOTAL_RESERVED, A_DEVICE_ID, A_DEVICE_TYPE, A_SIZE, A_GRAPH_ID, N_ARGS
+    A_SRC_RANK, A_DST_RANK, A_TOTAL_ALLOCATED, A_TOTAL_RESERVED, A_DEVICE_ID, A_DEVICE_TYPE, A_SIZE, A_GRAPH_ID,
+    A_CONCRETE_INPUTS, N_ARGS
 };
 static const char *ARG_NAMES[N_ARGS] = {
     "external_id", "correlation", "device", "stream", "bytes", "grid", "block", "regs", "smem",
     "occupancy", "seq_nr", "fwd_tid", "input_dims", "input_types", "flops", "coll_name", "dtype",
     "in_nelems", "out_nelems", "group_size", "pg_name", "pg_desc", "pg_ranks", "coll_seq",
     "src_rank", "dst_rank", "total_allocated", "total_reserved", "device_id", "device_type", "size", "graph_id",
+    "concrete_inputs",
 };
 static const char *ARG_KEYS[N_ARGS] = {
     "External id", "correlation", "device", "stream", "bytes", "grid", "block",
@@ -180,7 +182,7 @@ static const char *ARG_KEYS[N_ARGS] = {
     "Fwd thread id", "Input Dims", "Input type", "flops", "Collective name", "dtype",
     "In msg nelems", "Out msg nelems", "Group size", "Process Group Name",
     "Process Group Description", "Process Group Ranks", "Seq", "Src Rank", "Dst Rank",
-    "Total Allocated", "Total Reserved", "Device Id", "Device Type", "size", "graph id",
+    "Total Allocated", "Total Reserved", "Device Id", "Device Type", "size", "graph id", "Concrete Inputs",
 };
 /* The args keys by length, each list ended by -1, for the lookup of a key. */
 #define MAX_ARG_LEN 32
@@ -1051,6 +1053,13 @@ static int device_row(Scan *s, const Event *ev, int64_t event_id, const Text *na
            col_i64(&c[15], has_graph && graph != 0, graph) ? -1 : 0;
 }
 
+/* ``Concrete Inputs`` (JSON text), kept only for ``c10d::`` ops: their peer, tag or root rank. */
+static int concrete_col(Scan *s, Col *c, const Event *ev, const Text *name) {
+    if (name->ok && name->n >= 6 && memcmp(name->s, "c10d::", 6) == 0)
+        return json_col(s, c, &ev->args[A_CONCRETE_INPUTS]);
+    return col_str(c, 0, "", 0);
+}
+
 /* The row of a host op (a complete event of any other category but the few that are neither). */
 static int host_row(Scan *s, const Event *ev, int64_t event_id, const Text *cat, const Text *name, int64_t ts,
                     int64_t dur) {
@@ -1067,7 +1076,7 @@ static int host_row(Scan *s, const Event *ev, int64_t event_id, const Text *cat,
         col_i64(&c[8], ev->has_id[C_EXTERNAL_ID], ev->id[C_EXTERNAL_ID]));
     return int_col(s, &c[9], &ev->args[A_SEQ_NR]) || int_col(s, &c[10], &ev->args[A_FWD_TID]) ||
            json_col(s, &c[11], &ev->args[A_INPUT_DIMS]) || json_col(s, &c[12], &ev->args[A_INPUT_TYPES]) ||
-           double_col(s, &c[13], &ev->args[A_FLOPS]) ? -1 : 0;
+           double_col(s, &c[13], &ev->args[A_FLOPS]) || concrete_col(s, &c[14], ev, name) ? -1 : 0;
 }
 
 /* The collective args of a complete event that names a collective. */

@@ -19,6 +19,9 @@ connection (the ``coll`` table, ``dev_d``, ``host_d`` and the Parquet parts):
 
 from __future__ import annotations
 
+import bisect
+import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from tracelake.contracts.classify import Category
 from tracelake.contracts.schema import sql_literal
 
 from . import nccl_kernels
+from .kineto_sql_events import DTYPE_BYTES
 
 #: C++ element types as ``Input type`` writes them -> PyTorch's dtype names (``record_param_comms``' ``dtype``).
 CPU_TYPES: dict[str, str] = {
@@ -97,8 +101,11 @@ def _bytes(nelems: str, size: str) -> str:
     return f"TRY_CAST(CAST({nelems} AS HUGEINT) * {size} AS BIGINT)"
 
 
-def add(con: duckdb.DuckDBPyConnection, parts: Path, pg_config: Any = None) -> None:
-    """Complete ``coll``: rows for unclaimed NCCL kernels and Gloo calls, and every row's source and kernel facts."""
+def add(con: duckdb.DuckDBPyConnection, parts: Path, pg_config: Any = None, rank: int | None = None) -> None:
+    """Complete ``coll``: rows for unclaimed NCCL kernels and Gloo calls, and every row's source and kernel facts.
+
+    ``rank``: the trace's global rank (the source or destination of its own Gloo sends and receives).
+    """
     for column in ("source", "algorithm", "protocol", "reduction"):
         con.execute(f"ALTER TABLE coll ADD COLUMN {column} VARCHAR")
     con.execute("UPDATE coll SET source = CASE WHEN cpu_ts_ns IS NULL THEN 'kernel_args' ELSE 'record_param_comms' END")
@@ -119,13 +126,15 @@ def add(con: duckdb.DuckDBPyConnection, parts: Path, pg_config: Any = None) -> N
                    TRY_CAST(json_extract(TRY_CAST(p.input_dims AS JSON), '$[0]') AS BIGINT[]) AS dims0,
                    TRY_CAST(json_extract(TRY_CAST(p.input_dims AS JSON), '$[1]') AS BIGINT[]) AS dims1,
                    json_extract_string(TRY_CAST(p.input_types AS JSON), '$[0]') AS type0,
-                   json_extract_string(TRY_CAST(p.input_types AS JSON), '$[1]') AS type1
+                   json_extract_string(TRY_CAST(p.input_types AS JSON), '$[1]') AS type1,
+                   CAST(p.input_dims AS VARCHAR) AS input_dims, CAST(p.input_types AS VARCHAR) AS input_types,
+                   CAST(p.concrete_inputs AS VARCHAR) AS concrete_inputs
             FROM read_parquet({host}) p JOIN host_d h USING (event_id) WHERE {like}
         """)
         _cpu_names(con)
     _kernel_rows(con, has_host, _process_groups(pg_config, "nccl"))
     if has_host and not con.execute("SELECT count(*) FROM coll_args").fetchall()[0][0]:
-        _gloo_rows(con, _process_groups(pg_config, "gloo"))
+        _gloo_rows(con, _process_groups(pg_config, "gloo"), rank)
     con.execute("""
         UPDATE coll SET algorithm = f.algorithm, protocol = f.protocol,
                         reduction = coalesce(coll.reduction, f.reduction)
@@ -229,46 +238,244 @@ def _kernel_rows(con: duckdb.DuckDBPyConnection, has_host: bool, groups: list[di
     """)
 
 
-def _gloo_rows(con: duckdb.DuckDBPyConnection, groups: list[dict[str, Any]]) -> None:
+#: ``c10d::`` ops that Gloo runs as another operation, by the ``gloo:`` annotation's collective.
+GLOO_RUNS_AS = {"c10d::_reduce_scatter_base_": "allreduce"}
+#: Operations whose peer (send, recv) or root (broadcast) is ``Concrete Inputs[2]`` of the ``c10d::`` op.
+PEER_OPS = ("send", "recv", "broadcast")
+_P2P = ("send", "recv")
+
+
+def _json(text: Any) -> Any:
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def _tensor_nelems(dims: Any) -> int | None:
+    """Elements of a tensor of shape ``dims`` (a list of non-negative ints fitting 64 bits), else None."""
+    if not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in dims):
+        return None
+    n = math.prod(dims)
+    return n if n < 2**63 else None
+
+
+def _first_tensor(dims: Any, types: Any, index: int) -> tuple[int | None, str | None]:
+    """(elements, dtype) of input ``index``: a tensor, or a one-tensor list (``TensorList``, shape ``[[4, 128]]``)."""
+    if not isinstance(dims, list) or len(dims) <= index or not isinstance(types, list) or len(types) <= index:
+        return None, None
+    shape, kind = dims[index], types[index]
+    dtype = CPU_TYPES.get(kind) if isinstance(kind, str) else None
+    if dtype is not None:
+        return _tensor_nelems(shape), dtype
+    if kind == "TensorList" and isinstance(shape, list) and len(shape) == 1:
+        return _tensor_nelems(shape[0]), None
+    return None, None
+
+
+def _peer(concrete: Any) -> int | None:
+    """``Concrete Inputs[2]`` of a ``c10d::send``/``recv_``/``broadcast_``: the peer's (root's) rank in the group."""
+    values = _json(concrete)
+    if isinstance(values, list) and len(values) > 2 and isinstance(values[2], str) and values[2].isdigit():
+        return int(values[2])
+    return None
+
+
+def _outermost(ops: list[dict[str, Any]], marks: list[tuple[Any, Any, int]]) -> list[dict[str, Any]]:
+    """The ``c10d::`` ops inside no other one on their thread, less those with a mark (pid, tid, ts_ns) inside."""
+    by_thread: dict[tuple[Any, Any], list[int]] = {}
+    for pid, tid, ts in marks:
+        by_thread.setdefault((pid, tid), []).append(ts)
+    for times in by_thread.values():
+        times.sort()
+    kept = []
+    last: dict[tuple[Any, Any], dict[str, Any]] = {}
+    for op in sorted(ops, key=lambda o: (o["pid"] or 0, o["tid"] or 0, o["ts_ns"], o["depth"], o["event_id"])):
+        thread, end = (op["pid"], op["tid"]), op["ts_ns"] + op["dur_ns"]
+        outer = last.get(thread)
+        if outer is not None and outer["depth"] < op["depth"] and end <= outer["ts_ns"] + outer["dur_ns"]:
+            continue
+        last[thread] = op
+        times = by_thread.get(thread, [])
+        at = bisect.bisect_left(times, op["ts_ns"])
+        if at < len(times) and times[at] <= end:
+            continue
+        kept.append(op)
+    return sorted(kept, key=lambda o: (o["ts_ns"], o["event_id"]))
+
+
+def _match(annotations: list[dict[str, Any]], ops: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The ``c10d::`` op of each ``gloo:`` annotation (by event id): per operation, the n-th with the n-th.
+
+    An annotation takes the earliest unmatched op of its operation that started no later than it did (a call
+    made before the profiled window leaves its annotation unmatched rather than shifting the rest).
+    """
+    pending: dict[str, list[dict[str, Any]]] = {}
+    for op in ops:  # start order
+        pending.setdefault(GLOO_RUNS_AS.get(op["name"], op["collective"]), []).append(op)
+    matched: dict[int, dict[str, Any]] = {}
+    taken: dict[str, int] = {}
+    for ann in annotations:  # start order
+        queue, at = pending.get(ann["collective"], []), taken.get(ann["collective"], 0)
+        if at < len(queue) and queue[at]["ts_ns"] <= ann["ts_ns"]:
+            matched[ann["event_id"]] = queue[at]
+            taken[ann["collective"]] = at + 1
+    return matched
+
+
+def _candidates(groups: list[dict[str, Any]], rank: int | None, op: str, peer: int | None,
+                in_n: int | None, out_n: int | None) -> list[dict[str, Any]]:
+    """The Gloo groups of this rank that the call can belong to, by what its arguments allow (all of one)."""
+    if len(groups) <= 1:
+        return groups
+    found = []
+    for g in groups:
+        size, ranks = g["group_size"], g["ranks"]
+        if peer is not None and op in PEER_OPS:
+            if size is not None and peer >= size:
+                continue
+            if op in _P2P and ranks is not None and rank is not None and peer < len(ranks) and ranks[peer] == rank:
+                continue  # a rank sends to and receives from another rank
+        if op in ("allgather", "reduce_scatter") and in_n and out_n and size is not None:
+            ratio = out_n / in_n if op == "allgather" else in_n / out_n
+            if ratio != size:
+                continue
+        found.append(g)
+    return found
+
+
+def _global(groups: list[dict[str, Any]], peer: int | None) -> int | None:
+    """Global rank of group rank ``peer``: the one every group in ``groups`` maps it to, else None."""
+    if peer is None or not groups:
+        return None
+    found = {g["ranks"][peer] if g["ranks"] is not None and peer < len(g["ranks"]) else None for g in groups}
+    value = found.pop() if len(found) == 1 else None
+    return value if isinstance(value, int) else None
+
+
+def _gloo_rows(con: duckdb.DuckDBPyConnection, groups: list[dict[str, Any]], rank: int | None = None) -> None:
     """Rows for CPU-side collectives (Gloo): ``gloo:`` ops, else ``c10d::`` ops that launched no kernel.
 
-    Only for traces with no collective args at all: newer PyTorch records Gloo calls with
-    ``record_param_comms``, which the args rows cover.
+    Only for traces with no collective args at all (PyTorch records ``record_param_comms`` for NCCL,
+    not for Gloo, up to at least 2.13; where a trace has those args, they make the rows). The rule
+    (docs/formats.md, "Distributed CPU traces (gloo)"):
+
+    * each ``gloo:`` annotation (on the group's worker thread; ``gloo:send``/``recv`` on the calling
+      thread) is a row with its times (``ts_ns``, ``dur_ns``: the work, waiting for the peers included);
+      the n-th ``c10d::`` op of an operation on the rank is the n-th annotation's CPU call
+      (``cpu_ts_ns``, ``cpu_dur_ns``), its name (``_reduce_scatter_base_`` runs as ``gloo:all_reduce``),
+      its sizes (``Input Dims``) and its peer or root (``Concrete Inputs[2]``);
+    * the process group: the one Gloo group of ``pg_config``; with several, the only one the call can be
+      in (peer or root within the group and not this rank; all-gather and reduce-scatter sizes in the
+      ratio of the group size), else the one other calls on its worker thread were shown to be in, else
+      null; ``cpu`` where ``pg_config`` lists no Gloo group;
+    * ``seq``: collectives counted per process group, send and recv per (process group, source, destination),
+      in the order of the CPU calls; null where the group (or a peer) is unknown.
     """
-    gloo = con.execute("SELECT count(*) FROM comm_ops WHERE name LIKE 'gloo:%'").fetchall()[0][0]
-    if gloo:
-        chosen = "SELECT * FROM comm_ops WHERE name LIKE 'gloo:%'"
-    else:
-        # Outermost c10d:: ops with no NCCL annotation inside and no kernel launched from inside.
-        chosen = """
-            SELECT c.* FROM comm_ops c
-            WHERE c.name LIKE 'c10d::%'
-              AND NOT EXISTS (SELECT 1 FROM comm_ops o WHERE o.pid = c.pid AND o.tid = c.tid
-                              AND o.event_id <> c.event_id AND (
-                                  (o.name LIKE 'c10d::%' AND o.depth < c.depth AND o.ts_ns <= c.ts_ns
-                                   AND o.ts_ns + o.dur_ns >= c.ts_ns + c.dur_ns)
-                                  OR (o.name NOT LIKE 'c10d::%' AND o.ts_ns >= c.ts_ns
-                                      AND o.ts_ns <= c.ts_ns + c.dur_ns)))
-              AND NOT EXISTS (SELECT 1 FROM host_d r JOIN comm_kernels k ON k.correlation = r.correlation
-                              WHERE r.pid = c.pid AND r.tid = c.tid AND r.ts_ns >= c.ts_ns
-                              AND r.ts_ns <= c.ts_ns + c.dur_ns)
-        """
-    group = _group_sql(groups, "'cpu'")
-    output_first = ", ".join(sql_literal(n) for n in OUTPUT_FIRST)
-    input_sized = ", ".join(sql_literal(n) for n in INPUT_SIZED)
-    # The first input is the tensor (the output for the c10d:: ops that take it first: no size then).
-    con.execute(f"""
-        INSERT INTO coll BY NAME
-        WITH g AS (
-            SELECT c.*, n.collective, t.dtype,
-                   CASE WHEN t.dtype IS NOT NULL AND c.name NOT IN ({output_first}) THEN {_nelems('c.dims0')} END
-                       AS in_nelems
-            FROM ({chosen}) c JOIN cpu_names n USING (name) LEFT JOIN cpu_types t ON t.type = c.type0
-        )
-        SELECT g.event_id, g.collective, {group},
-               row_number() OVER (ORDER BY g.ts_ns, g.event_id) AS seq,
-               g.dtype, g.in_nelems,
-               CASE WHEN g.collective IN ({input_sized}) THEN {_bytes('g.in_nelems', 'b.size')} END AS message_bytes,
-               g.ts_ns, g.dur_ns, g.ts_ns AS cpu_ts_ns, g.dur_ns AS cpu_dur_ns, g.step, 'cpu_op' AS source
-        FROM g LEFT JOIN dtype_bytes b ON b.dtype = g.dtype
-    """)
+    columns = "c.event_id, c.name, n.collective, c.pid, c.tid, c.ts_ns, c.dur_ns, c.depth, c.step, c.input_dims, " \
+              "c.input_types, c.concrete_inputs"
+
+    def fetch(chosen: str) -> list[dict[str, Any]]:
+        cur = con.execute(f"SELECT {columns} FROM ({chosen}) c JOIN cpu_names n USING (name) "
+                          "WHERE n.collective IS NOT NULL ORDER BY c.ts_ns, c.event_id")
+        names = [d[0] for d in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    annotations = fetch("SELECT * FROM comm_ops WHERE name LIKE 'gloo:%'")
+    # NCCL/RCCL annotations and launches of communication kernels: a c10d:: op around one is not Gloo's.
+    marks = con.execute("""
+        SELECT pid, tid, ts_ns FROM comm_ops WHERE name NOT LIKE 'c10d::%' AND name NOT LIKE 'gloo:%'
+        UNION ALL
+        SELECT r.pid, r.tid, r.ts_ns FROM host_d r JOIN comm_kernels k ON k.correlation = r.correlation
+    """).fetchall()
+    ops = _outermost(fetch("SELECT * FROM comm_ops WHERE name LIKE 'c10d::%'"), marks)
+    matched = _match(annotations, ops) if annotations else {}
+    # Each row: (annotation or None, c10d:: op or None).
+    calls = [(a, matched.get(a["event_id"])) for a in annotations] if annotations else [(None, o) for o in ops]
+    groups = [{**g, "ranks": r if isinstance(r := _json(g["group_ranks"]), list) else None} for g in groups]
+    if rank is not None:
+        groups = [g for g in groups if g["ranks"] is None or rank in g["ranks"]] or groups
+    rows: list[dict[str, Any]] = []
+    for ann, op in calls:
+        call: dict[str, Any] = op or ann or {}
+        name, collective = call["name"], call["collective"]
+        ann_n, ann_type = (_first_tensor(_json(ann["input_dims"]), _json(ann["input_types"]), 0) if ann
+                           else (None, None))
+        c_dims, c_types = (_json(op["input_dims"]), _json(op["input_types"])) if op else (None, None)
+        if name in OUTPUT_FIRST:
+            c_in, c_in_type = _first_tensor(c_dims, c_types, 1)
+            c_out, _ = _first_tensor(c_dims, c_types, 0)
+        else:
+            (c_in, c_in_type), c_out = _first_tensor(c_dims, c_types, 0), None
+        dtype = ann_type or c_in_type
+        # The annotation's tensor; the c10d:: op's input where there is none (and for reduce-scatter, which
+        # Gloo runs as an all-reduce of that whole input).
+        in_n = ann_n if ann_type and collective != "reduce_scatter" else c_in
+        peer = _peer(op["concrete_inputs"]) if op and collective in PEER_OPS else None
+        rows.append({"ann": ann, "op": op, "collective": collective, "dtype": dtype, "in_nelems": in_n,
+                     "out_nelems": c_out, "peer": peer})
+    # Process groups: the one candidate; else what the worker thread's other collectives showed.
+    for row in rows:
+        row["cands"] = _candidates(groups, rank, row["collective"], row["peer"], row["in_nelems"], row["out_nelems"])
+        row["group"] = row["cands"][0] if len(row["cands"]) == 1 else None
+    by_thread: dict[Any, set[str]] = {}
+    for row in rows:
+        if row["ann"] is not None and row["collective"] not in _P2P and row["group"] is not None:
+            by_thread.setdefault(row["ann"]["tid"], set()).add(row["group"]["process_group"])
+    for row in rows:
+        shown = by_thread.get(row["ann"]["tid"]) if row["ann"] is not None else None
+        if row["group"] is None and row["collective"] not in _P2P and shown and len(shown) == 1:
+            row["group"] = next((g for g in row["cands"] if g["process_group"] in shown), None)
+    # Peers as global ranks, and seq in the order of the CPU calls.
+    counters: dict[tuple[Any, ...], int] = {}
+    out = []
+    for row in sorted(rows, key=lambda r: ((r["op"] or r["ann"])["ts_ns"], (r["op"] or r["ann"])["event_id"])):
+        ann, op, group, collective = row["ann"], row["op"], row["group"], row["collective"]
+        label: str | None = group["process_group"] if group else ("cpu" if not groups else None)
+        peer = _global([group] if group else row["cands"], row["peer"])
+        src = dst = None
+        if collective == "send":
+            src, dst = (rank, peer) if peer is not None else (None, None)
+        elif collective == "recv":
+            src, dst = (peer, rank) if peer is not None else (None, None)
+        elif collective == "broadcast":
+            src = peer
+        key: tuple[Any, ...] | None = (label,)
+        if collective in _P2P:
+            key = (label, src, dst) if src is not None and dst is not None else None
+        seq = None
+        if label is not None and key is not None:
+            seq = counters[key] = counters.get(key, 0) + 1
+        size = DTYPE_BYTES.get(row["dtype"]) if row["dtype"] else None
+        in_n, out_n = row["in_nelems"], row["out_nelems"]
+        message = None
+        if size is not None and in_n is not None:
+            if collective in INPUT_SIZED:
+                message = in_n * size
+            elif out_n is not None:
+                message = max(in_n, out_n) * size
+        if message is not None and message >= 2**63:
+            message = None
+        main = ann or op
+        out.append({
+            "event_id": main["event_id"], "collective": collective, "process_group": label,
+            "process_group_desc": group["process_group_desc"] if group else None,
+            "group_ranks": group["group_ranks"] if group else None,
+            "group_size": group["group_size"] if group else None, "seq": seq, "dtype": row["dtype"],
+            "in_nelems": in_n, "out_nelems": out_n, "message_bytes": message, "src_rank": src, "dst_rank": dst,
+            "ts_ns": main["ts_ns"], "dur_ns": main["dur_ns"],
+            "cpu_ts_ns": op["ts_ns"] if op else None, "cpu_dur_ns": op["dur_ns"] if op else None,
+            "step": main["step"], "source": "cpu_op",
+        })
+    if not out:
+        return
+    types = {"event_id": pa.int64(), "collective": pa.string(), "process_group": pa.string(),
+             "process_group_desc": pa.string(), "group_ranks": pa.string(), "group_size": pa.int32(),
+             "seq": pa.int64(), "dtype": pa.string(), "in_nelems": pa.int64(), "out_nelems": pa.int64(),
+             "message_bytes": pa.int64(), "src_rank": pa.int32(), "dst_rank": pa.int32(), "ts_ns": pa.int64(),
+             "dur_ns": pa.int64(), "cpu_ts_ns": pa.int64(), "cpu_dur_ns": pa.int64(), "step": pa.int64(),
+             "source": pa.string()}
+    table = pa.table({k: pa.array([r[k] for r in out], t) for k, t in types.items()})
+    con.register("gloo_rows_arrow", table)
+    con.execute("INSERT INTO coll BY NAME SELECT * FROM gloo_rows_arrow")
+    con.unregister("gloo_rows_arrow")

@@ -12,6 +12,7 @@ reference the tests compare it with.
 from __future__ import annotations
 
 import ctypes
+import heapq
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
@@ -139,21 +140,53 @@ def problem_message(problem: str, name: str | None, ph: str | None, key: str | N
 NEST_LIMIT = 1 << 61
 
 
+def step_spans(steps: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Starts, ends and steps of the disjoint spans ``[start, end)`` that ``steps`` (``step, ts_ns, dur_ns``) cover.
+
+    A time belongs to the step that contains it (``ts_ns <= t < ts_ns + dur_ns``) and, where
+    steps overlap or nest, to the one that starts last, then ends first (the innermost), then
+    has the highest number: a sweep over the step starts and ends, the steps open at each
+    point in a heap ordered by that rule (those that ended leave it as they reach its top).
+    """
+    starts = [int(t) for t in steps.column("ts_ns").to_pylist()]
+    ends = [t + int(d) for t, d in zip(starts, steps.column("dur_ns").to_pylist(), strict=True)]
+    numbers = [int(n) for n in steps.column("step").to_pylist()]
+    order = sorted((i for i in range(len(starts)) if ends[i] > starts[i]), key=starts.__getitem__)
+    bounds = sorted({starts[i] for i in order} | {ends[i] for i in order})
+    span_start: list[int] = []
+    span_end: list[int] = []
+    span_step: list[int] = []
+    open_steps: list[tuple[int, int, int]] = []  # (-start, end, -step): the top is the step a time belongs to
+    at = 0
+    for point, following in zip(bounds, bounds[1:]):
+        while at < len(order) and starts[order[at]] <= point:
+            i = order[at]
+            heapq.heappush(open_steps, (-starts[i], ends[i], -numbers[i]))
+            at += 1
+        while open_steps and open_steps[0][1] <= point:
+            heapq.heappop(open_steps)
+        if open_steps:
+            span_start.append(point)
+            span_end.append(following)
+            span_step.append(-open_steps[0][2])
+    return (np.array(span_start, dtype=np.int64), np.array(span_end, dtype=np.int64),
+            np.array(span_step, dtype=np.int64))
+
+
 class HostNesting:
     """Depth, parent and step of host events, natively, fed in batches sorted by thread and start.
 
     The batches (``event_id, pid, tid, ts_ns, dur_ns, correlation``, ordered by
     ``pid, tid, ts_ns, dur_ns DESC, event_id``) come back with ``depth``, ``step``
     and ``parent_id`` added, as ``kineto_sql_facts.nesting_sql`` defines them.
-    ``steps`` (``step, ts_ns, dur_ns``) must be ordered by ``ts_ns, step``. Times
-    must stay within :data:`NEST_LIMIT`.
+    ``steps`` (``step, ts_ns, dur_ns``, any order) become the disjoint spans of
+    :func:`step_spans`, as ``kineto_sql_facts.step_spans`` cuts them. Times must
+    stay within :data:`NEST_LIMIT`.
     """
 
     def __init__(self, steps: pa.Table) -> None:
         self._nester = _native().Nester()
-        self._step_ts = steps.column("ts_ns").to_numpy()
-        self._step_end = self._step_ts + steps.column("dur_ns").to_numpy()
-        self._step_no = steps.column("step").to_numpy()
+        self._step_ts, self._step_end, self._step_no = step_spans(steps)
         self._last_thread: tuple[object, ...] | None = None
         self._last_ts = 0
 

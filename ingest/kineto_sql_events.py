@@ -81,6 +81,7 @@ ARGS: dict[str, tuple[str, str]] = {
     "device_id": ("Device Id", "VARCHAR"),
     "device_type": ("Device Type", "VARCHAR"),
     "size": ("size", "VARCHAR"),
+    "concrete_inputs": ("Concrete Inputs", "JSON"),
 }
 
 
@@ -136,14 +137,16 @@ DEVICE_PART = f"""
            nullif({_int_arg('graph_id')}, 0) AS graph_id
     FROM batch WHERE ph = 'X' AND lcat IN ({_DEVICE_CATS})
 """
-#: Row-local columns of host ops.
+#: Row-local columns of host ops. ``concrete_inputs`` (``Concrete Inputs``) only of ``c10d::`` ops, for
+#: the peer or root rank of Gloo calls (:mod:`.kernel_collectives`); it stays in the parts, not in ``host_ops``.
 HOST_PART = f"""
     SELECT event_id, cat, name, num_id(pid) AS pid, num_id(tid) AS tid,
            rel_ns(ts) AS ts_ns, dur_ns(dur) AS dur_ns,
            {_int_arg('correlation')} AS correlation, {_int_arg('external_id')} AS external_id,
            {_int_arg('seq_nr')} AS sequence_number, {_int_arg('fwd_tid')} AS fwd_thread_id,
            {_arg('input_dims')} AS input_dims, {_arg('input_types')} AS input_types,
-           TRY_CAST({_arg('flops')} AS DOUBLE) AS flops
+           TRY_CAST({_arg('flops')} AS DOUBLE) AS flops,
+           CASE WHEN starts_with(name, 'c10d::') THEN {_arg('concrete_inputs')} END AS concrete_inputs
     FROM batch WHERE ph = 'X' AND coalesce(lcat, '') NOT IN ({_NOT_HOST})
 """
 

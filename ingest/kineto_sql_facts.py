@@ -40,11 +40,38 @@ def narrow(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
 
 
 def steps(con: duckdb.DuckDBPyConnection) -> None:
-    """``steps``: each ``ProfilerStep#N`` from its first mark to the end of its last."""
+    """``steps``: each ``ProfilerStep#N`` from its first mark to the end of its last; and their :func:`step_spans`."""
     con.execute("""
         CREATE TABLE steps AS
         SELECT step, min(ts_ns) AS ts_ns, max(ts_ns + dur_ns) - min(ts_ns) AS dur_ns
         FROM step_marks WHERE step IS NOT NULL GROUP BY step
+    """)
+    step_spans(con)
+
+
+def step_spans(con: duckdb.DuckDBPyConnection) -> None:
+    """``step_spans``: the time the ``steps`` cover, cut into disjoint spans ``[ts_ns, end_ns)``, each with its step.
+
+    A time belongs to the step that contains it (``ts_ns <= t < ts_ns + dur_ns``) and, where
+    steps overlap or nest, to the one that starts last, then ends first (the innermost), then
+    has the highest number. Between two consecutive step starts or ends the steps containing
+    a time do not change, so one lookup (an ASOF join on ``ts_ns``, then ``t < end_ns``)
+    gives every event its step, with no tie left to chance.
+    ``kineto_scan.HostNesting`` applies the same rule natively.
+    """
+    con.execute("""
+        CREATE TABLE step_spans AS
+        WITH bounds AS (
+            SELECT ts_ns AS t FROM steps WHERE dur_ns > 0
+            UNION SELECT ts_ns + dur_ns FROM steps WHERE dur_ns > 0
+        ), spans AS (
+            SELECT t AS ts_ns, lead(t) OVER (ORDER BY t) AS end_ns FROM bounds
+        )
+        SELECT p.ts_ns, p.end_ns, s.step
+        FROM spans p JOIN steps s ON s.ts_ns <= p.ts_ns AND p.ts_ns < s.ts_ns + s.dur_ns
+        WHERE p.end_ns IS NOT NULL
+        QUALIFY row_number() OVER (
+            PARTITION BY p.ts_ns ORDER BY s.ts_ns DESC, s.ts_ns + s.dur_ns, s.step DESC) = 1
     """)
 
 
@@ -102,9 +129,9 @@ def nesting_sql(con: duckdb.DuckDBPyConnection) -> None:
     """)
     con.execute("""
         CREATE TABLE host1 AS
-        SELECT h.*, d.depth, CASE WHEN h.ts_ns < s.ts_ns + s.dur_ns THEN s.step END AS step
+        SELECT h.*, d.depth, CASE WHEN h.ts_ns < s.end_ns THEN s.step END AS step
         FROM host_n h JOIN depths d USING (event_id)
-        ASOF LEFT JOIN steps s ON h.ts_ns >= s.ts_ns
+        ASOF LEFT JOIN step_spans s ON h.ts_ns >= s.ts_ns
     """)
     con.execute("""
         CREATE TABLE host_d AS
@@ -119,19 +146,23 @@ def nesting_sql(con: duckdb.DuckDBPyConnection) -> None:
 def device_steps(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
     """``dev_d``: the device ops with their step: that of the runtime call that launched them, else by time.
 
+    The launch is the host event with the op's ``correlation`` that lies in a step; where
+    several do (a correlation reused), the earliest (by start, then ``event_id``). By time,
+    the step is that of :func:`step_spans` at the op's start.
+
     It goes to a file in ``parts/``, not to a table in DuckDB's memory, where it would
     take from the memory limit that the final joins need.
     """
     out = sql_literal(str(parts / "device_steps.parquet"))
     con.execute(f"""
         COPY (
-            SELECT d.*, coalesce(l.step, CASE WHEN d.ts_ns < s.ts_ns + s.dur_ns THEN s.step END) AS step
+            SELECT d.*, coalesce(l.step, CASE WHEN d.ts_ns < s.end_ns THEN s.step END) AS step
             FROM dev_n d
             LEFT JOIN (
-                SELECT correlation, any_value(step) AS step FROM host_d
-                WHERE correlation IS NOT NULL GROUP BY correlation
+                SELECT correlation, arg_min(step, (ts_ns, event_id)) AS step FROM host_d
+                WHERE correlation IS NOT NULL AND step IS NOT NULL GROUP BY correlation
             ) l USING (correlation)
-            ASOF LEFT JOIN steps s ON d.ts_ns >= s.ts_ns
+            ASOF LEFT JOIN step_spans s ON d.ts_ns >= s.ts_ns
         ) TO {out} (FORMAT parquet, COMPRESSION lz4)
     """)
     con.execute(f"CREATE VIEW dev_d AS SELECT * FROM read_parquet({out})")

@@ -49,7 +49,7 @@ import pyarrow as pa
 from tracelake.contracts.errors import TraceFormatError
 
 from .model import ParseOptions, TraceInfo
-from .nccl_log_lines import _COLL, _VERSION, COLL_MARKER, COUNTED, KINDS  # noqa: F401  (_COLL: tests match it)
+from .nccl_log_lines import _VERSION, COLL_MARKER, COUNTED, KINDS
 from .nccl_log_writer import COMM_KEY, PART_ROWS, TUNING_KEY, Parts, write_collectives
 from .nccl_ops import collective_name
 from .source import iter_chunks
@@ -166,7 +166,7 @@ def _texts(source: Path, options: ParseOptions, chunk_bytes: int) -> Iterator[li
 @dataclass
 class _Found:
     """What one chunk holds: its non-empty lines, the version line's version, each kind's well-formed lines
-    (COLL lines as typed rows, :func:`_coll_rows`; the others as their pattern's groups)."""
+    (COLL lines as typed rows, :func:`coll_rows`; the others as their pattern's groups)."""
 
     lines: int
     version: str | None = None
@@ -197,7 +197,7 @@ def _scan(texts: list[str]) -> _Found:
         if not picked.len():
             continue
         if kind == "coll":  # most of a log: cut into fields instead of one regex with 14 captures
-            found.kinds[kind] = _coll_rows(picked, all(text.isascii() for text in texts))
+            found.kinds[kind] = coll_rows(picked, all(text.isascii() for text in texts))
         else:
             found.kinds[kind] = picked.str.extract_groups(pattern).struct.unnest().filter(pl.col("host").is_not_null())
     return found
@@ -318,7 +318,7 @@ def coll_fields(lines: pl.Series) -> pl.DataFrame:
     return _coll_join(*_coll_split(lines)).select(_COLL_COLUMNS)
 
 
-def _coll_rows(lines: pl.Series, ascii: bool = False) -> pl.DataFrame:
+def coll_rows(lines: pl.Series, ascii: bool = False) -> pl.DataFrame:
     """COLL lines as typed columns (what :func:`.nccl_log_writer.write_collectives` needs; the numbers of
     :func:`coll_fields`, cast once).
 

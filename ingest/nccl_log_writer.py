@@ -100,7 +100,7 @@ def write_collectives(staging: Path, trace_id: str, parts: Parts, comms: pl.Data
     Args:
         staging: The trace's staging directory.
         trace_id: The trace the rows belong to.
-        parts: The log's COLL rows (the parser's typed rows, :func:`.nccl_log._coll_rows`).
+        parts: The log's COLL rows (the parser's typed rows, :func:`.nccl_log.coll_rows`).
         comms: One row per (host, pid, comm) with what its init lines say (rank, nranks, comm_id where given).
         choices: The TUNING choices, one row per :data:`TUNING_KEY` (None: no TUNING line).
     """

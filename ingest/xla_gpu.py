@@ -5,7 +5,7 @@ GPU kernels carry their details (``hlo_op``, ``hlo_module``, ``program_id``,
 metadata as TPU ops do. A run of a stream line is decoded in bulk: per event only
 integers are read (ids, times, and the stats as metadata id, kind and value), and
 the strings an event refers to are looked at once per distinct combination
-(:meth:`GpuStreams._gpu_columns`). Damaged or unusual data falls back to protobuf,
+(:meth:`GpuStreams.gpu_columns`). Damaged or unusual data falls back to protobuf,
 one event at a time (:meth:`GpuStreams._gpu_ops`), which decodes it or says what is
 wrong. The parser itself is :mod:`tracelake.ingest.xla`.
 """
@@ -54,10 +54,10 @@ class GpuStreams(RowBuilder):
         return origin
 
     def _gpu_stream(self, plane: Plane, index: int, batch: EventBatch, rows: StreamRows) -> None:
-        """A run of a GPU ``Stream #`` line: decoded in bulk (:meth:`_gpu_columns`), or, where that fails
+        """A run of a GPU ``Stream #`` line: decoded in bulk (:meth:`gpu_columns`), or, where that fails
         (damaged or unusual data), through protobuf (:meth:`_gpu_ops`), which decodes it or says what is wrong."""
         try:
-            decoded = self._gpu_columns(plane, index, batch)
+            decoded = self.gpu_columns(plane, index, batch)
         except (TraceFormatError, UnicodeDecodeError):
             one_by_one = Columns(DEVICE_COLUMNS)
             self._gpu_ops(plane, index, batch.xline(), one_by_one)
@@ -66,7 +66,7 @@ class GpuStreams(RowBuilder):
         if decoded is not None:
             rows.add(*decoded)
 
-    def _gpu_columns(
+    def gpu_columns(
         self, plane: Plane, index: int, batch: EventBatch
     ) -> tuple[dict[str, pa.Array], np.ndarray, dict[str, list[object]]] | None:
         """The device op rows of a run of a GPU stream, as :meth:`_gpu_ops` makes them: Arrow arrays (strings
@@ -92,7 +92,7 @@ class GpuStreams(RowBuilder):
         correlation, has_correlation = stat_ints(stats, "correlation_id")
         kinds, which_kind = np.unique(fields.metadata_id, return_inverse=True)
         keys = np.stack([which_kind.reshape(-1)] + [codes for _, codes in named.values()])
-        combos, which = _distinct_columns(keys)
+        combos, which = distinct_columns(keys)
         kernel_names = [self._kernel_name(plane, int(k)) for k in kinds.tolist()]
         ops = [self._gpu_op(kernel_names[c[0]], *(values[code] if code >= 0 else None
                                                  for (values, _), code in zip(named.values(), c[1:], strict=True)))
@@ -215,7 +215,7 @@ class StreamRows:
         self.communication.take()
 
 
-def _distinct_columns(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def distinct_columns(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``np.unique(keys, axis=1, return_inverse=True)`` (the inverse flat) for rows of integer codes from -1 up, about
     10x faster: each column's codes are packed into one int64 (mixed radix, which keeps their order) when that fits,
     and only those are sorted."""

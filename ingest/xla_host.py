@@ -10,7 +10,7 @@ A line is sorted as :meth:`Space.lines <tracelake.ingest.xspace.Space.lines>` gi
 whole, or a big line (over :data:`~tracelake.ingest.xspace.LINE_CHUNK_BYTES`) a window of
 events at a time; the events still open at the end of a window stay on the stack for the
 next one, so a line in time order nests as if read whole. Each such unit is decoded in bulk
-(:meth:`HostLines._host_columns`: per event only integers, the stats as arrays, names
+(:meth:`HostLines.host_columns`: per event only integers, the stats as arrays, names
 once per event metadata entry; only the events that overlap others go through a
 loop, for their nesting). Units holding CPU back-end ops, and data the bulk decoder
 does not take, go through protobuf one event at a time (:meth:`HostLines._host_line`),
@@ -111,14 +111,14 @@ class HostLines(GpuStreams):
         self, plane: Plane, unit: list[EventBatch], pid: int | None, rows: _HostRows, cpu_ops: Columns,
         host_steps: bool, still_open: Stack,
     ) -> Stack:
-        """One unit of a line (see :func:`_units`): in bulk (:meth:`_host_columns`) where it can be, else one event
+        """One unit of a line (see :func:`_units`): in bulk (:meth:`host_columns`) where it can be, else one event
         at a time through protobuf (:meth:`_host_line`), which decodes it or says what is wrong.
 
         ``still_open`` is the stack the line's units before left; returns the one this unit leaves.
         """
         if len(unit) == 1:
             try:
-                done = self._host_columns(plane, unit[0], pid, host_steps, still_open)
+                done = self.host_columns(plane, unit[0], pid, host_steps, still_open)
             except (TraceFormatError, UnicodeDecodeError):
                 done = None
             if done is not None:
@@ -131,7 +131,7 @@ class HostLines(GpuStreams):
         rows.add(one_by_one.take())
         return still_open
 
-    def _host_columns(
+    def host_columns(
         self, plane: Plane, batch: EventBatch, pid: int | None, host_steps: bool, still_open: Stack
     ) -> tuple[dict[str, pa.Array], Stack] | None:
         """The ``host_ops`` rows of a unit of a line, as :meth:`_host_line` makes them, as Arrow arrays (strings
@@ -289,7 +289,7 @@ def nesting(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     (touching is not nesting), what is left is above it.
 
     An event that starts once every earlier one has ended finds the stack empty. When
-    events nest properly (see :func:`_nested`) the rest is done on whole arrays too;
+    events nest properly (see :func:`proper_nesting`) the rest is done on whole arrays too;
     otherwise the runs of events that overlap go through the stack, one event at a time.
     """
     n = len(ts)
@@ -302,7 +302,7 @@ def nesting(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     np.greater_equal(ts[1:], np.maximum.accumulate(end)[:-1], out=alone[1:])
     if alone.all():
         return depth, parent
-    nested = _nested(ts, end)
+    nested = proper_nesting(ts, end)
     if nested is not None:
         return nested
     run = np.cumsum(alone) - 1
@@ -330,7 +330,7 @@ def nesting(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return depth, parent
 
 
-def _nested(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def proper_nesting(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """:func:`nesting` on whole arrays, exact where the stack's ends never grow from bottom to top (None otherwise).
 
     Then the stack, once an event's start has popped what ended, holds exactly the

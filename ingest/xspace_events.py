@@ -27,7 +27,7 @@ from .protowire import I32, I64, LEN, VARINT, WireError
 EVENT_TAG = 0x22  # XLine.events: field 4, length-delimited
 _XEVENT_METADATA_ID, _XEVENT_OFFSET_PS, _XEVENT_DURATION_PS, _XEVENT_STATS, _XEVENT_NUM_OCCURRENCES = 1, 2, 3, 4, 5
 #: Rounds of the "reachable from the first event" sweep before falling back to following the chain in Python.
-_SWEEP_ROUNDS = 64
+SWEEP_ROUNDS = 64
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
@@ -180,7 +180,7 @@ def _reachable(succ: np.ndarray) -> np.ndarray:
     alive = np.ones(n, dtype=bool)
     count = n
     linked = succ >= 0
-    for _ in range(_SWEEP_ROUNDS):
+    for _ in range(SWEEP_ROUNDS):
         nxt = np.zeros(n, dtype=bool)
         nxt[succ[alive & linked]] = True
         nxt[0] = True

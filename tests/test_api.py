@@ -296,6 +296,8 @@ def test_job_analysis_is_the_library_analysis(filled: TestClient, home: Path) ->
     assert body["last_arrivals"] == expected["last_arrivals"]
     assert body["top_kernels"] == expected["top_kernels"]
     assert body["analysis"]["idle_by_stream"] == expected["idle_by_stream"]
+    for name in ("critical_path", "critical_path_stretches", "what_if"):  # declared in JobAnalysis, at the top
+        assert body[name] == expected[name] and body[name] and name not in body["analysis"]
     assert filled.get("/api/v1/jobs/ddp").json() == body  # answered again from the cache
     assert filled.get("/api/v1/jobs/nope").status_code == 404
 
@@ -433,6 +435,9 @@ def test_openapi_documents_every_route(client: TestClient) -> None:
     assert "multipart/form-data" in paths["/api/v1/traces"]["post"]["requestBody"]["content"]
     assert "HTTPBearer" in schema["components"]["securitySchemes"]
     assert schema["components"]["schemas"]["SqlQuery"]["examples"]
+    analysis = schema["components"]["schemas"]["JobAnalysis"]["properties"]
+    for name in ("critical_path", "critical_path_stretches", "what_if"):
+        assert "step" in analysis[name]["description"], name
 
 
 def test_errors_never_leak_tracebacks(client: TestClient) -> None:
@@ -456,9 +461,9 @@ def test_job_analysis_is_prepared_after_ingest(client: TestClient) -> None:
     state = client.app.state.tracelake  # type: ignore[attr-defined]
     assert _upload(client, *sorted(DDP.glob("*.json.gz"))).status_code == 202
     deadline = time.monotonic() + 30
-    while not state.analyses._answers and time.monotonic() < deadline:
+    while not state.analyses.prepared() and time.monotonic() < deadline:
         time.sleep(0.05)
-    prepared = list(state.analyses._answers.values())
+    prepared = state.analyses.prepared()
     assert len(prepared) == 1
     assert client.get("/api/v1/jobs/ddp").content == prepared[0]
 
@@ -475,16 +480,12 @@ def test_queue_depth_is_the_count_of_queued_tasks(client: TestClient) -> None:
     """The depth the queue keeps as tasks change equals a recount of its tasks, during a burst and after it."""
     queue = client.app.state.tracelake.queue  # type: ignore[attr-defined]
 
-    def depth_and_recount() -> tuple[int, int]:
-        with queue._changed:  # noqa: SLF001 - both read at one moment: no task changes meanwhile
-            return queue.depth(), sum(t.status == "queued" for t in queue._tasks.values())  # noqa: SLF001
-
     ids = []
     for path in sorted(DDP.glob("*.json.gz")) * 2:  # the second round: already queued or done, nothing new
         answer = client.post("/api/v1/traces", files=[("file", (path.name, path.read_bytes()))])
         ids += [t["trace_id"] for t in answer.json()["traces"]]
-        depth, recounted = depth_and_recount()
+        depth, recounted = queue.recount()  # both at one moment
         assert depth == recounted <= 4
     assert queue.wait(ids, 120)
-    assert depth_and_recount() == (0, 0)
+    assert queue.recount() == (0, 0)
     assert client.get("/healthz").json()["queue_depth"] == 0

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from support import ROOT
+from support import ROOT, len_field
 from tracelake.api.cli import app
 from tracelake.sample_traces import generate_nccl, generate_xla
 from tracelake.warehouse import Warehouse
@@ -119,7 +119,7 @@ def xplane_with_huge_plane() -> bytes:
 
 
 def xplane_without_devices() -> bytes:
-    return generate_xla._field(1, generate_xla.environment_plane())
+    return len_field(1, generate_xla.environment_plane())
 
 
 BAD = [

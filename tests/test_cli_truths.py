@@ -20,11 +20,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.server import running_server
 from tracelake.analysis import findings, steps
+from tracelake.analysis.critical_path import totals
 from tracelake.api.cli import render as cli_render
+from tracelake.api.cli import render_paths
 from tracelake.api.app import create_app
 from tracelake.api.cli import app
 from tracelake.api.reports import job_report
 from tracelake.api.settings import ServerSettings
+from tracelake.contracts.critical import PATH_KINDS, Scenario
 from tracelake.contracts.schema import TABLES
 from tracelake.warehouse import InvalidArgument, NotFound, Warehouse
 from typer.testing import CliRunner
@@ -90,6 +93,88 @@ def test_analyze_table_shows_exclusive_buckets_that_add_up(sample_warehouse_home
         cells = [c.strip() for c in line.strip("│").split("│")]
         # rank, span ms, the six buckets, total
         assert sum(_numbers(cells[2:8])) == pytest.approx(100, abs=0.35), line
+
+
+# -- what bounds each step, and what if ---------------------------------------------------------------
+
+
+def _table(out: str, title: str) -> tuple[list[str], list[list[str]]]:
+    """Headings and rows of the rich table printed under ``title`` (a row's wrapped lines joined)."""
+    lines = out[out.index(title):].splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("┃"))
+    headings = [h.strip() for h in lines[head].strip("┃").split("┃")]
+    rows: list[list[str]] = []
+    for line in lines[head + 1:]:
+        if line.startswith("└"):
+            break
+        if not line.startswith("│"):
+            continue
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        if cells[0] or not rows:
+            rows.append(cells)
+        else:
+            rows[-1] = [a + b for a, b in zip(rows[-1], cells)]
+    return headings, rows
+
+
+def test_analyze_shows_what_bounds_each_step_and_what_if_as_the_json_says(sample_warehouse_home: Path) -> None:
+    code, out = _run("analyze", "--job", "ddp_straggler", "--home", str(sample_warehouse_home))
+    assert code == 0, out
+    code, raw = _run("analyze", "--job", "ddp_straggler", "--json", "--home", str(sample_warehouse_home))
+    assert code == 0, raw
+    answer = json.loads(raw)
+    steps_json = pl.DataFrame(answer["critical_path"])
+    what_if = pl.DataFrame(answer["what_if"])
+    assert steps_json.height and what_if.height
+    # what bounds each step: every step (six), its measured time and bounding rank, the largest kind first
+    headings, rows = _table(out, "what bounds each step")
+    by_step = {r["step"]: r for r in steps_json.to_dicts()}
+    assert sorted(int(r[0]) for r in rows) == sorted(by_step)
+    for row in rows:
+        step = by_step[int(row[0])]
+        assert float(row[headings.index("measured ms")]) == pytest.approx(step["measured_ns"] / 1e6, abs=0.005)
+        assert int(row[headings.index("bounding rank")]) == step["bounding_rank"]
+        kinds = row[-1].split(", ")
+        largest = max(PATH_KINDS, key=lambda k: step[f"{k}_ns"])
+        assert kinds[0] == f"{largest} {100 * step[f'{largest}_ns'] / step['length_ns']:.0f}%"
+        assert 1 <= len(kinds) <= 3
+    # what if: per scenario, the per-step saving critical_path.totals gives over the --json rows
+    summed = totals(what_if)
+    expected = {r["scenario"]: r["saving_ns"] / r["steps"] / 1e6 for r in summed.to_dicts()}
+    headings, rows = _table(out, "what if")
+    shown = {r[headings.index("scenario")]: float(r[headings.index("saving ms/step")]) for r in rows}
+    assert set(shown) == set(expected) == {str(s) for s in Scenario}
+    for scenario, saving in shown.items():
+        assert saving == pytest.approx(expected[scenario], abs=0.0005), scenario
+    order = [r[headings.index("scenario")] for r in rows]
+    assert order[0] == "as_measured" and [expected[s] for s in order[1:]] == sorted(
+        (expected[s] for s in order[1:]), reverse=True)
+
+
+def test_analyze_shows_the_slowest_median_and_fastest_of_many_steps() -> None:
+    measured = [5, 9, 1, 7, 3, 8, 2, 6, 4, 10, 11, 12, 13, 0]  # 14 steps: more than MAX_STEP_ROWS
+    frame = pl.DataFrame({"step": list(range(14)), "ranks": [2] * 14, "measured_ns": measured,
+                          "length_ns": measured, "bounding_rank": [0] * 14,
+                          **{f"{k}_ns": [0] * 14 for k in PATH_KINDS}})
+    assert render_paths.MAX_STEP_ROWS < 14
+    shown, cut = render_paths.shown_steps(frame)
+    assert cut and shown["which"].to_list() == ["slowest", "median", "fastest"]
+    assert shown["measured_ns"].to_list() == [13, 7, 0]  # of an even count, the slower of the middle two
+    view, title = render_paths.bounds_view(frame)
+    assert view["step"].to_list() == ["12 (slowest)", "3 (median)", "13 (fastest)"] and "14 steps" in title
+    few, cut = render_paths.shown_steps(frame.head(12))
+    assert not cut and few["step"].to_list() == list(range(12))
+    # with runs, each run on its own
+    runs = pl.concat([frame.with_columns(pl.lit("run-1").alias("run")),
+                      frame.head(3).with_columns(pl.lit("run-2").alias("run"))]).select("run", *frame.columns)
+    shown, cut = render_paths.shown_steps(runs)
+    assert shown.filter(pl.col("run") == "run-1").height == 3 and shown.filter(pl.col("run") == "run-2").height == 3
+
+
+def test_path_kinds_in_words() -> None:
+    row = {"length_ns": 100, "compute_ns": 92, "host_ns": 4, "communication_ns": 2, "idle_ns": 1, "sync_ns": 1}
+    assert render_paths.path_kinds(row) == "compute 92%, host 4%, communication 2%"
+    assert render_paths.path_kinds({"length_ns": 0}) == ""
 
 
 # -- kernel names -------------------------------------------------------------------------------------

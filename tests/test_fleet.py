@@ -9,7 +9,7 @@ import pytest
 
 from tracelake.analysis import collectives, fleet
 from tracelake.warehouse import InvalidArgument, Warehouse
-from tracelake.warehouse.fleet_report import parse_when
+from tracelake.api.user_input import parse_when
 
 H = 3.6e12  # ns per hour
 UTC = dt.timezone.utc
@@ -259,9 +259,9 @@ def test_parse_when_refuses_what_it_cannot_read(text: str) -> None:
 
 def _raw(wh: Warehouse, **window: dt.datetime) -> object:
     """The fleet computed straight from the selected traces' files (nothing kept between calls)."""
-    from tracelake.warehouse import fleet_report
+    from tracelake.warehouse import fleet_data
 
-    return fleet_report.read(wh.store, wh.registry.frame(), rows=None, **window)
+    return fleet_data.read(wh.store, wh.registry.frame(), rows=None, **window)
 
 
 def test_kept_collective_summaries_give_what_the_rows_give(fleet_warehouse_home, tmp_path) -> None:  # type: ignore[no-untyped-def]

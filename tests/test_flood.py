@@ -27,6 +27,7 @@ import pytest
 
 from tracelake.api.app import create_app
 from tracelake.api.connections import RESERVED_FILES, ConnectionBudget, connections_for, fit_open_files
+from tracelake.api.ingest_queue import QueuedFile
 from tracelake.api.routes import health
 from tracelake.api.settings import ServerSettings
 from tracelake.warehouse import InvalidArgument
@@ -76,23 +77,32 @@ def test_healthz_answers_while_every_thread_is_busy(home: Path) -> None:
     asyncio.run(scenario())
 
 
-def test_healthz_does_not_wait_for_the_queue(home: Path) -> None:
+def test_healthz_does_not_wait_for_the_queue(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """While the ingest queue's lock is held (an upload being queued), /healthz answers at once, with the depth."""
     app = create_app(ServerSettings(home=home, ingest_workers=0))
     queue = app.state.tracelake.queue
     held, release = threading.Event(), threading.Event()
 
+    def slow_check(trace_id: str) -> str:
+        """The queue asks the warehouse about each file while it holds its lock: this one takes its time."""
+        held.set()
+        release.wait(30)
+        return "elsewhere"  # already in the warehouse: nothing to ingest
+
+    monkeypatch.setattr(queue.store, "registered_job", slow_check)
+    queue.start()  # (the lifespan, which would start it, does not run under ASGITransport)
+    folder = queue.new_folder()
+    upload = [QueuedFile("0" * 20, "rank-0.json", folder / "rank-0.json")]
+
     def hold_the_lock() -> None:
-        with queue._changed:  # noqa: SLF001 - what _enqueue holds while it globs and submits
-            held.set()
-            release.wait(30)
+        queue.submit(folder, upload, "flood", {})
 
     async def scenario() -> None:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
             assert (await client.get("/healthz")).json()["queue_depth"] == 0
             holder = threading.Thread(target=hold_the_lock)
             holder.start()
-            held.wait(10)
+            assert held.wait(10)
             try:
                 for _ in range(3):
                     answer = await asyncio.wait_for(client.get("/healthz"), PROMPT)
@@ -101,7 +111,10 @@ def test_healthz_does_not_wait_for_the_queue(home: Path) -> None:
                 release.set()
                 holder.join()
 
-    asyncio.run(scenario())
+    try:
+        asyncio.run(scenario())
+    finally:
+        queue.stop()
 
 
 def test_connections_fit_under_the_open_file_limit() -> None:

@@ -25,8 +25,10 @@ from hypothesis import strategies as st
 
 from oracles.derived import write_derived_sql
 from oracles.launches import graph_launches_sql, launch_stats_sql, queue_lengths_sql
+from tracelake.analysis import critical_path
 from tracelake.analysis.graphs import graph_rows
 from tracelake.analysis.launches import GRAPH_CALL, LaunchParts, launch_calls, shared_correlations
+from tracelake.contracts.critical import Scenario
 from tracelake.warehouse import Warehouse
 
 SGLANG = "tracelens_inference_sglang_decode_sglang_Qwen3-8B_decode"
@@ -227,8 +229,13 @@ def test_tiny_graph_kernels_behind_a_slow_graph_launch_get_no_graph_advice(
     assert stats["launch_overhead_ns"] + stats["graph_launch_ns"] < span < 72 * 5_000_000
     assert all(finding.gain_ns <= span for finding in analysis.findings)
     (finding,) = [f for f in analysis.findings if f.kind == "short_kernels"]
-    assert len(shorter) > 0 and finding.gain_ns == stats["launch_overhead_ns"] == sum(
+    assert len(shorter) > 0 and stats["launch_overhead_ns"] == sum(
         _ns(counted.calls[k["args"]["correlation"]]["dur"]) for k in shorter)
+    # the launch calls' time is the upper bound; the replay without launch overhead answers it
+    # (docs/analyses.md, "Findings"): never more than the bound, here far less (the graphs bound the step)
+    replayed = critical_path.totals(analysis.what_if).filter(pl.col("scenario") == Scenario.NO_LAUNCH_OVERHEAD)
+    assert finding.gain_ns == min(stats["launch_overhead_ns"], int(replayed["saving_ns"][0]))
+    assert finding.gain_ns < stats["launch_overhead_ns"] and "replaying" in finding.detail
     assert f"{len(shorter)} of {len(counted.single)} kernels launched one by one" in finding.title
     assert "72 more kernels were started by 3 CUDA graph launches: already in a CUDA graph" in finding.detail
 

@@ -13,6 +13,7 @@ sample scenario) and the invariant.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import re
 import tempfile
@@ -27,6 +28,8 @@ from support import REAL_TRACES, ROOT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tracelake.analysis import findings
+from tracelake.analysis.assemble import Analysis
+from tracelake.contracts.critical import GROWING, PATH_KINDS
 from tracelake.sample_traces import generate, generate_xla
 from tracelake.warehouse import Warehouse
 
@@ -89,6 +92,12 @@ def _raw_device_events(path: Path) -> int | None:
 HOST_SIDE = ("short_kernels", "host_wait")
 
 
+@functools.lru_cache(maxsize=4)
+def _analysis(wh: Warehouse, job: str) -> Analysis:
+    """``wh.analyze(job=job)``, once per job for all the checks of one warehouse (it only grows)."""
+    return wh.analyze(job=job)
+
+
 def check_findings(wh: Warehouse, job: str, con: duckdb.DuckDBPyConnection) -> list[str]:
     """Each finding names traces and ranks of the job, in the JSON and in words, and gains at most their span.
 
@@ -116,7 +125,7 @@ def check_findings(wh: Warehouse, job: str, con: duckdb.DuckDBPyConnection) -> l
         SELECT trace_id, rank, CAST(sum(greatest(s - before, 0)) AS BIGINT) AS idle_ns FROM m GROUP BY ALL""", [job])
     job_traces = set(spans["trace_id"].to_list())
     problems = []
-    for f in wh.analyze(job=job).findings:
+    for f in _analysis(wh, job).findings:
         if f.kind in HOST_SIDE and f.gain_ns > 0:
             # Host time saved can only fill the device's idle gaps: the device's own work stays.
             mine_idle = idle.filter(pl.col("trace_id").is_in(list(f.traces)) & pl.col("rank").is_in(list(f.ranks)))
@@ -300,6 +309,61 @@ def check_device_events_kept(wh: Warehouse, job: str, con: duckdb.DuckDBPyConnec
     return problems
 
 
+def check_critical_path(wh: Warehouse, job: str, con: duckdb.DuckDBPyConnection) -> list[str]:
+    """Each step's critical path (docs/analyses.md, "Critical path") replays the step it was measured on.
+
+    The measured length is taken independently: per run, the span of every host event (Python frames
+    left out) and device op (syncs left out) of the step, across ranks, in SQL. The replay of the
+    unchanged graph is within 2% of it; the time by kind adds up to the replayed length; the stretches
+    follow each other without gaps or overlaps; and no what-if that only shortens durations predicts a
+    longer step, none a negative one.
+    """
+    a = _analysis(wh, job)
+    problems: list[str] = []
+    runs = a.runs.select("run", "trace_ids").rows() if "trace_ids" in a.runs.columns else []
+    multi = "run" in a.critical_path.columns
+    for run, trace_ids in runs or [(None, None)]:
+        where = "job = ?" + (" AND trace_id IN (SELECT unnest(?))" if trace_ids else "")
+        params: list[object] = [job, trace_ids] if trace_ids else [job]
+        events = f"""SELECT step, ts_ns AS s, ts_ns + coalesce(dur_ns, 0) AS e FROM host_ops
+                     WHERE {where} AND ts_ns IS NOT NULL AND cat <> 'python_function'
+                     UNION ALL SELECT step, ts_ns, ts_ns + coalesce(dur_ns, 0) FROM device_ops
+                     WHERE {where} AND ts_ns IS NOT NULL AND category <> 'sync'"""
+        sql = f"""WITH ev AS ({events}), stepped AS (SELECT count(*) AS n FROM ev WHERE step IS NOT NULL)
+                  SELECT CASE WHEN (SELECT n FROM stepped) > 0 THEN step END AS step, max(e) - min(s) AS ns
+                  FROM ev WHERE (SELECT n FROM stepped) = 0 OR step IS NOT NULL GROUP BY 1"""
+        expected = dict(_frame(con, sql, params * 2).rows())
+        mine = a.critical_path.filter(pl.col("run") == run) if multi and run else a.critical_path
+        got = {row["step"]: row for row in mine.iter_rows(named=True)}
+        if set(got) != set(expected):
+            problems.append(f"run {run}: steps {sorted(got, key=str)} replayed, {sorted(expected, key=str)} measured")
+        for step, row in got.items():
+            span = expected.get(step)
+            if span is not None and row["measured_ns"] != span:
+                problems.append(f"run {run} step {step}: measured {row['measured_ns']} ns, the events span {span} ns")
+            if abs(row["length_ns"] - row["measured_ns"]) > 0.02 * row["measured_ns"]:
+                problems.append(f"run {run} step {step}: replay {row['length_ns']} ns vs {row['measured_ns']} ns")
+            kinds = sum(row[f"{k}_ns"] for k in PATH_KINDS)
+            if kinds != row["length_ns"]:
+                problems.append(f"run {run} step {step}: kinds add up to {kinds} ns, the path is {row['length_ns']}")
+        stretches = (a.critical_path_stretches.filter(pl.col("run") == run) if multi and run
+                     else a.critical_path_stretches)
+        for (step,), part in stretches.group_by("step"):
+            part = part.sort("position")
+            starts, durs = part["start_ns"].to_list(), part["dur_ns"].to_list()
+            if any(d < 0 for d in durs) or any(starts[i] + durs[i] != starts[i + 1] for i in range(len(starts) - 1)):
+                problems.append(f"run {run} step {step}: stretches leave gaps or overlap")
+            if step in got and sum(durs) != got[step]["length_ns"]:
+                problems.append(f"run {run} step {step}: stretches add up to {sum(durs)}, not {got[step]['length_ns']}")
+        what = a.what_if.filter(pl.col("run") == run) if multi and run else a.what_if
+        shrinks = ~pl.col("scenario").is_in(list(GROWING))
+        bad = what.filter(((pl.col("predicted_ns") > pl.col("measured_ns")) & shrinks) | (pl.col("predicted_ns") < 0))
+        for row in bad.iter_rows(named=True):
+            problems.append(f"run {run} step {row['step']}: {row['scenario']} predicts {row['predicted_ns']} ns "
+                            f"against {row['measured_ns']} ns measured")
+    return problems
+
+
 INVARIANTS: dict[str, Callable[[Warehouse, str, duckdb.DuckDBPyConnection], list[str]]] = {
     "findings_bounded_and_named": check_findings,
     "busy_plus_idle_is_span": check_busy_idle_span,
@@ -309,6 +373,7 @@ INVARIANTS: dict[str, Callable[[Warehouse, str, duckdb.DuckDBPyConnection], list
     "nccl_kernels_in_collectives": check_nccl_kernels,
     "known_categories": check_categories,
     "device_events_kept": check_device_events_kept,
+    "critical_path_replays_the_steps": check_critical_path,
 }
 
 

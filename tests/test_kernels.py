@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import random
-
 import duckdb
 import polars as pl
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from oracles.kernels import top_kernels
 from tracelake.analysis.kernels import COLUMNS, top_from_counts, top_from_ops
@@ -74,12 +74,17 @@ def test_top_from_ops_matches_the_sql(sample_warehouse: Warehouse) -> None:
             _same(top_from_counts(counts, top=top), expected)
 
 
-def test_top_from_ops_random() -> None:
-    rng = random.Random(5)
-    rows = [(rng.randrange(4), f"k{rng.randrange(12)}", rng.choice(["compute", "communication", "sync"]),
-             rng.randrange(1, 10_000)) for _ in range(3000)]
-    names = {name: cat for _, name, cat, _ in rows}  # one category per kernel name, as in real traces
-    rows = [(r, n, names[n], d) for r, n, _, d in rows]
+_OP = st.tuples(st.integers(0, 3), st.integers(0, 11), st.integers(1, 9_999))  # (rank, kernel k0..k11, duration)
+
+
+@settings(max_examples=10)
+@given(first=_OP, ops=st.lists(_OP, max_size=3000),
+       categories=st.lists(st.sampled_from(["compute", "communication", "sync"]), min_size=11, max_size=11))
+def test_top_from_ops_random(first: tuple[int, int, int], ops: list[tuple[int, int, int]],
+                             categories: list[str]) -> None:
+    # one category per kernel name, as in real traces; k0 computes and runs at least once: something is ranked
+    category = ["compute", *categories]
+    rows = [(rank, f"k{kernel}", category[kernel], dur) for rank, kernel, dur in [(first[0], 0, first[2]), *ops]]
     ops = pl.DataFrame(rows, schema=["rank", "name", "category", "dur_ns"], orient="row")
     con = _con(rows)
     for top in (2, 5, 20):

@@ -141,7 +141,7 @@ def test_a_reported_share_never_passes_110_percent(model: str, nodes: int, busbw
 
 
 def test_job_report_link_follows_the_hardware_and_says_when_it_is_unknown() -> None:
-    from tracelake.warehouse.job_report import link_choice
+    from tracelake.analysis.job_view import link_choice
 
     no_topology = pl.DataFrame()
     one_host = pl.DataFrame({"device_type": ["cuda"] * 2, "device_name": ["NVIDIA A100-SXM4-80GB"] * 2,

@@ -148,7 +148,7 @@ def test_parts_are_written_compressed_and_read_back_as_they_were(tmp_path: Path)
     """Staged COLL rows take a few bytes each on disk (uncompressed: over 100) and come back unchanged."""
     lines = pl.Series([PREFIX + f"AllReduce: opCount {seq:x} sendbuff 0x7f00{seq:04x} recvbuff 0x2 count 1024 "
                                 f"datatype 9 op 0 root 0 comm 0x55d0c0a0beef0123 stream 0x9" for seq in range(20_000)])
-    rows = nccl_log._coll_rows(lines)
+    rows = nccl_log.coll_rows(lines)
     parts = Parts(tmp_path / "parts", part_rows=5_000)
     for start in range(0, rows.height, 2_500):
         parts.add(rows.slice(start, 2_500))

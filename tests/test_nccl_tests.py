@@ -429,8 +429,8 @@ def test_coll_lines_split_like_the_pattern_extracts_them() -> None:
     ]
     for sample in (lines, lines + unicode):
         series = pl.Series("line", sample, dtype=pl.String)
-        picked = series.filter(series.str.contains(nccl_log._COLL[0], literal=True))
-        expected = picked.str.extract_groups(nccl_log._COLL[1]).struct.unnest().filter(pl.col("host").is_not_null())
+        picked = series.filter(series.str.contains(nccl_log.COLL_MARKER, literal=True))
+        expected = picked.str.extract_groups(nccl_log.KINDS["coll"][1]).struct.unnest().filter(pl.col("host").is_not_null())
         got = nccl_log.coll_fields(picked)
         assert got.equals(expected)
         assert got.height == 48 + 5 + 9 + (len(sample) - len(lines))

@@ -442,7 +442,7 @@ def test_a_closed_engine_starts_again_with_its_workers(wh: Warehouse) -> None:
             engine.start()
             assert engine.query("SELECT 1").rows == [(1,)]
             engine.close()
-            assert engine.pool._count == 0 or engine.pool._idle == []  # noqa: SLF001 - nothing idle left running
+            assert engine.pool.idle_workers() == 0  # nothing idle left running
         engine.start()
         assert [engine.query(f"SELECT {i}").rows for i in range(4)] == [[(i,)] for i in range(4)]
     finally:

@@ -99,8 +99,8 @@ def test_job_report_renders_in_chromium(server: str, browser: Chromium) -> None:
     url = f"{server}/api/v1/jobs/ddp/report"
     tab = browser.open(url)
     assert tab.evaluate("document.title") == "Job report: ddp"
-    _check_page(tab, url, {"plot-breakdown", "plot-steps", "plot-step-timeline", "plot-idle", "plot-stragglers",
-                           "plot-bandwidth"}, "job-report-ddp.png")
+    _check_page(tab, url, {"plot-breakdown", "plot-steps", "plot-step-timeline", "plot-critical-path",
+                           "plot-what-if", "plot-idle", "plot-stragglers", "plot-bandwidth"}, "job-report-ddp.png")
     # the straggler heat map has a row per rank and a column per collective
     shape = tab.evaluate("(() => { const d = document.getElementById('plot-stragglers').data[0];"
                          " return [d.z.length, d.z[0].length]; })()")
@@ -140,8 +140,8 @@ def test_a_report_of_the_history_renders_and_links_to_the_job_reports_beside_it(
 def test_tpu_job_report_renders_in_chromium(server: str, browser: Chromium) -> None:
     url = f"{server}/api/v1/jobs/tpu/report"
     tab = browser.open(url)
-    _check_page(tab, url, {"plot-breakdown", "plot-steps", "plot-step-timeline", "plot-idle", "plot-stragglers",
-                           "plot-bandwidth"}, "job-report-tpu.png")
+    _check_page(tab, url, {"plot-breakdown", "plot-steps", "plot-step-timeline", "plot-critical-path",
+                           "plot-what-if", "plot-idle", "plot-stragglers", "plot-bandwidth"}, "job-report-tpu.png")
 
 
 def test_the_browser_check_sees_console_errors(browser: Chromium) -> None:

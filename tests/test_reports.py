@@ -9,21 +9,25 @@ import re
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
+import polars as pl
 import pytest
 from fastapi.testclient import TestClient
 from plotly.offline import get_plotlyjs
 from typer.testing import CliRunner
 
 from support import SAMPLES
+from tracelake.analysis.critical_path import totals
 from tracelake.analysis.fleet import collective_summaries
+from tracelake.contracts.critical import PathKind, Scenario
 from tracelake.api.app import create_app
 from tracelake.api.cli import app as cli
 from tracelake.api.reports import fleet_report, job_report
 from tracelake.api.reports.page import esc, plot_text, tag
 from tracelake.api.settings import ServerSettings
 from tracelake.warehouse import Warehouse
-from tracelake.warehouse.fleet_report import compute as compute_fleet
+from tracelake.analysis.fleet_view import compute as compute_fleet
 
 HOSTILE_KERNEL = '<script>alert("kernel")</script><img src=x onerror=alert(1)>'
 HOSTILE_LABEL = "<script>alert('team')</script>"
@@ -105,11 +109,69 @@ def test_job_report_is_self_contained_with_findings_first(fleet_warehouse: Wareh
     assert sections[0] == "findings"
     assert {"breakdown", "steps", "idle", "stragglers", "kernels", "bandwidth", "traces"} <= set(sections)
     divs = {a["id"] for a in parsed.named("div") if "plotly-graph-div" in (a.get("class") or "")}
-    assert divs == {"plot-breakdown", "plot-steps", "plot-step-timeline", "plot-idle", "plot-stragglers",
-                    "plot-bandwidth"}
+    assert divs == {"plot-breakdown", "plot-steps", "plot-step-timeline", "plot-critical-path", "plot-what-if",
+                    "plot-idle", "plot-stragglers", "plot-bandwidth"}
+    assert {"critical-path", "what-if"} <= set(sections)
     assert "Rank 2 arrives last at 100% of collectives" in text  # the sample's straggler, in plain words
     assert text.index('id="findings"') < text.index('id="plot-breakdown"')
     assert "Peak: nvlink4 at 450 GB/s" in text  # one host of H100s: drawn against NVLink 4 (900 GB/s both ways)
+
+
+def _plot(text: str, name: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The data traces and the layout a page hands plotly.js for the plot ``plot-<name>``."""
+    decoder = json.JSONDecoder()
+    at = re.search(r'Plotly\.newPlot\(\s*"plot-' + re.escape(name) + r'",\s*', text)
+    assert at is not None, f"no plot-{name} in the page"
+    data, end = decoder.raw_decode(text, at.end())
+    layout, _ = decoder.raw_decode(text, re.compile(r",\s*").match(text, end).end())  # type: ignore[union-attr]
+    return data, layout
+
+
+def test_job_report_draws_the_critical_path_and_what_if(sample_warehouse: Warehouse) -> None:
+    """The slowest step's path, a row per rank, its stretches adding up to the step; the what-if bars are the totals."""
+    report = sample_warehouse.job_report("ddp_straggler")
+    analysis = sample_warehouse.analyze(job="ddp_straggler")  # the facade's frames, read again
+    text = job_report(report)
+    parsed = assert_self_contained(text)
+    sections = [a["id"] for a in parsed.named("section")]
+    assert sections.index("steps") < sections.index("critical-path") < sections.index("what-if")
+    slowest = analysis.critical_path.sort("measured_ns", descending=True).row(0, named=True)
+    stretches = analysis.critical_path_stretches.filter(pl.col("step") == slowest["step"])
+    data, layout = _plot(text, "critical-path")
+    # one row per rank of the step: the ranks the breakdown has, as many as the step counts
+    rows = layout["yaxis"]["ticktext"]
+    assert rows == [f"rank {r}" for r in sorted(analysis.breakdown["rank"].to_list())]
+    assert len(rows) == slowest["ranks"] == 4 and layout["yaxis"]["tickvals"] == list(range(len(rows)))
+    drawn = [(rows[y], trace["name"], x, base) for trace in data for y, x, base in
+             zip(trace["y"], trace["x"], trace["base"], strict=True)]
+    assert len(drawn) == stretches.height
+    assert {r for r, _, _, _ in drawn} == {f"rank {r}" for r in stretches["rank"].unique().to_list()}
+    assert {t["name"] for t in data} == set(stretches["kind"].unique().to_list()) <= {str(k) for k in PathKind}
+    assert len({t["name"] for t in data}) == len(data)  # a trace (and legend entry) per kind
+    total_ms = sum(x for _, _, x, _ in drawn)
+    assert total_ms * 1e6 == pytest.approx(slowest["length_ns"], abs=len(drawn))  # the stretches make the step
+    assert max(base + x for _, _, x, base in drawn) * 1e6 == pytest.approx(slowest["length_ns"], abs=len(drawn))
+    for kind in data:  # the time of each kind on the path, as the step's summary row has it
+        assert sum(kind["x"]) * 1e6 == pytest.approx(slowest[f"{kind['name']}_ns"], abs=len(kind["x"]))
+    # the what-if bars: predicted ms per step of every scenario, against the measured time, the baseline first
+    summed = totals(analysis.what_if)
+    bars, line = _plot(text, "what-if")[0]
+    assert bars["type"] == "bar" and bars["x"][0] == str(Scenario.AS_MEASURED)
+    assert set(bars["x"]) == set(summed["scenario"].to_list()) == {str(s) for s in Scenario}
+    savings = dict(zip(summed["scenario"], summed["saving_ns"]))
+    assert [savings[s] for s in bars["x"][1:]] == sorted((savings[s] for s in bars["x"][1:]), reverse=True)
+    for scenario, predicted, measured in zip(bars["x"], bars["y"], line["y"], strict=True):
+        row = summed.filter(pl.col("scenario") == scenario).row(0, named=True)
+        assert predicted == pytest.approx(row["predicted_ns"] / row["steps"] / 1e6)
+        assert measured == pytest.approx(row["measured_ns"] / row["steps"] / 1e6)
+    assert "compute kernels twice as fast" in text  # what each scenario changes, in words
+
+
+def test_job_report_without_steps_has_no_critical_path(fleet_warehouse: Warehouse) -> None:
+    report = fleet_warehouse.job_report("inspector")  # NCCL records only
+    assert report.analysis.critical_path.is_empty() and report.analysis.what_if.is_empty()
+    text = job_report(report)
+    assert 'id="critical-path"' not in text and 'id="what-if"' not in text
 
 
 def test_job_report_of_every_kind_of_job_renders(fleet_warehouse: Warehouse) -> None:

@@ -15,7 +15,7 @@ import pytest
 from support import SAMPLES
 from tracelake.contracts import schema
 from tracelake.warehouse import InvalidArgument, NotFound, QueryError, Warehouse
-from tracelake.warehouse.store import parse_labels
+from tracelake.api.user_input import parse_labels
 
 
 def test_fresh_warehouse_is_queryable_and_empty(warehouse: Warehouse) -> None:

@@ -10,6 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 from support import REAL_TRACES, ROOT, len_field, varint
 from tracelake.contracts.classify import classify
@@ -234,12 +237,11 @@ def test_generated_gpu_xplane_counts_stream_kernels_once(tmp_path: Path, warehou
     assert warehouse.query("SELECT count(*) FROM collectives").rows == [(gpus * steps,)]
 
 
-def _gpu_stream_with_every_kind_of_stat(path: Path) -> Path:
+def _gpu_stream_with_every_kind_of_stat(path: Path, rng: random.Random) -> Path:
     """A GPU plane whose events carry stats of every value kind, repeated, undeclared, and references to undeclared
-    ids, on a stream line with a relative and one with an absolute timestamp."""
+    ids, on a stream line with a relative and one with an absolute timestamp (drawn from ``rng``)."""
     from tracelake.ingest.xplane_proto import XSpaceWhole
 
-    rng = random.Random(7)
     space = XSpaceWhole(hostnames=["host0"])
     plane = space.planes.add(id=1, name="/device:GPU:0")
     names = ["correlation_id", "hlo_op", "hlo_module", "program_id", "hlo_category", "kernel_details",
@@ -274,34 +276,48 @@ def _gpu_stream_with_every_kind_of_stat(path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("window", [1 << 20, pytest.param(300, marks=pytest.mark.slow)])  # 300: thousands of windows
-def test_gpu_streams_decode_in_bulk_as_one_by_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                  window: int) -> None:
-    """The bulk decoding of GPU stream lines gives the tables (and warnings) the protobuf path gives."""
+def _assert_gpu_streams_decode_in_bulk_as_one_by_one(path: Path, window: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tables (and warnings) of ``path`` with the bulk GPU stream decoder and without it are the same."""
     from tracelake import ingest
-    from tracelake.ingest import xla, xspace
-    from tracelake.sample_traces import generate_xla
     from tracelake.contracts.errors import TraceFormatError
-
-    monkeypatch.setattr(xspace, "LINE_CHUNK_BYTES", window)
-    monkeypatch.setattr(xla, "FLUSH_ROWS", 500)
-    generated = tmp_path / "gen" / "host0.xplane.pb"
-    generated.parent.mkdir()
-    generated.write_bytes(generate_xla.build_gpu(4, 60, 2))
-    odd = _gpu_stream_with_every_kind_of_stat(tmp_path / "host0.xplane.pb")
+    from tracelake.ingest import xla, xla_gpu, xspace
 
     def refuse(*_: object) -> None:
         raise TraceFormatError("test", "the bulk path is off")
 
-    for path in [generated, odd, *[p for p in real_xplanes() if "mi300" in str(p)]]:
+    with monkeypatch.context() as m:
+        m.setattr(xspace, "LINE_CHUNK_BYTES", window)
+        m.setattr(xla, "FLUSH_ROWS", 500)
         bulk = ingest.parse(path)
-        with monkeypatch.context() as m:
-            m.setattr(xla._Parser, "_gpu_columns", refuse)
-            one_by_one = ingest.parse(path)
-        assert bulk.info.warnings == one_by_one.info.warnings and bulk.info.event_count == one_by_one.info.event_count
-        for name, table in one_by_one.tables.items():
-            assert table.equals(bulk.tables[name]), (path, name)
-        assert bulk.tables["device_ops"].num_rows > 0
+        m.setattr(xla_gpu.GpuStreams, "gpu_columns", refuse)
+        one_by_one = ingest.parse(path)
+    assert bulk.info.warnings == one_by_one.info.warnings and bulk.info.event_count == one_by_one.info.event_count
+    for name, table in one_by_one.tables.items():
+        assert table.equals(bulk.tables[name]), (path, name)
+    assert bulk.tables["device_ops"].num_rows > 0
+
+
+@pytest.mark.parametrize("window", [1 << 20, pytest.param(300, marks=pytest.mark.slow)])  # 300: thousands of windows
+def test_gpu_streams_decode_in_bulk_as_one_by_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  window: int) -> None:
+    """The bulk decoding of GPU stream lines gives the tables (and warnings) the protobuf path gives."""
+    from tracelake.sample_traces import generate_xla
+
+    generated = tmp_path / "gen" / "host0.xplane.pb"
+    generated.parent.mkdir()
+    generated.write_bytes(generate_xla.build_gpu(4, 60, 2))
+    for path in [generated, *[p for p in real_xplanes() if "mi300" in str(p)]]:
+        _assert_gpu_streams_decode_in_bulk_as_one_by_one(path, window, monkeypatch)
+
+
+@pytest.mark.parametrize("window", [1 << 20, pytest.param(300, marks=pytest.mark.slow)])  # 300: thousands of windows
+@settings(max_examples=2, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_gpu_stats_of_every_kind_decode_in_bulk_as_one_by_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              window: int, seed: int) -> None:
+    """The same on GPU stream events with stats of every kind (drawn from a seed: a few thousand choices)."""
+    odd = _gpu_stream_with_every_kind_of_stat(tmp_path / "host0.xplane.pb", random.Random(seed))
+    _assert_gpu_streams_decode_in_bulk_as_one_by_one(odd, window, monkeypatch)
 
 # -- the vectorised event decoder (ingest/xspace_events.py) against protobuf's own decoding ----------------------
 
@@ -418,19 +434,21 @@ def test_bulk_event_decoder_matches_protobuf_on_the_sample(monkeypatch: pytest.M
             assert _assert_batches_match_protobuf(path) > 0
 
 
-@pytest.mark.parametrize("seed", range(6))
+@settings(max_examples=6, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), one_sweep=st.booleans(), small_window=st.integers(1, 64))
 def test_bulk_event_decoder_matches_protobuf_on_random_lines(
-    seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    seed: int, one_sweep: bool, small_window: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tracelake.ingest import xspace, xspace_events
 
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # the line is drawn from a seed: thousands of choices, more than hypothesis draws well
     path = _space_with_line(tmp_path, _random_line(rng, 400))
-    if seed % 3 == 1:  # a sweep of one round: false event chains are then left to the chain walk
-        monkeypatch.setattr(xspace_events, "_SWEEP_ROUNDS", 1)
-    for chunk in (1 << 30, 1 + rng.randrange(64), 1000):  # a window smaller than an event is widened to it
-        monkeypatch.setattr(xspace, "LINE_CHUNK_BYTES", chunk)
-        assert _assert_batches_match_protobuf(path) == 400
+    with monkeypatch.context() as m:
+        if one_sweep:  # a sweep of one round: false event chains are then left to the chain walk
+            m.setattr(xspace_events, "SWEEP_ROUNDS", 1)
+        for chunk in (1 << 30, small_window, 1000):  # a window smaller than an event is widened to it
+            m.setattr(xspace, "LINE_CHUNK_BYTES", chunk)
+            assert _assert_batches_match_protobuf(path) == 400
 
 
 def test_varints_of_every_length_match_protobuf() -> None:
@@ -595,17 +613,23 @@ def test_truncated_gzip_xplane_is_a_format_error(tmp_path: Path) -> None:
     assert list(staging.iterdir()) == []
 
 
-def test_distinct_columns_equal_numpy_unique_by_column() -> None:
+@st.composite
+def _code_rows(draw: st.DrawFn) -> np.ndarray:
+    """Five rows of codes from -1 up (the first from 0), as GPU stream rows have them: few, or too many to pack."""
+    n = draw(st.integers(1, 200))
+    high = draw(st.one_of(st.integers(1, 11), st.just(2**14)))
+    keys = draw(hnp.arrays(np.int64, (5, n), elements=st.integers(-1, high - 1)))
+    keys[0] = np.maximum(keys[0], 0)
+    return keys
+
+
+@settings(max_examples=100)
+@given(keys=_code_rows())
+@example(keys=np.array([[0, 2**14 - 1, 0]] + [[-1, 2**14 - 1, 2**14 - 1]] * 4))  # too many to pack
+def test_distinct_columns_equal_numpy_unique_by_column(keys: np.ndarray) -> None:
     """The packed distinct-combination search of GPU stream rows gives np.unique(axis=1)'s answer, also past int64."""
-    import numpy as np
+    from tracelake.ingest.xla_gpu import distinct_columns
 
-    from tracelake.ingest.xla_gpu import _distinct_columns
-
-    rng = np.random.default_rng(4)
-    for case in range(300):
-        n = int(rng.integers(1, 200))
-        high = 2**14 if case % 10 == 0 else int(rng.integers(1, 12))  # every tenth: too many to pack
-        keys = np.stack([rng.integers(0 if row == 0 else -1, high, n) for row in range(5)])
-        combos, which = _distinct_columns(keys)
-        expected, inverse = np.unique(keys, axis=1, return_inverse=True)
-        assert np.array_equal(combos, expected) and np.array_equal(which, inverse.reshape(-1)), case
+    combos, which = distinct_columns(keys)
+    expected, inverse = np.unique(keys, axis=1, return_inverse=True)
+    assert np.array_equal(combos, expected) and np.array_equal(which, inverse.reshape(-1))

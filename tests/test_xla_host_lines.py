@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import random
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from support import REAL_TRACES, ROOT, len_field, varint
 from tracelake import ingest
@@ -36,7 +39,7 @@ def _parse_both(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     """Parse ``path`` with the bulk host path and with the one-by-one path; assert every table (and the trace facts)
     agree and that the bulk path decoded events; the bulk path's tables."""
     decoded = []
-    bulk_columns = xla_host.HostLines._host_columns
+    bulk_columns = xla_host.HostLines.host_columns
 
     def counting(self: Any, *args: Any) -> Any:
         done = bulk_columns(self, *args)
@@ -48,10 +51,10 @@ def _parse_both(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
         raise TraceFormatError("test", "the bulk path is off")
 
     with monkeypatch.context() as m:
-        m.setattr(xla_host.HostLines, "_host_columns", counting)
+        m.setattr(xla_host.HostLines, "host_columns", counting)
         bulk_info, bulk = _parse(path, tmp_path / "bulk")
     with monkeypatch.context() as m:
-        m.setattr(xla_host.HostLines, "_host_columns", refuse)
+        m.setattr(xla_host.HostLines, "host_columns", refuse)
         slow_info, slow = _parse(path, tmp_path / "slow")
     assert sum(decoded) > 0, "no host events went through the bulk path"
     assert (bulk_info.event_count, bulk_info.start_ns, bulk_info.end_ns, bulk_info.warnings) == \
@@ -184,17 +187,20 @@ def test_nesting_of_touching_identical_zero_and_unordered_events(tmp_path: Path,
 
 
 @pytest.mark.parametrize("in_order", [True, False])
-def test_a_line_split_across_windows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, in_order: bool) -> None:
+@settings(max_examples=2, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_a_line_split_across_windows(monkeypatch: pytest.MonkeyPatch, in_order: bool, seed: int) -> None:
     """A line bigger than the window comes in several runs, each sorted on its own; what is still open at a run's
     end stays on the stack, so a line in time order nests exactly as when read whole."""
-    rng = random.Random(3)
+    rng = random.Random(seed)  # 400 events in 10 us, up to 4 us long: deeply nested
     events = [(rng.randrange(10**7), rng.choice([0, 1_000, 50_000, 10**6, 4 * 10**6])) for _ in range(400)]
     if in_order:
         events.sort(key=lambda e: (e[0], -e[1]))
     data = _space([_line(1, events).SerializeToString()])
-    whole = _host_rows(tmp_path / "whole", data, monkeypatch).sort("event_id")
-    monkeypatch.setattr(xspace, "LINE_CHUNK_BYTES", 500)
-    windows = _host_rows(tmp_path / "windows", data, monkeypatch).sort("event_id")
+    with tempfile.TemporaryDirectory() as tmp, monkeypatch.context() as m:
+        whole = _host_rows(Path(tmp) / "whole", data, m).sort("event_id")
+        m.setattr(xspace, "LINE_CHUNK_BYTES", 500)
+        windows = _host_rows(Path(tmp) / "windows", data, m).sort("event_id")
     assert windows.height == 400 and windows["depth"].max() > 2
     assert windows["event_id"].to_list() == sorted(windows["event_id"].to_list())
     parents = windows.filter(pl.col("parent_id").is_not_null()).join(
@@ -251,16 +257,18 @@ def _random_host_line(rng: random.Random, tid: int, events: int, cpu_ops: bool) 
     return line
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_random_host_lines_decode_in_bulk_as_one_by_one(seed: int, tmp_path: Path,
+@settings(max_examples=6, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), window=st.sampled_from([1 << 20, 900]))
+def test_random_host_lines_decode_in_bulk_as_one_by_one(seed: int, window: int,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Stats of every kind (correlation ids and step numbers as ``as_int`` reads them, undeclared ids counted),
     events in any order with negative, zero and equal times, empty lines, a line with CPU back-end ops."""
-    rng = random.Random(seed)
-    monkeypatch.setattr(xspace, "LINE_CHUNK_BYTES", rng.choice([1 << 20, 900]))
-    monkeypatch.setattr(xla_host, "HOST_FLUSH_ROWS", 50)
+    rng = random.Random(seed)  # the lines are drawn from a seed: far more choices than hypothesis draws well
     lines = [_random_host_line(rng, tid, rng.choice([0, 1, 5, 200]), cpu_ops=tid == 3) for tid in range(1, 7)]
-    rows = _host_rows(tmp_path, _space([], lines), monkeypatch)
+    with tempfile.TemporaryDirectory() as tmp, monkeypatch.context() as m:
+        m.setattr(xspace, "LINE_CHUNK_BYTES", window)
+        m.setattr(xla_host, "HOST_FLUSH_ROWS", 50)
+        rows = _host_rows(Path(tmp), _space([], lines), m)
     assert rows["correlation"].null_count() < rows.height
 
 
@@ -277,32 +285,49 @@ def _nested_intervals(rng: np.random.Generator, start: int, stop: int, depth: in
     return out
 
 
-def test_nesting_matches_the_stack_on_random_intervals() -> None:
+#: Intervals (start, end) that overlap without nesting, touch, or have no length.
+_OVERLAPPING = st.lists(st.tuples(st.integers(0, 49), st.sampled_from([0, 1, 3, 10, 40])), max_size=59).map(
+    lambda pairs: [(t, t + d) for t, d in pairs])
+#: Intervals that nest properly, drawn from a seed (a recursive layout).
+_PROPERLY_NESTED = st.integers(0, 2**32 - 1).map(
+    lambda seed: _nested_intervals(np.random.default_rng(seed), 0, 100, 4) or [(0, 0)])
+
+
+@settings(max_examples=100)
+@given(pairs=st.one_of(_OVERLAPPING, _PROPERLY_NESTED))
+@example(pairs=[(0, 10), (2, 5), (5, 5), (6, 10)])  # nests properly: done on whole arrays
+@example(pairs=[(0, 30), (5, 40), (35, 36)])  # overlaps without nesting: done with the stack
+def test_nesting_matches_the_stack_on_random_intervals(pairs: list[tuple[int, int]]) -> None:
     """:func:`xla_host.nesting` against the stack itself: runs that nest properly (done on whole arrays), overlap
-    without nesting (done with the stack) and touch."""
-    rng = np.random.default_rng(5)
-    whole_arrays = 0
-    for case in range(400):
-        if case % 2:
-            n = int(rng.integers(0, 60))
-            ts = rng.integers(0, 50, n)
-            end = ts + rng.choice([0, 1, 3, 10, 40], n)
-        else:
-            pairs = np.array(_nested_intervals(rng, 0, 100, 4) or [(0, 0)], dtype=np.int64)
-            ts, end = pairs[:, 0], pairs[:, 1]
-        order = np.lexsort((ts - end, ts))
-        ts, end = ts[order].astype(np.int64), end[order].astype(np.int64)
-        whole_arrays += len(ts) > 1 and xla_host._nested(ts, end) is not None
-        depth, parent = xla_host.nesting(ts, end)
-        stack: list[tuple[int, int]] = []
-        expected = []
-        for i, (t, e) in enumerate(zip(ts.tolist(), end.tolist(), strict=True)):
-            while stack and stack[-1][0] <= t:
-                stack.pop()
-            expected.append((len(stack), stack[-1][1] if stack else -1))
-            stack.append((e, i))
-        assert list(zip(depth.tolist(), parent.tolist(), strict=True)) == expected
-    assert 150 < whole_arrays < 350  # both ways were taken
+    without nesting (done with the stack) and touch. Both ways are taken: :func:`xla_host.proper_nesting` answers
+    (with the stack's nesting) exactly where the stack's ends never grow from bottom to top."""
+    starts = np.array([s for s, _ in pairs], dtype=np.int64)
+    ends = np.array([e for _, e in pairs], dtype=np.int64)
+    order = np.lexsort((starts - ends, starts))
+    ts, end = starts[order], ends[order]
+    depth, parent = xla_host.nesting(ts, end)
+    stack: list[tuple[int, int]] = []
+    expected = []
+    ends_grow = False
+    for i, (t, e) in enumerate(zip(ts.tolist(), end.tolist(), strict=True)):
+        while stack and stack[-1][0] <= t:
+            stack.pop()
+        expected.append((len(stack), stack[-1][1] if stack else -1))
+        ends_grow |= bool(stack) and e > stack[-1][0]
+        stack.append((e, i))
+    assert list(zip(depth.tolist(), parent.tolist(), strict=True)) == expected
+    if len(ts) > 1:
+        whole = xla_host.proper_nesting(ts, end)
+        assert (whole is None) == ends_grow
+        if whole is not None:
+            assert list(zip(whole[0].tolist(), whole[1].tolist(), strict=True)) == expected
+
+
+def test_both_ways_of_nesting_are_taken() -> None:
+    """Properly nested events are done on whole arrays; events that overlap without nesting go through the stack."""
+    nested, overlapping = np.array([0, 2, 5, 6]), np.array([0, 5, 35])
+    assert xla_host.proper_nesting(nested, np.array([10, 5, 5, 10])) is not None
+    assert xla_host.proper_nesting(overlapping, np.array([30, 40, 36])) is None
 
 
 def test_a_cpu_op_with_an_impossible_device_ordinal_is_a_clear_error(tmp_path: Path) -> None:

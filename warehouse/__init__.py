@@ -31,19 +31,21 @@ from tracelake.contracts.errors import (
 from .settings import Settings
 
 if TYPE_CHECKING:
+    from tracelake.analysis.fleet_view import Fleet
+    from tracelake.analysis.job_view import JobReport
+
     from .core import Warehouse
-    from .fleet_report import Fleet
-    from .job_report import JobReport
     from .results import IngestReport, IngestResult, QueryResult
 
-#: Names loaded on first use, and the module each lives in.
+#: Names loaded on first use, and the module each lives in (relative: of this package). The result types
+#: are pure view-models, so they live in :mod:`tracelake.analysis`; they are re-exported here.
 _LAZY = {
-    "Warehouse": "core",
-    "Fleet": "fleet_report",
-    "JobReport": "job_report",
-    "IngestReport": "results",
-    "IngestResult": "results",
-    "QueryResult": "results",
+    "Warehouse": ".core",
+    "Fleet": "tracelake.analysis.fleet_view",
+    "JobReport": "tracelake.analysis.job_view",
+    "IngestReport": ".results",
+    "IngestResult": ".results",
+    "QueryResult": ".results",
 }
 
 
@@ -51,7 +53,7 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    value = getattr(importlib.import_module(module, __name__), name)
     globals()[name] = value
     return value
 

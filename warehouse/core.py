@@ -14,20 +14,21 @@ from typing import TYPE_CHECKING, Any
 import duckdb
 import polars as pl
 
+from tracelake.analysis import assemble, job_view
 from tracelake.analysis import diff as diff_analysis
 from tracelake.analysis import kernels
 from tracelake.analysis import nccl as nccl_analysis
+from tracelake.analysis.assemble import Analysis
+from tracelake.analysis.fleet_view import Fleet
+from tracelake.analysis.job_view import JobReport
 from tracelake.contracts.errors import InvalidArgument, NotFound, QueryError, WarehouseError
 from tracelake.contracts.status import IngestStatus
 from tracelake.ingest.model import ByteCallback
 
-from . import analysis_report, catalog, fleet_report, job_report, overview, runs, staging, trace_ids
-from .analysis_report import Analysis
+from . import catalog, critical_inputs, fleet_data, overview, runs, staging, trace_ids
 from .check import STALE_AFTER, CheckReport
 from .check import check as check_warehouse
-from .fleet_report import Fleet
 from .inputs import expand_inputs, file_size
-from .job_report import JobReport
 from .readonly import SqlEngine, local_query, query_once
 from .registry import Registry, job_summaries, select_traces
 from .executor import IngestTask, executor_for, ingest_all
@@ -64,7 +65,7 @@ class Warehouse:
         self.home = self.settings.home_path
         self.store = Store(self.home)
         self.registry = Registry(self.store)
-        self._fleet_rows = fleet_report.FleetRows(self.store)
+        self._fleet_rows = fleet_data.FleetRows(self.store)
         self._runs = runs.RunCache()  # each trace's run within its job (docs/analyses.md, "Runs within a job")
         try:
             self.store.initialise()
@@ -205,7 +206,7 @@ class Warehouse:
                                    lambda pairs: self._analyze(runs.narrow(selection, pairs), top))
 
     def _analyze(self, selection: _Selection, top: int) -> Analysis:
-        names = ("breakdown", "kernel_stats", *analysis_report.STORED)
+        names = ("breakdown", "kernel_stats", *assemble.STORED)
         stored = {name: self._stored(name, selection) for name in names}
         whole = self._whole(stored.pop("breakdown"))
         stats = stored.pop("kernel_stats")
@@ -216,7 +217,8 @@ class Warehouse:
                 counts = con.sql(f"SELECT name, category, dur_ns, count(*) AS n FROM device_ops WHERE {selection.where}"
                                  " GROUP BY ALL", params=selection.params).pl()
             top_kernels = kernels.top_from_counts(counts, top=top)
-        return analysis_report.compute(whole, stored, top_kernels, self._link_peaks())
+        paths = critical_inputs.analyse(self.store, selection.traces, stored["traces"], stored["collectives"])
+        return assemble.compute(whole, stored, top_kernels, self._link_peaks(), paths)
 
     def _link_peaks(self) -> dict[str, float]:
         try:
@@ -231,9 +233,9 @@ class Warehouse:
             NotFound: the job has no traces.
         """
         selection = self._selection(None, job)
-        return job_report.compute(job, self._traces_frame(job, None, None, None), self.analyze(job=job, top=top),
-                                  self._stored("breakdown", selection), self._stored("collectives", selection),
-                                  self._link_peaks())
+        return job_view.compute(job, self._traces_frame(job, None, None, None), self.analyze(job=job, top=top),
+                                self._stored("breakdown", selection), self._stored("collectives", selection),
+                                self._link_peaks())
 
     def fleet(
         self,
@@ -252,8 +254,8 @@ class Warehouse:
         ingest, kept per job folder between calls (docs/analyses.md, "Fleet"). Naive datetimes
         are taken as UTC.
         """
-        return fleet_report.read(self.store, self.registry.frame(), since=since, until=until, labels=labels,
-                                 now=now, top=top, rows=self._fleet_rows)
+        return fleet_data.read(self.store, self.registry.frame(), since=since, until=until, labels=labels,
+                               now=now, top=top, rows=self._fleet_rows)
 
     def refresh_caches(self, jobs: Collection[str]) -> None:
         """Bring the snapshots under ``cache/`` up to date with ``jobs``' folders (after they were written to).

@@ -15,10 +15,10 @@ from typing import Any, Protocol, TypeVar, cast
 
 import polars as pl
 from tracelake.analysis import findings
+from tracelake.analysis.assemble import Analysis
 from tracelake.analysis.runs import Runs, group_runs
 from tracelake.contracts.status import IngestStatus
 
-from .analysis_report import Analysis
 from .results import IngestResult
 
 #: A selection's ``(job, trace_id)`` pairs.

@@ -321,6 +321,11 @@ class SqlPool:
             self.release(worker, reuse=False)
             raise
 
+    def idle_workers(self) -> int:
+        """Workers started and waiting for a query (none once the pool is closed)."""
+        with self._cond:
+            return len(self._idle)
+
     def close(self) -> None:
         """Stop every idle worker; lent ones stop when they come back."""
         with self._cond:

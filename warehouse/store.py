@@ -57,7 +57,8 @@ WRITE_LOCK = ".write.lock"
 TEMP_FILE = re.compile(r"^\..+\.(?P<pid>[0-9]+)(?:-[0-9a-f]+)?\.tmp(?:\.wal)?$")
 _JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TRACE_ID = re.compile(r"^[0-9a-f]{1,64}$")
-_LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+#: What a label key may be (docs/architecture.md: the faces parse ``key=value`` text into labels).
+LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
 def _has_schema(path: Path, expected: pa.Schema) -> bool:
@@ -82,18 +83,6 @@ def check_job(job: str) -> str:
             "(up to 128 characters, starting with a letter or digit)"
         )
     return job
-
-
-def parse_labels(pairs: list[str] | None) -> dict[str, str]:
-    """Turn ``["team=infra", "model=llama"]`` into a dict, with a clear error for bad pairs."""
-    labels: dict[str, str] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        key = key.strip()
-        if not sep or not _LABEL_KEY.match(key):
-            raise InvalidArgument(f"invalid label {pair!r}: expected key=value, e.g. team=infra")
-        labels[key] = value.strip()
-    return labels
 
 
 class Store:

@@ -16,7 +16,7 @@ from tracelake.warehouse import InvalidArgument
 from tracelake.warehouse.distributed import dask_client, warehouse_path
 
 from ..output import jsonable, to_table
-from . import render
+from . import render, render_paths
 from .progress import count_bar
 from .root import (
     HomeOption,
@@ -46,6 +46,11 @@ def analyze(
     home: HomeOption = None,
 ) -> None:
     """Show where the time went: the breakdown per rank and the findings, largest gain first.
+
+    Then what bounds each step (its critical path across the ranks: measured time, the rank
+    with most time on the path, the largest kinds of time as % of the step; with more than
+    12 steps in a run, its slowest, median and fastest) and what if (each scenario's predicted
+    and saved time per step, over every step). --json has every step and stretch.
 
     With --recompute, --scheduler (or DASK_SCHEDULER_ADDRESS) or --workers recompute one
     trace per Dask task (docs/scale-out.md).
@@ -78,6 +83,8 @@ def analyze(
         console.print(to_table(render.frame_result(render.inclusive_view(whole)),
                                title="per op class, % of span, inclusive (overlapping time counts in each class)"))
     print_findings(result.findings)
+    print_critical_path(result.critical_path, result.what_if)
+    print_parallelism(result.parallelism, result.pipeline_bubbles)
     if result.bandwidth_by_size.height:
         console.print(to_table(render.frame_result(result.bandwidth_by_size.select(
             "collective", pl.col("bucket").alias("size from"), "instances",
@@ -140,6 +147,30 @@ def print_findings(found: list[findings.Finding]) -> None:
     for f in found:
         gain = f" (fixing it saves up to {f.gain_ns / 1e6:,.1f} ms)" if f.gain_ns > 0 else ""
         console.print(f"- [bold]{escape(f.title)}[/]: {escape(f.detail)}{gain}", highlight=False, soft_wrap=True)
+
+
+def print_critical_path(steps: pl.DataFrame, what_if: pl.DataFrame) -> None:
+    """What bounds each step (its critical path across the ranks) and the what-if answers; nothing without steps."""
+    if steps.height:  # docs/analyses.md, "Critical path"
+        view, title = render_paths.bounds_view(steps)
+        console.print(to_table(render.frame_result(view), title=title))
+    if what_if.height:
+        view = render_paths.what_if_view(what_if, words=console.width >= render_paths.WORDS_WIDTH)
+        console.print(to_table(render.frame_result(view), title="what if: every step replayed with one change, "
+                               "ms per step (as_measured, the baseline, is the measured time; largest saving "
+                               "first)"))
+
+
+def print_parallelism(groups: pl.DataFrame, bubbles: pl.DataFrame) -> None:
+    """Communication per process group and dimension, and pipeline bubbles per stage (docs/analyses.md, "Parallelism")."""
+    if groups.height:
+        console.print(to_table(render.frame_result(render_paths.parallelism_view(groups)),
+                               title="communication by process group: ms per rank; exposed = no compute overlaps it; "
+                               "critical = on the steps' critical paths"))
+    if bubbles.height:
+        console.print(to_table(render.frame_result(render_paths.bubbles_view(bubbles)),
+                               title="pipeline bubbles per stage, mean over steps: idle % of the step against the "
+                               "schedule's own (p - 1) / (m + p - 1)"))
 
 
 def _kernels_view(top: Any) -> Any:

@@ -9,10 +9,11 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from tracelake.contracts.status import IngestStatus
 from tracelake.warehouse import IngestResult
 from tracelake.warehouse.distributed import dask_client, warehouse_path
-from tracelake.warehouse.store import parse_labels
 
+from ..user_input import parse_labels
 from . import render
 from .progress import progress_bar
 from .root import (
@@ -30,9 +31,9 @@ from .root import (
 
 def ingest_summary(results: list[IngestResult], seconds: float) -> None:
     """Print the skipped duplicates, then one line of counts, bytes, rows and throughput."""
-    ingested = [r for r in results if r.status == "ingested"]
-    duplicates = [r for r in results if r.status == "duplicate"]
-    failed = [r for r in results if r.status == "failed"]
+    ingested = [r for r in results if r.status == IngestStatus.INGESTED]
+    duplicates = [r for r in results if r.status == IngestStatus.DUPLICATE]
+    failed = [r for r in results if r.status == IngestStatus.FAILED]
     for r in duplicates:
         console.print(f"[dim]skipped[/] {escape(str(r.path))}: already ingested as {r.trace_id} (job {r.job})",
                       highlight=False, soft_wrap=True)

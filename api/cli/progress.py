@@ -18,6 +18,7 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from tracelake.contracts.status import IngestStatus
 from tracelake.warehouse import IngestResult
 
 from . import render
@@ -51,7 +52,7 @@ class BarProgress:
         self.done_files += 1
         if self.task is not None:
             self.progress.update(self.task, files=f"{self.done_files}/{self.total_files} files")
-        if result.status == "failed":
+        if result.status == IngestStatus.FAILED:
             self.progress.console.print(f"[red]failed[/] {escape(render.failure_line(result.path, result.error))}",
                                         highlight=False, soft_wrap=True)
         for warning in result.warnings:

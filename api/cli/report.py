@@ -11,10 +11,10 @@ import typer
 from rich.markup import escape
 
 from tracelake.warehouse import InvalidArgument, Warehouse
-from tracelake.warehouse.store import parse_labels
 
 from ..output import OutputFormat
 from ..settings import ServerSettings
+from ..user_input import parse_labels, parse_when
 from . import render
 from .root import HomeOption, app, err_console, exit_on_error, open_warehouse, print_result
 from .words import WordsGroup
@@ -66,8 +66,6 @@ def report_fleet(
     home: HomeOption = None,
 ) -> None:
     """Write the fleet report: device-hours and utilisation over time, waste by job and label, top offenders."""
-    from tracelake.warehouse.fleet_report import parse_when
-
     from ..reports.archive import write_fleet_pages
 
     now = dt.datetime.now(dt.timezone.utc)

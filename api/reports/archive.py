@@ -31,8 +31,8 @@ from urllib.parse import quote
 
 from tracelake.contracts.errors import InvalidArgument, NotFound
 from tracelake.warehouse import Fleet, Warehouse
-from tracelake.warehouse.fleet_report import parse_when
 
+from ..user_input import parse_when
 from .fleet import render as render_fleet
 from .job import render as render_job
 

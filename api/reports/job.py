@@ -1,4 +1,5 @@
-"""The job report: one job's findings, breakdown, steps, idle time, stragglers, kernels and bandwidth as a page."""
+"""The job report: one job's findings, breakdown, steps, critical path and what-if answers, idle time, stragglers,
+kernels and bandwidth as a page."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import polars as pl
 
 from tracelake.warehouse import JobReport
 
+from .critical import critical_path_section, what_if_section
 from .page import (
     COLOURS,
     Column,
@@ -60,6 +62,8 @@ def render(report: JobReport) -> str:
         _summary(report),
         _breakdown(report),
         _steps(report),
+        critical_path_section(report),
+        what_if_section(report),
         _idle(report),
         _stragglers(report),
         _kernels(report),

@@ -15,8 +15,6 @@ from fastapi import APIRouter, Header, Path as PathParam, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from tracelake.contracts.errors import NotFound
-from tracelake.warehouse.fleet_report import parse_when
-from tracelake.warehouse.store import parse_labels
 
 from ..deps import Read, State
 from ..models import JOB, ArchivedReportInfo, ErrorAnswer, ReportList
@@ -24,6 +22,7 @@ from ..reports import fleet_report, job_report
 from ..reports.archive import NAME
 from ..responses import html_page
 from ..scheduler import archive_of
+from ..user_input import parse_labels, parse_when
 
 router = APIRouter(tags=["reports"], dependencies=[Read])
 

@@ -13,14 +13,16 @@ from fastapi import APIRouter, Path as PathParam, Query, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from tracelake.contracts.status import TaskStatus
 from tracelake.warehouse import InvalidArgument, NotFound
-from tracelake.warehouse.store import check_job, parse_labels
+from tracelake.warehouse.store import check_job
 
 from ..deps import Admin, Read, State, Write
 from ..ingest_queue import Task
 from ..intake import check_upload
 from ..models import JOB, TRACE_ID, ErrorAnswer, TraceDetail, TracePage, TraceState, UploadAnswer
 from ..uploads import Received, UploadLimits, receive_body, receive_multipart
+from ..user_input import parse_labels
 
 router = APIRouter(prefix="/api/v1/traces", tags=["traces"])
 
@@ -129,7 +131,7 @@ async def _accept(
         await run_in_threadpool(state.queue.wait, [t.trace_id for t in tasks], wait)
     answer = UploadAnswer(job=job, labels=labels, files=len(received.files), bytes=received.bytes,
                           traces=[_state(t) for t in tasks])
-    failed = [t for t in answer.traces if t.status == "failed"]
+    failed = [t for t in answer.traces if t.status == TaskStatus.FAILED]
     if failed:  # only known when the client waited: the upload was bad after all
         content = {"error": "; ".join(t.error or t.name for t in failed), "kind": "IngestFailed",
                    **answer.model_dump(mode="json")}
@@ -176,7 +178,7 @@ def get_trace(state: State, trace_id: TraceId) -> TraceDetail:
     task = state.queue.task(trace_id)
     if task is None:
         raise NotFound(f"no trace with id {trace_id!r}")
-    if task.status == "done":  # ingested, then deleted
+    if task.status == TaskStatus.DONE:  # ingested, then deleted
         raise NotFound(f"no trace with id {trace_id!r} (it was deleted)")
     return TraceDetail(trace_id=trace_id, job=task.job, status=task.state, error=task.error, trace=None)  # type: ignore[arg-type]
 

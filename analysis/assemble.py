@@ -1,7 +1,8 @@
-"""Every analysis of one trace or job, computed together: what ``tracelake analyze`` shows.
+"""Every analysis of one trace or job, assembled together: what ``tracelake analyze`` shows.
 
-The facade's :meth:`Warehouse.analyze` returns an :class:`Analysis`, whose frames
-are polars DataFrames for notebooks; the CLI and the API only render it.
+Pure: frames in, an :class:`Analysis` out. The facade's :meth:`Warehouse.analyze` reads the
+rows (:data:`STORED`) and returns an :class:`Analysis`, whose frames are polars DataFrames
+for notebooks; the CLI and the API only render it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import polars as pl
 
-from tracelake.analysis import collectives, findings, nccl, nccl_findings, nccl_join, steps
+from . import collectives, critical_path, findings, nccl, nccl_findings, nccl_join, steps
 
 
 @dataclass
@@ -40,6 +41,17 @@ class Analysis:
     runs: pl.DataFrame = field(default_factory=pl.DataFrame)
     #: One row per CUDA/HIP graph launch (table ``graph_launches``; docs/analyses.md, "Launches").
     graphs: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: What bounds each step across the ranks: one row per step, time on the critical path by kind
+    #: (:mod:`tracelake.analysis.critical_path`; docs/analyses.md, "Critical path").
+    critical_path: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: The stretches of each step's critical path, in order: rank, kind, name, start and duration.
+    critical_path_stretches: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: Each step replayed under each what-if scenario: the predicted step time and its path by kind.
+    what_if: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: Communication per process group, mapped to a parallelism dimension (:mod:`tracelake.analysis.parallelism`).
+    parallelism: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: Pipeline bubbles per stage and step, against the schedule's own bubble.
+    pipeline_bubbles: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     def as_dict(self) -> dict[str, Any]:
         """Everything as JSON-friendly lists of dicts."""
@@ -51,7 +63,9 @@ class Analysis:
                          "bandwidth_by_size", "slowest_collectives")
         }
         return {"findings": [f.as_dict() for f in self.findings], **frames, "runs": self.runs.to_dicts(),
-                "graphs": self.graphs.to_dicts()}
+                "graphs": self.graphs.to_dicts(), "critical_path": self.critical_path.to_dicts(),
+                "critical_path_stretches": self.critical_path_stretches.to_dicts(), "what_if": self.what_if.to_dicts(),
+                "parallelism": self.parallelism.to_dicts(), "pipeline_bubbles": self.pipeline_bubbles.to_dicts()}
 
 
 #: Tables :func:`compute` takes rows of (stored at ingest or parsed; small per trace).
@@ -65,14 +79,16 @@ def _ranks(frame: pl.DataFrame) -> int:
 
 def compute(
     whole: pl.DataFrame, stored: dict[str, pl.DataFrame], top_kernels: pl.DataFrame,
-    link_peaks: dict[str, float] | None = None,
+    link_peaks: dict[str, float] | None = None, paths: critical_path.CriticalPaths | None = None,
 ) -> Analysis:
     """Assemble every analysis of a selection of traces, and rank the findings.
 
     ``whole`` is the selection's whole-trace breakdown, ``stored`` its rows of each
     table in :data:`STORED`, ``top_kernels`` its kernel ranking
     (:func:`tracelake.analysis.kernels.top_kernels`); ``link_peaks`` the bus bandwidth
-    each link type carries (:func:`tracelake.analysis.nccl.link_peaks`).
+    each link type carries (:func:`tracelake.analysis.nccl.link_peaks`); ``paths`` the
+    selection's critical paths and what-if answers (:func:`tracelake.analysis.critical_path.analyse`),
+    whose replay then bounds the exposed-communication finding.
     """
     arrivals = collectives.last_arrivals(stored["collectives"])
     instances = collectives.instances(stored["collectives"])
@@ -97,7 +113,15 @@ def compute(
         graphs=stored["graph_launches"].sort("trace_id", "rank", "launch_ns") if "graph_launches" in stored
         else pl.DataFrame(),
     )
-    result.findings = findings.rank(
+    traces_named: tuple[str, ...] = ()
+    ranks_named: tuple[int, ...] = ()
+    if paths is not None:
+        result.critical_path, result.critical_path_stretches = paths.steps, paths.path
+        result.what_if = paths.what_if
+        result.parallelism, result.pipeline_bubbles = paths.parallelism, paths.bubbles
+        traces_named = tuple(stored["traces"]["trace_id"].cast(pl.String).to_list())
+        ranks_named = tuple(int(r) for r in stored["traces"]["rank"].drop_nulls().to_list())
+    result.findings = findings.rank(critical_path.with_replay(
         findings.from_breakdown(whole)
         + findings.from_last_arrivals(arrivals, ranks=max(whole.height, _ranks(stored["collectives"])), whole=whole)
         + findings.from_idle(result.idle_by_stream, whole)
@@ -109,6 +133,7 @@ def compute(
         + nccl_findings.from_unreached(result.unreached)
         + nccl_findings.from_topology(result.topology)
         + findings.from_traces(stored["traces"], whole),
+        result.what_if, traces_named, ranks_named),
         findings.spans(whole, stored["traces"], stored["collectives"]),
     )
     return result

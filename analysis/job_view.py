@@ -1,7 +1,8 @@
 """What a job report shows: the job's :class:`Analysis` plus its steps, collective lateness and link peak.
 
-:meth:`Warehouse.job_report` returns a :class:`JobReport`; ``tracelake report job`` and
-``GET /api/v1/jobs/{job}/report`` render it as HTML.
+Pure: frames in, a :class:`JobReport` out. :meth:`Warehouse.job_report` reads the rows and
+returns a :class:`JobReport`; ``tracelake report job`` and ``GET /api/v1/jobs/{job}/report``
+render it as HTML.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from tracelake.analysis import collectives, fleet, nccl
-
-from .analysis_report import Analysis
+from . import collectives, fleet, nccl
+from .assemble import Analysis
 
 
 @dataclass
