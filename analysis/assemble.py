@@ -120,7 +120,8 @@ def compute(
         result.what_if = paths.what_if
         result.parallelism, result.pipeline_bubbles = paths.parallelism, paths.bubbles
         traces_named = tuple(stored["traces"]["trace_id"].cast(pl.String).to_list())
-        ranks_named = tuple(int(r) for r in stored["traces"]["rank"].drop_nulls().to_list())
+        ranks_from = whole if whole.height and "rank" in whole.columns else stored["traces"]  # an XLA trace: many
+        ranks_named = tuple(sorted({int(r) for r in ranks_from["rank"].drop_nulls().to_list()}))
     result.findings = findings.rank(critical_path.with_replay(
         findings.from_breakdown(whole)
         + findings.from_last_arrivals(arrivals, ranks=max(whole.height, _ranks(stored["collectives"])), whole=whole)

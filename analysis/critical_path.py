@@ -28,7 +28,7 @@ from .replay import Prepared, Stretch, prepare
 PATH_COLUMNS = ("step", "position", "rank", "kind", "name", "process_group", "start_ns", "dur_ns")
 STEP_COLUMNS = ("step", "ranks", "measured_ns", "length_ns", "residual_pct", "bounding_rank",
                 *(f"{k}_ns" for k in PATH_KINDS))
-WHAT_IF_COLUMNS = ("step", "scenario", "measured_ns", "predicted_ns", "saving_ns", "saving_pct",
+WHAT_IF_COLUMNS = ("step", "scenario", "changed_rank", "measured_ns", "predicted_ns", "saving_ns", "saving_pct",
                    *(f"{k}_ns" for k in PATH_KINDS))
 _CODE_KIND = {code: kind for kind, code in CODE.items()}
 #: The name of a stretch before a moment that nothing in the trace precedes (a thread's or stream's first event).
@@ -50,25 +50,26 @@ class CriticalPaths:
     bubbles: pl.DataFrame = field(default_factory=pl.DataFrame)
 
 
-def _scenarios(p: Prepared) -> dict[Scenario, tuple[np.ndarray, np.ndarray]]:
+def _scenarios(p: Prepared) -> dict[Scenario, tuple[np.ndarray, np.ndarray, int | None]]:
+    """Each scenario's edge weights (graph order), node slacks, and the rank it changes alone (or None)."""
     g = p.graph
     w0, s0 = g.w.astype(np.int64), p.slack.astype(np.int64)
     comm_e, comm_n = g.kind == CODE[PathKind.COMMUNICATION], p.slack_kind == CODE[PathKind.COMMUNICATION]
     # the transfer of a collective is the slack of its end; an unmatched communication op's weight is its duration
     comm_e = comm_e & g.on_device[g.dst]
-    out: dict[Scenario, tuple[np.ndarray, np.ndarray]] = {Scenario.AS_MEASURED: (w0, s0)}
-    out[Scenario.COMMUNICATION_OVERLAPPED] = (np.where(comm_e, 0, w0), np.where(comm_n, 0, s0))
-    out[Scenario.BANDWIDTH_X2] = (np.where(comm_e, w0 // 2, w0), np.where(comm_n, s0 // 2, s0))
+    out: dict[Scenario, tuple[np.ndarray, np.ndarray, int | None]] = {Scenario.AS_MEASURED: (w0, s0, None)}
+    out[Scenario.COMMUNICATION_OVERLAPPED] = (np.where(comm_e, 0, w0), np.where(comm_n, 0, s0), None)
+    out[Scenario.BANDWIDTH_X2] = (np.where(comm_e, w0 // 2, w0), np.where(comm_n, s0 // 2, s0), None)
     compute = (g.kind == CODE[PathKind.COMPUTE]) & g.on_device[g.dst]
-    out[Scenario.COMPUTE_X2] = (np.where(compute, w0 // 2, w0), s0)
+    out[Scenario.COMPUTE_X2] = (np.where(compute, w0 // 2, w0), s0, None)
     launch_e, launch_n = g.kind == CODE[PathKind.LAUNCH], p.slack_kind == CODE[PathKind.LAUNCH]
-    out[Scenario.NO_LAUNCH_OVERHEAD] = (np.where(launch_e, 0, w0), np.where(launch_n, 0, s0))
+    out[Scenario.NO_LAUNCH_OVERHEAD] = (np.where(launch_e, 0, w0), np.where(launch_n, 0, s0), None)
     # twice the ranks: a transfer of n ranks takes ring(2n) / ring(n) as long (docs/analyses.md, "Critical path")
     scaled_slack = s0.astype(np.float64)
     for node, (op, n) in g.collective_of.items():
         if p.slack_kind[node] == CODE[PathKind.COMMUNICATION] and n > 1:
             scaled_slack[node] *= ring_growth(op, n)
-    out[Scenario.RANKS_X2] = (w0, scaled_slack.astype(np.int64))
+    out[Scenario.RANKS_X2] = (w0, scaled_slack.astype(np.int64), None)
     # the slowest rank's own work at the median rank's pace, kind by kind (host and device apart)
     edge_rank = g.rank[g.dst]
     ranks = np.arange(len(g.ranks))
@@ -84,7 +85,7 @@ def _scenarios(p: Prepared) -> dict[Scenario, tuple[np.ndarray, np.ndarray]]:
                 factor = min(1.0, float(np.median(per_rank)) / per_rank[slowest])
                 scaled = m & (edge_rank == slowest)
                 w[scaled] = (w0[scaled] * factor).astype(np.int64)
-        out[Scenario.SLOWEST_RANK_AT_MEDIAN] = (w, s0)
+        out[Scenario.SLOWEST_RANK_AT_MEDIAN] = (w, s0, g.ranks[slowest][1])
     return out
 
 
@@ -116,7 +117,7 @@ def analyse(ranks: list[RankInput]) -> CriticalPaths:
     step_rows: list[tuple[object, ...]] = []
     what_rows: list[tuple[object, ...]] = []
     measured: dict[int, int] = {}
-    for scenario, (w, slack) in _scenarios(p).items():
+    for scenario, (w, slack, changed) in _scenarios(p).items():
         ws, sl = w[p.edge].astype(np.int64), slack.astype(np.int64)
         for step in p.orders:
             t, choice = p.replay(step, ws, sl)
@@ -136,7 +137,8 @@ def analyse(ranks: list[RankInput]) -> CriticalPaths:
                 step_rows.append((step_value, ranks_in, measured[step], end - start,
                                   _pct(end - start - measured[step], measured[step]),
                                   rank_of[bounding] if bounding >= 0 else None, *by_kind))
-            what_rows.append((step_value, str(scenario), measured[step], end - start, measured[step] - (end - start),
+            what_rows.append((step_value, str(scenario), changed, measured[step], end - start,
+                              measured[step] - (end - start),
                               _pct(measured[step] - (end - start), measured[step]), *by_kind))
     return CriticalPaths(
         path=pl.DataFrame(path_rows, schema=_schema(PATH_COLUMNS), orient="row"),
@@ -175,7 +177,7 @@ def _merged(step: int | None, stretches: list[Stretch], labels: list[str], rank_
 
 _TYPES: dict[str, Callable[[], pl.DataType]] = {
     "scenario": pl.String, "kind": pl.String, "name": pl.String, "process_group": pl.String, "residual_pct": pl.Float64,
-    "saving_pct": pl.Float64, "rank": pl.Int32, "bounding_rank": pl.Int32, "ranks": pl.Int32,
+    "saving_pct": pl.Float64, "rank": pl.Int32, "bounding_rank": pl.Int32, "ranks": pl.Int32, "changed_rank": pl.Int32,
 }
 
 
@@ -211,8 +213,9 @@ def totals(what_if: pl.DataFrame) -> pl.DataFrame:
     if what_if.is_empty():
         return pl.DataFrame(schema=_schema(TOTAL_COLUMNS))
     keys = [c for c in ("run", "scenario") if c in what_if.columns]
+    changed = [pl.col("changed_rank").first()] if "changed_rank" in what_if.columns else []
     out = what_if.group_by(keys, maintain_order=True).agg(
-        pl.len().cast(pl.Int64).alias("steps"), pl.col("measured_ns").sum(), pl.col("predicted_ns").sum())
+        pl.len().cast(pl.Int64).alias("steps"), pl.col("measured_ns").sum(), pl.col("predicted_ns").sum(), *changed)
     return out.with_columns((pl.col("measured_ns") - pl.col("predicted_ns")).alias("saving_ns")).with_columns(
         pl.when(pl.col("measured_ns") > 0)
         .then((100 * pl.col("saving_ns") / pl.col("measured_ns")).round(3)).alias("saving_pct"))
@@ -259,7 +262,8 @@ def with_replay(found: list[Finding], what_if: pl.DataFrame, traces: tuple[str, 
     out: list[Finding] = []
     for f in found:
         scenario = ANSWERED_BY.get(f.kind)
-        if scenario is not None and scenario in answers:
+        changed = answers[scenario].get("changed_rank") if scenario in answers else None
+        if scenario is not None and scenario in answers and (changed is None or f.ranks == (changed,)):
             row = answers[scenario]
             steps, saving = max(int(row["steps"]), 1), max(int(row["saving_ns"]), 0)
             covered.add(scenario)

@@ -47,7 +47,7 @@ NAME_RULES: tuple[tuple[Dimension, str], ...] = (
 )
 P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
 GROUP_COLUMNS = ("process_group", "description", "dimension", "basis", "group_size", "ranks", "collectives",
-                 "operations", "time_ns", "exposed_ns", "critical_ns", "critical_pct")
+                 "operations", "time_ns", "exposed_ns", "critical_ns", "critical_pct", "a2a_imbalance_pct")
 BUBBLE_COLUMNS = ("rank", "step", "stages", "microbatches", "span_ns", "busy_ns", "bubble_ns", "bubble_pct",
                   "schedule_bubble_pct")
 
@@ -82,6 +82,20 @@ def dimension_of(name: str, description: str, operations: list[str], ranks: list
         if len(strides) == 1:
             return Dimension.DATA, "ranks"
     return None, "unknown"
+
+
+def _all_to_all_imbalance(c: pl.DataFrame) -> pl.DataFrame:
+    """Per group, how much more its busiest rank sends in an all-to-all than the average rank, %, over its
+    instances (uneven expert routing in a mixture of experts); null without all-to-alls or sizes."""
+    sizes = pl.col("in_nelems").cast(pl.Float64) if "in_nelems" in c.columns else pl.lit(None, pl.Float64)
+    a2a = c.filter(pl.col("collective").str.to_lowercase().str.contains("all_?to_?all")).with_columns(
+        sizes.alias("size")).filter(pl.col("size") > 0)
+    if a2a.is_empty():
+        return pl.DataFrame(schema={"process_group": pl.String, "a2a_imbalance_pct": pl.Float64})
+    per = a2a.group_by("process_group", "seq").agg(
+        (100 * (pl.col("size").max() / pl.col("size").mean() - 1)).alias("excess"), pl.len().alias("n"))
+    return per.filter(pl.col("n") > 1).group_by("process_group").agg(
+        pl.col("excess").mean().round(3).alias("a2a_imbalance_pct"))
 
 
 def _covered(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -150,7 +164,7 @@ def groups(ranks: list[RankInput], collectives: pl.DataFrame, stretches: pl.Data
         pl.col("rank").n_unique().alias("ranks_seen"),
         pl.col("dur_ns").sum().alias("time_total"),
         pl.col("exposed_ns").sum().alias("exposed_total"),
-    ).join(on_path, on="process_group", how="left")
+    ).join(on_path, on="process_group", how="left").join(_all_to_all_imbalance(c), on="process_group", how="left")
     rows = []
     for g in per.sort("process_group").iter_rows(named=True):
         members = _ranks(g["group_ranks"])
@@ -162,13 +176,14 @@ def groups(ranks: list[RankInput], collectives: pl.DataFrame, stretches: pl.Data
                      g["group_size"] or (len(members) or None), g["group_ranks"], g["collectives"],
                      ", ".join(g["operations"]), int(g["time_total"] or 0) // seen,
                      int(g["exposed_total"] or 0) // seen, critical,
-                     round(100 * critical / total_path, 3) if total_path else None))
+                     round(100 * critical / total_path, 3) if total_path else None, g["a2a_imbalance_pct"]))
     return pl.DataFrame(rows, schema=_GROUP_SCHEMA, orient="row")
 
 
 _GROUP_SCHEMA = {"process_group": pl.String, "description": pl.String, "dimension": pl.String, "basis": pl.String,
                  "group_size": pl.Int64, "ranks": pl.String, "collectives": pl.Int64, "operations": pl.String,
-                 "time_ns": pl.Int64, "exposed_ns": pl.Int64, "critical_ns": pl.Int64, "critical_pct": pl.Float64}
+                 "time_ns": pl.Int64, "exposed_ns": pl.Int64, "critical_ns": pl.Int64, "critical_pct": pl.Float64,
+                 "a2a_imbalance_pct": pl.Float64}
 _BUBBLE_SCHEMA = {"rank": pl.Int32, "step": pl.Int64, "stages": pl.Int64, "microbatches": pl.Int64,
                   "span_ns": pl.Int64, "busy_ns": pl.Int64, "bubble_ns": pl.Int64, "bubble_pct": pl.Float64,
                   "schedule_bubble_pct": pl.Float64}

@@ -118,13 +118,14 @@ class JobAnalysis(BaseModel):
     what_if: list[dict[str, Any]] = Field(
         description="Each step replayed under each what-if scenario (`as_measured`, `communication_overlapped`, "
                     "`bandwidth_x2`, `compute_x2`, `no_launch_overhead`, `slowest_rank_at_median`, `ranks_x2`): `step`, "
-                    "`scenario`, `measured_ns`, `predicted_ns`, `saving_ns`, `saving_pct` and the predicted "
+                    "`scenario`, `changed_rank`, `measured_ns`, `predicted_ns`, `saving_ns`, `saving_pct` and the predicted "
                     "path's time by kind (`compute_ns` ... `idle_ns`).")
     parallelism: list[dict[str, Any]] = Field(
         description="Communication per process group (docs/analyses.md, \"Parallelism\"): `process_group`, "
                     "`description`, `dimension` (data, tensor, pipeline, context, expert, sequence), `basis` (name, "
                     "operations or ranks), `group_size`, `ranks`, `collectives`, `operations`, `time_ns` and "
-                    "`exposed_ns` (per rank, on average), `critical_ns` and `critical_pct` (on the critical paths).")
+                    "`exposed_ns` (per rank, on average), `critical_ns` and `critical_pct` (on the critical paths), "
+                    "`a2a_imbalance_pct` (all-to-all: the busiest rank's excess over the mean).")
     pipeline_bubbles: list[dict[str, Any]] = Field(
         description="Per pipeline stage and step: `rank`, `step`, `stages`, `microbatches`, `span_ns`, `busy_ns`, "
                     "`bubble_ns`, `bubble_pct`, and the schedule's own bubble `schedule_bubble_pct`, "

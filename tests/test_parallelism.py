@@ -114,3 +114,16 @@ def test_the_real_gloo_pipeline_is_a_pipeline_with_its_micro_batches(tmp_path: o
     assert stages == [len(files)]
     assert (a.pipeline_bubbles["busy_ns"] <= a.pipeline_bubbles["span_ns"]).all()
     assert (a.pipeline_bubbles["bubble_ns"] + a.pipeline_bubbles["busy_ns"] == a.pipeline_bubbles["span_ns"]).all()
+
+
+def test_all_to_all_imbalance_is_the_busiest_ranks_excess_over_the_mean() -> None:
+    sizes = {0: [100, 100], 1: [100, 300], 2: [100, 200], 3: [100, 200]}  # per rank: two instances
+    rows = [{"trace_id": f"t{r}", "rank": r, "collective": "all_to_all", "process_group": "ep", "seq": i,
+             "process_group_desc": "mesh_ep", "group_ranks": "[0, 1, 2, 3]", "group_size": 4, "in_nelems": n,
+             "ts_ns": 0, "dur_ns": 10, "is_async": False}
+            for r, per in sizes.items() for i, n in enumerate(per)]
+    groups = parallelism.groups([], pl.DataFrame(rows), pl.DataFrame(), pl.DataFrame(), 4)
+    (row,) = groups.iter_rows(named=True)
+    assert row["dimension"] == Dimension.EXPERT
+    # instance 0: all equal, 0%; instance 1: 300 against a mean of 200, 50%
+    assert row["a2a_imbalance_pct"] == pytest.approx(25.0)

@@ -16,17 +16,26 @@ from .store import Store
 
 
 def read(store: Store, pairs: Sequence[tuple[str, str]], traces: pl.DataFrame) -> list[depgraph.RankInput]:
-    """One :class:`~tracelake.analysis.depgraph.RankInput` per ``(job, trace_id)`` pair, with its rank from ``traces``."""
+    """One :class:`~tracelake.analysis.depgraph.RankInput` per rank of each ``(job, trace_id)`` pair.
+
+    A trace holds one rank (Kineto), or one per device (an XLA profile: the process's host events
+    go with its lowest rank, each device's ops and collectives with its own).
+    """
     rank_of = dict(zip(traces["trace_id"].cast(pl.String).to_list(), traces["rank"].to_list(), strict=True))
     inputs = []
     for job, trace_id in pairs:
         pair = [(job, trace_id)]
-        inputs.append(depgraph.RankInput(
-            trace_id, int(rank_of.get(trace_id) or 0),
-            store.read_frame("host_ops", pair, list(depgraph.HOST_COLUMNS)),
-            store.read_frame("device_ops", pair, list(depgraph.DEVICE_COLUMNS)),
-            store.read_frame("collectives", pair, list(depgraph.COLLECTIVE_COLUMNS)),
-        ))
+        host = store.read_frame("host_ops", pair, [*depgraph.HOST_COLUMNS, "rank"])
+        device = store.read_frame("device_ops", pair, [*depgraph.DEVICE_COLUMNS, "rank"])
+        collectives = store.read_frame("collectives", pair, [*depgraph.COLLECTIVE_COLUMNS, "rank"])
+        ranks = sorted({int(r) for r in device["rank"].drop_nulls().unique().to_list()}) or [
+            int(rank_of.get(trace_id) or 0)]
+        for rank in ranks:
+            def mine(frame: pl.DataFrame, rank: int = rank) -> pl.DataFrame:
+                return frame.filter(pl.col("rank") == rank).drop("rank") if len(ranks) > 1 else frame.drop("rank")
+            inputs.append(depgraph.RankInput(
+                trace_id, rank, host.drop("rank") if rank == ranks[0] else host.clear().drop("rank"),
+                mine(device), mine(collectives)))
     return inputs
 
 
