@@ -1,4 +1,5 @@
-"""Shared fixtures: sample and real traces, fresh and pre-filled warehouses; hypothesis profiles.
+"""Shared fixtures: sample and real traces, fresh and pre-filled warehouses, a folder to unpack archives
+into; hypothesis profiles.
 
 Plain helpers and constants (paths, protobuf encoding, a real server) are in ``tests/support``.
 """
@@ -14,10 +15,15 @@ from typing import TYPE_CHECKING
 import pytest
 from hypothesis import settings
 
-from support import FLEET_JOBS, REAL_KINETO, SAMPLES
-from support.tokens import TOKENS
-from tracelake.api.settings import ServerSettings
-from tracelake.warehouse import Warehouse
+# The CLI's consoles fix their width when they are created if COLUMNS is set then (pytest-xdist's workers
+# inherit the controlling terminal's): without it they follow the COLUMNS each test gives its command.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
+from support import FLEET_JOBS, REAL_KINETO, SAMPLES  # noqa: E402 - after the terminal size is cleared
+from support.tokens import TOKENS  # noqa: E402
+from tracelake.api.settings import ServerSettings  # noqa: E402
+from tracelake.warehouse import Warehouse  # noqa: E402
 
 if TYPE_CHECKING:
     from fastapi.testclient import TestClient
@@ -122,3 +128,11 @@ def secured(home: Path) -> Iterator[TestClient]:
 
     with TestClient(create_app(ServerSettings(home=home, ingest_workers=0, tokens=TOKENS))) as c:
         yield c
+
+
+@pytest.fixture
+def dest(tmp_path: Path) -> Path:
+    """An empty folder to unpack archives into (``tmp_path/box/dest``; the archives go beside ``box``)."""
+    d = tmp_path / "box" / "dest"
+    d.mkdir(parents=True)
+    return d

@@ -1,4 +1,9 @@
-"""Tests of tracelake.api.archives: hostile uploads are refused, bounded and reported clearly."""
+"""Tests of tracelake.api.archives: hostile uploads are refused, bounded and reported clearly.
+
+Good archives, hostile names and member types, damaged archives, sniffing and settings; the limits
+(member counts, bombs, ``check_gzip``) are in ``test_archive_limits.py``, the archive builders in
+``support/archives.py``.
+"""
 
 from __future__ import annotations
 
@@ -7,26 +12,18 @@ import gzip
 import io
 import json
 import lzma
-import os
 import stat
-import struct
 import tarfile
 import time
 import zipfile
-import zlib
 from pathlib import Path
-from typing import Literal
 
 import pytest
-from isal import isal_zlib
 
-from tracelake.api.archives import UnpackLimits, archive_kind, check_gzip, unpack
+from support.archives import LIMITS, TarMode, files_under, make_tar, make_zip, tar_member, zeros_gzip
+from tracelake.api.archives import UnpackLimits, archive_kind, unpack
 from tracelake.api.settings import ServerSettings
 from tracelake.contracts.errors import InvalidArgument, TooLarge, TraceFormatError
-
-LIMITS = UnpackLimits(max_expanded_bytes=1 << 30, max_expansion_ratio=200, max_members=100)
-#: A tight ratio so bombs are caught after a few MiB.
-TIGHT = UnpackLimits(max_expanded_bytes=1 << 30, max_expansion_ratio=10, max_members=100)
 
 TRACE_DIR = {
     "run1/host0.trace.json.gz": gzip.compress(json.dumps({"traceEvents": [{"ph": "X", "ts": 1}]}).encode()),
@@ -34,81 +31,6 @@ TRACE_DIR = {
     "run1/notes.txt": b"hello\n",
     "top.json": b'{"traceEvents": []}',
 }
-
-
-# --- helpers ------------------------------------------------------------------------------------
-
-
-def make_zip(path: Path, members: dict[str, bytes], *, dirs: tuple[str, ...] = ()) -> Path:
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for d in dirs:
-            zf.writestr(zipfile.ZipInfo(d), b"")
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return path
-
-
-def tar_member(name: str, data: bytes = b"", type_: bytes = tarfile.REGTYPE, linkname: str = "") -> tuple[
-        tarfile.TarInfo, bytes]:
-    info = tarfile.TarInfo(name)
-    info.type = type_
-    info.linkname = linkname
-    info.size = len(data) if type_ == tarfile.REGTYPE else 0
-    return info, data
-
-
-TarMode = Literal["w", "w:gz", "w:bz2", "w:xz"]
-
-
-def make_tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes]], mode: TarMode = "w") -> Path:
-    with tarfile.open(path, mode, format=tarfile.PAX_FORMAT) as tf:
-        for info, data in members:
-            tf.addfile(info, io.BytesIO(data) if info.isreg() else None)
-    return path
-
-
-def zeros_gzip(size: int) -> bytes:
-    """``size`` zero bytes, gzip-compressed fast (isal level 1 packs about 1000:1)."""
-    c = isal_zlib.compressobj(1, isal_zlib.DEFLATED, 31)
-    chunk = bytes(1 << 20)
-    parts = [c.compress(chunk) for _ in range(size >> 20)]
-    return b"".join(parts) + c.flush()
-
-
-def zip_bomb(path: Path, size: int) -> Path:
-    """A valid zip of one ``size``-byte member of zeros, deflated about 1000:1, built by hand (fast)."""
-    c = isal_zlib.compressobj(1, isal_zlib.DEFLATED, -15)
-    chunk = bytes(1 << 20)
-    crc = 0
-    parts = []
-    for _ in range(size >> 20):
-        parts.append(c.compress(chunk))
-        crc = zlib.crc32(chunk, crc)
-    body = b"".join(parts) + c.flush()
-    name = b"bomb.bin"
-    local = struct.pack("<4s2B4HL2L2H", b"PK\x03\x04", 20, 0, 0, 8, 0, 0x21, crc, len(body), size, len(name), 0)
-    central = struct.pack("<4s4B4HL2L5H2L", b"PK\x01\x02", 20, 3, 20, 0, 0, 8, 0, 0x21, crc, len(body), size,
-                          len(name), 0, 0, 0, 0, (stat.S_IFREG | 0o644) << 16, 0)
-    directory = central + name
-    offset = len(local) + len(name) + len(body)
-    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, len(directory), offset, 0)
-    path.write_bytes(local + name + body + directory + end)
-    return path
-
-
-def files_under(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
-
-
-def bytes_under(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-
-
-@pytest.fixture
-def dest(tmp_path: Path) -> Path:
-    d = tmp_path / "box" / "dest"
-    d.mkdir(parents=True)
-    return d
 
 
 def assert_nothing_escaped(tmp_path: Path, dest: Path) -> None:
@@ -243,145 +165,6 @@ def test_bzip2_zip_members_are_refused(tmp_path: Path, dest: Path) -> None:
         zf.writestr("a.json", b"{}")
     with pytest.raises(InvalidArgument, match="compression method 12"):
         unpack(archive, dest, name="up.zip", limits=LIMITS)
-
-
-# --- limits -------------------------------------------------------------------------------------
-
-
-def test_too_many_members(tmp_path: Path, dest: Path) -> None:
-    few = UnpackLimits(max_expanded_bytes=1 << 30, max_expansion_ratio=200, max_members=5)
-    members = {f"f{i}.json": b"{}" for i in range(6)}
-    with pytest.raises(TooLarge, match="more than 5 members"):
-        unpack(make_zip(tmp_path / "up.zip", members), dest, name="up.zip", limits=few)
-    tar = make_tar(tmp_path / "up.tar", [tar_member(n, d) for n, d in members.items()])
-    dest2 = tmp_path / "dest2"
-    dest2.mkdir()
-    with pytest.raises(TooLarge, match="TRACELAKE_MAX_ARCHIVE_MEMBERS"):
-        unpack(tar, dest2, name="up.tar", limits=few)
-    assert len(list(dest2.iterdir())) == 5
-    dest3 = tmp_path / "dest3"
-    dest3.mkdir()
-    five = make_zip(tmp_path / "five.zip", dict(list(members.items())[:5]))
-    assert len(unpack(five, dest3, name="five.zip", limits=few)) == 5
-
-
-def test_member_counts_the_zip_declares_are_not_trusted(tmp_path: Path, dest: Path) -> None:
-    few = UnpackLimits(max_expanded_bytes=1 << 30, max_expansion_ratio=200, max_members=5)
-    raw = bytearray(make_zip(tmp_path / "up.zip", {f"f{i}.json": b"{}" for i in range(8)}).read_bytes())
-    raw[-14:-10] = struct.pack("<HH", 1, 1)  # the end record claims one member
-    lying = tmp_path / "lying.zip"
-    lying.write_bytes(bytes(raw))
-    with pytest.raises(TooLarge, match="more than 5 members"):
-        unpack(lying, dest, name="lying.zip", limits=few)
-    assert len(list(dest.iterdir())) == 5
-
-
-def test_zip_bomb_stops_at_the_limit_quickly(tmp_path: Path, dest: Path) -> None:
-    archive = zip_bomb(tmp_path / "bomb.zip", 1 << 30)
-    size = archive.stat().st_size
-    assert size < 4 << 20
-    started = time.perf_counter()
-    with pytest.raises(TooLarge, match=r"^bomb\.zip: expands to more than"):
-        unpack(archive, dest, name="bomb.zip", limits=TIGHT)
-    assert time.perf_counter() - started < 2
-    assert 0 < bytes_under(dest) <= TIGHT.expansion_limit(size)
-
-
-def test_small_archives_of_compressible_data_pass_the_floor(tmp_path: Path, dest: Path) -> None:
-    data = b"0" * (512 << 10)
-    archive = make_zip(tmp_path / "up.zip", {"a.json": data})
-    assert archive.stat().st_size * TIGHT.max_expansion_ratio < len(data)
-    unpack(archive, dest, name="up.zip", limits=TIGHT)
-    assert (dest / "a.json").read_bytes() == data
-
-
-def test_tar_gz_bomb_stops_at_the_limit(tmp_path: Path, dest: Path) -> None:
-    archive = tmp_path / "bomb.tar.gz"
-    with gzip.open(archive, "wb", compresslevel=1) as gz, tarfile.open(fileobj=gz, mode="w|") as tf:
-        info = tarfile.TarInfo("zeros.bin")
-        info.size = 64 << 20
-        tf.addfile(info, io.BytesIO(bytes(info.size)))
-    with pytest.raises(TooLarge):
-        unpack(archive, dest, name="bomb.tar.gz", limits=TIGHT)
-    assert bytes_under(dest) <= TIGHT.expansion_limit(archive.stat().st_size)
-
-
-def test_tar_bz2_bomb_stops_at_the_limit(tmp_path: Path, dest: Path) -> None:
-    archive = tmp_path / "bomb.tar.bz2"
-    with bz2.open(archive, "wb") as bz, tarfile.open(fileobj=bz, mode="w|") as tf:
-        info = tarfile.TarInfo("zeros.bin")
-        info.size = 16 << 20
-        tf.addfile(info, io.BytesIO(bytes(info.size)))
-    assert archive.stat().st_size < 1024  # bzip2 packs runs of zeros better than 10000:1
-    with pytest.raises(TooLarge, match="expands to more than 1,048,576 bytes"):
-        unpack(archive, dest, name="bomb.tar.bz2", limits=LIMITS)
-    assert bytes_under(dest) <= LIMITS.min_expansion_bytes
-
-
-def test_large_members_of_a_compressed_tar_are_not_mistaken_for_overhead(tmp_path: Path, dest: Path) -> None:
-    few = UnpackLimits(max_expanded_bytes=1 << 30, max_expansion_ratio=200, max_members=2)
-    data = os.urandom(3 << 20)
-    archive = make_tar(tmp_path / "up.tar.gz", [tar_member("a.bin", data), tar_member("b.bin", data)], "w:gz")
-    unpack(archive, dest, name="up.tar.gz", limits=few)
-    assert files_under(dest) == {"a.bin": data, "b.bin": data}
-
-
-def test_gzip_member_bomb_inside_a_tar(tmp_path: Path, dest: Path) -> None:
-    bomb = zeros_gzip(256 << 20)
-    archive = make_tar(tmp_path / "up.tar", [tar_member("ok.json", b"{}"), tar_member("rank0.json.gz", bomb)])
-    with pytest.raises(TooLarge, match=r"^up\.tar: member 'rank0\.json\.gz': expands to more than"):
-        unpack(archive, dest, name="up.tar", limits=LIMITS)
-
-
-def test_gzip_members_count_against_the_archive_budget(tmp_path: Path, dest: Path) -> None:
-    trace = gzip.compress(b'{"traceEvents": []}' * 1000)
-    archive = make_tar(tmp_path / "up.tar", [tar_member("run/a.json.gz", trace)])
-    [path] = unpack(archive, dest, name="up.tar", limits=LIMITS)
-    assert path.read_bytes() == trace
-
-
-def test_check_gzip_bomb(tmp_path: Path) -> None:
-    path = tmp_path / "bomb.json.gz"
-    path.write_bytes(zeros_gzip(1 << 30))
-    started = time.perf_counter()
-    with pytest.raises(TooLarge, match=r"^bomb\.json\.gz: expands to more than"):
-        check_gzip(path, name="bomb.json.gz", limits=TIGHT)
-    with pytest.raises(TooLarge):
-        check_gzip(path, name="bomb.json.gz", limits=LIMITS, budget=1 << 20)
-    assert time.perf_counter() - started < 2
-
-
-def test_check_gzip_sizes(tmp_path: Path) -> None:
-    multi = tmp_path / "multi.json.gz"
-    multi.write_bytes(gzip.compress(b"a" * 1000) + gzip.compress(b"b" * 234) + b"\0" * 8)
-    assert check_gzip(multi, name="multi.json.gz", limits=LIMITS) == 1234
-    plain = tmp_path / "plain.json"
-    plain.write_bytes(b'{"traceEvents": []}')
-    assert check_gzip(plain, name="plain.json", limits=LIMITS) == plain.stat().st_size
-
-
-def test_check_gzip_truncated(tmp_path: Path) -> None:
-    whole = gzip.compress(bytes(range(256)) * 4000)
-    path = tmp_path / "rank-3.json.gz"
-    path.write_bytes(whole[: len(whole) // 2])
-    with pytest.raises(TraceFormatError, match="truncated") as e:
-        check_gzip(path, name="rank-3.json.gz", limits=LIMITS)
-    assert str(e.value) == f"rank-3.json.gz: gzip stream ends early at byte {len(whole) // 2} (truncated upload?)"
-    path.write_bytes(whole + whole[:1])
-    with pytest.raises(TraceFormatError, match="truncated"):
-        check_gzip(path, name="rank-3.json.gz", limits=LIMITS)
-
-
-def test_check_gzip_corrupt(tmp_path: Path) -> None:
-    whole = bytearray(gzip.compress(json.dumps({"traceEvents": list(range(5000))}).encode()))
-    whole[20:40] = b"\xff" * 20
-    path = tmp_path / "bad.json.gz"
-    path.write_bytes(bytes(whole))
-    with pytest.raises(TraceFormatError, match=r"^bad\.json\.gz: corrupt gzip data .* at byte \d+$"):
-        check_gzip(path, name="bad.json.gz", limits=LIMITS)
-    path.write_bytes(gzip.compress(b"{}") + b"garbage")
-    with pytest.raises(TraceFormatError, match="not gzip after the end"):
-        check_gzip(path, name="bad.json.gz", limits=LIMITS)
 
 
 # --- damaged archives ---------------------------------------------------------------------------
