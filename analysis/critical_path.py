@@ -6,7 +6,7 @@ node's slack, the part of its measured time no predecessor explains. Replayed
 unchanged it gives back every measured time; a scenario (:class:`Scenario`) changes
 weights and slacks first; everything before a step is held at its measured times (and
 the edges into the step keep their measured weights). A step's length runs from its
-first moment on any rank to its latest;
+first measured moment on any rank to its latest replayed one;
 its critical path is the chain of latest predecessors from the step's last moment
 back to its first, each stretch attributed to a :class:`PathKind`.
 """

@@ -76,10 +76,14 @@ class Prepared:
             self._choice[order] = -1
 
     def walk(self, step: int, t: np.ndarray, choice: np.ndarray, ws: np.ndarray) -> tuple[int, int, list[Stretch]]:
-        """The step's critical path: (start, end, stretches in time order)."""
+        """The step's critical path: (start, end, stretches in time order).
+
+        The step starts where it was measured to start: what comes before it is held, so a scenario
+        that removes the slack of the step's first moment shortens the step, it does not move it.
+        """
         nodes = self.on_ranks[step]
         times = t[nodes]
-        start, v = int(times.min()), int(nodes[int(times.argmax())])
+        start, v = int(self.graph.t[nodes].min()), int(nodes[int(times.argmax())])
         room = 2 * len(self.orders[step]) + 2
         out = [np.empty(room, np.int64) for _ in range(6)]
         args: tuple[Any, ...] = (v, start, t, choice, self.src, ws, self.w0, self.step_of, step, self.rank,
@@ -87,7 +91,7 @@ class Prepared:
                                  CODE[PathKind.IDLE])
         count = int((_native.walk if _native is not None else _walk)(*args))
         columns = [column[:count][::-1].tolist() for column in out]
-        return start, int(t[v]), list(zip(*columns, strict=True))
+        return start, max(int(t[v]), start), list(zip(*columns, strict=True))
 
 
 def prepare(graph: Graph) -> Prepared:
