@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import polars as pl
 
+from tracelake.contracts.critical import P2P_OPS
+
 #: Bus bandwidth factor by collective name (lower case): ``a * (n - 1) / n + b`` as ``(a, b)``.
 BUSBW_FACTORS: dict[str, tuple[float, float]] = {
     **dict.fromkeys(("allreduce", "all_reduce"), (2.0, 0.0)),
@@ -43,16 +45,12 @@ def busbw_factor(collective: pl.Expr, n: pl.Expr) -> pl.Expr:
     return a * (n - 1) / n + b
 
 
-#: Point-to-point operations: an instance is a send and its recv, the same (group, source, destination, seq).
-P2P = ("send", "recv", "isend", "irecv")
-
-
 def _timed(collectives: pl.DataFrame) -> pl.DataFrame:
     """Rows with a ``seq`` and a start; a send/recv's group named with its pair (``0:1->2``), whose ``seq`` it counts."""
     timed = collectives.filter(pl.col("seq").is_not_null() & pl.col("ts_ns").is_not_null())
     if "src_rank" not in timed.columns or "dst_rank" not in timed.columns:
         return timed
-    pair = (pl.col("collective").str.to_lowercase().is_in(P2P) & pl.col("src_rank").is_not_null()
+    pair = (pl.col("collective").str.to_lowercase().is_in(P2P_OPS) & pl.col("src_rank").is_not_null()
             & pl.col("dst_rank").is_not_null())
     return timed.with_columns(pl.when(pair).then(pl.format("{}:{}->{}", pl.col("process_group"), pl.col("src_rank"),
                                                            pl.col("dst_rank")))
@@ -104,7 +102,8 @@ def last_arrivals(collectives: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataF
     ts = pl.col("ts_ns")
     key = (*by, *_INSTANCE)
     # a recv posted before its send is not waiting for a straggler: only collectives count
-    c = _timed(collectives).filter(~pl.col("collective").str.to_lowercase().is_in(P2P)).select(*by, "rank", *_INSTANCE, "ts_ns").with_columns(
+    c = _timed(collectives).filter(~pl.col("collective").str.to_lowercase().is_in(P2P_OPS))
+    c = c.select(*by, "rank", *_INSTANCE, "ts_ns").with_columns(
         ts.max().over(key).alias("last_ns"),
         ts.min().over(key).alias("first_ns"),
         pl.len().over(key).alias("rows"),

@@ -38,21 +38,20 @@ device, or of two ranks, out of step) is left out and counted in ``Graph.dropped
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
 
 from tracelake.contracts.classify import Category
-from tracelake.contracts.critical import BLOCKING_CALL, PATH_KINDS, PathKind
+from tracelake.contracts.critical import BLOCKING_CALL, P2P_OPS, PATH_KINDS, PathKind
+
+from .launches import launch_call_rows
 
 #: Code of each kind in the graph's int8 arrays.
 CODE = {kind: i for i, kind in enumerate(PATH_KINDS)}
 _CATEGORY_KIND = {Category.COMPUTE: PathKind.COMPUTE, Category.COMMUNICATION: PathKind.COMMUNICATION,
                   Category.MEMORY: PathKind.MEMORY}
-#: Host event categories that are runtime or driver calls (a launch when their correlation starts a device op).
-RUNTIME_CATS = ("cuda_runtime", "cuda_driver", "hip_runtime", "mtia_runtime", "runtime", "cuda_api")
 #: Host events left out of the graph: Python frames add moments, not dependencies.
 SKIPPED_CATS = ("python_function",)
 BETWEEN_OPS = "(between ops)"
@@ -66,8 +65,6 @@ HOST_COLUMNS = ("event_id", "tid", "cat", "name", "ts_ns", "dur_ns", "depth", "p
 DEVICE_COLUMNS = ("event_id", "device", "stream", "kind", "category", "name", "ts_ns", "dur_ns", "correlation", "step")
 COLLECTIVE_COLUMNS = ("event_id", "process_group", "seq", "collective", "kernel_event_id", "is_async", "src_rank",
                       "dst_rank")
-#: Point-to-point operations: a send and the matching recv (same group, pair of ranks and ``seq``) are one transfer.
-P2P_OPS = ("send", "recv", "isend", "irecv")
 
 
 @dataclass
@@ -99,8 +96,6 @@ class Graph:
     label: np.ndarray
     labels: list[str]
     ranks: list[tuple[str, int]]
-    #: For each meeting node of a collective: nothing else than its index here (rank -1 in ``rank``).
-    meetings: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     dropped: int = 0
     #: The process group of each collective's moments (its ends on every rank and its meeting): node -> group.
     group_of: dict[int, str] = field(default_factory=dict)
@@ -149,7 +144,7 @@ class _Builder:
         self.edges.append((src.astype(np.int64), dst.astype(np.int64), full(w, np.int64), full(kind, np.int8),
                            full(then, np.int8), full(label, np.int32)))
 
-    def graph(self, ranks: list[tuple[str, int]], meetings: np.ndarray) -> Graph:
+    def graph(self, ranks: list[tuple[str, int]]) -> Graph:
         t = np.concatenate(self.t) if self.t else np.empty(0, np.int64)
         parts = list(zip(*self.edges, strict=True)) if self.edges else [[np.empty(0, d)] for d in
                                                                           (np.int64, np.int64, np.int64, np.int8,
@@ -160,7 +155,7 @@ class _Builder:
                      step=np.concatenate(self.step) if self.step else np.empty(0, np.int64),
                      on_device=np.concatenate(self.on_device) if self.on_device else np.empty(0, bool),
                      src=src[ok], dst=dst[ok], w=w[ok], kind=kind[ok], then=then[ok], label=label[ok],
-                     labels=list(self.labels), ranks=ranks, meetings=meetings, dropped=int((~ok).sum()))
+                     labels=list(self.labels), ranks=ranks, dropped=int((~ok).sum()))
 
 
 def _int(frame: pl.DataFrame, column: str, fill: int = 0) -> np.ndarray:
@@ -183,15 +178,16 @@ def _at(nodes: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return out
 
 
-def _host(b: _Builder, r: int, host: pl.DataFrame, launched: np.ndarray,
-          elastic: dict[int, PathKind]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Host-order edges of one rank; returns the events' ids (sorted) and the start and end node of each.
+def _host(b: _Builder, r: int, host: pl.DataFrame, launch_events: np.ndarray,
+          elastic: dict[int, PathKind]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Host-order edges of one rank; returns the events' ids (sorted), the start and end node of each, and
+    the ids of the blocking calls (:data:`~tracelake.contracts.critical.BLOCKING_CALL`).
 
-    ``launched`` holds the correlation ids that started a device op (sorted); ``elastic``
+    ``launch_events`` holds the ids of the calls that launched a device op; ``elastic``
     the events whose end waits for something off the thread (a collective's last rank),
     with the kind of that wait.
     """
-    host = host.filter(~pl.col("cat").is_in(SKIPPED_CATS) & pl.col("ts_ns").is_not_null()).sort("event_id")
+    host = host.filter(pl.col("ts_ns").is_not_null()).sort("event_id")
     n = host.height
     ts, dur = _int(host, "ts_ns"), _int(host, "dur_ns")
     end = ts + np.maximum(dur, 0)
@@ -199,9 +195,7 @@ def _host(b: _Builder, r: int, host: pl.DataFrame, launched: np.ndarray,
     ids = _int(host, "event_id", -1)
     parent_id = _int(host, "parent_id", -1)
     parent = _row_of(ids, parent_id)
-    corr = _int(host, "correlation", -1)
-    is_launch = (host["cat"].is_in(RUNTIME_CATS).to_numpy() & (corr >= 0)
-                 & np.isin(corr, launched, assume_unique=False))
+    is_launch = np.isin(ids, launch_events)
     is_blocking = host["name"].fill_null("").str.contains("(?i)" + BLOCKING_CALL).to_numpy()
     kind = np.where(is_blocking, CODE[PathKind.SYNC],
                     np.where(is_launch, CODE[PathKind.LAUNCH], CODE[PathKind.HOST])).astype(np.int8)
@@ -240,7 +234,7 @@ def _host(b: _Builder, r: int, host: pl.DataFrame, launched: np.ndarray,
     b.edge(nodes[:-1][same], nodes[1:][same], gap, k, then, lab)
     b.edge(end_node[waited_for], nodes[1:][same][resumed], 0, PathKind.SYNC, PathKind.SYNC,
            label[waited_for] if len(waited_for) else np.empty(0, np.int32))
-    return ids, start_node, end_node
+    return ids, start_node, end_node, ids[is_blocking]
 
 
 def _resumes(when: np.ndarray, is_start: np.ndarray, row: np.ndarray, tid: np.ndarray, same: np.ndarray,
@@ -343,6 +337,14 @@ def _stream_waits(b: _Builder, ops: _Ops, start: np.ndarray, end: np.ndarray, la
     b.edge(end[src[waits]], start[waits], 0, PathKind.SYNC, PathKind.SYNC, b.label([STREAM_WAIT])[0])
 
 
+def _launch_calls(host: pl.DataFrame) -> pl.DataFrame:
+    """The call that launched each correlation id (as :func:`tracelake.analysis.launches.launch_calls` picks it),
+    sorted by correlation: ``event_id``, ``correlation``, ``ts_ns``."""
+    carrying = host.filter(pl.col("correlation").is_not_null() & pl.col("ts_ns").is_not_null())
+    _, rows = launch_call_rows(_int(carrying, "correlation"), _int(carrying, "ts_ns"), _int(carrying, "dur_ns"))
+    return carrying.select("event_id", "correlation", "ts_ns")[rows]
+
+
 def _launches(b: _Builder, ops: _Ops, op_start: np.ndarray, host_ids: np.ndarray, host_start: np.ndarray,
               calls: pl.DataFrame) -> np.ndarray:
     """Launch edges: each call's start -> the start of the ops it launched; returns each op's launch time (or start)."""
@@ -360,14 +362,12 @@ def _launches(b: _Builder, ops: _Ops, op_start: np.ndarray, host_ids: np.ndarray
 
 
 def _blocking(b: _Builder, ops: _Ops, op_end: np.ndarray, launch: np.ndarray, host: pl.DataFrame,
-              host_ids: np.ndarray, host_end: np.ndarray) -> None:
-    """Synchronisation edges: the last op each blocking call waited for -> the call's end."""
-    calls = host.filter(pl.col("name").fill_null("").str.contains("(?i)" + BLOCKING_CALL)
-                        & pl.col("ts_ns").is_not_null())
-    if calls.is_empty() or not len(ops.ids):
+              host_ids: np.ndarray, host_end: np.ndarray, blocking_ids: np.ndarray) -> None:
+    """Synchronisation edges: the last op each blocking call (``blocking_ids``) waited for -> the call's end."""
+    if not len(blocking_ids) or not len(ops.ids):
         return
+    calls = host.filter(pl.col("event_id").is_in(blocking_ids)).sort("event_id")
     rows = _row_of(host_ids, _int(calls, "event_id", -1))
-    calls, rows = calls.filter(pl.Series(rows >= 0)), rows[rows >= 0]
     cs, ce = _int(calls, "ts_ns"), _int(calls, "ts_ns") + np.maximum(_int(calls, "dur_ns"), 0)
     corr = _int(calls, "correlation", -1)
     best_end = np.full(len(cs), -1, np.int64)
@@ -437,14 +437,13 @@ def build(ranks: list[RankInput]) -> Graph:
         released[rows] = True
         elastic = {int(e): PathKind.COMMUNICATION for e in mine.filter(pl.col("device_row") < 0)["host_event"]}
         host = r.host.filter(~pl.col("cat").is_in(SKIPPED_CATS))
-        launched = np.unique(o.correlation[o.correlation >= 0])
-        host_ids, host_start, host_end = _host(b, i, host, launched, elastic)
+        calls = _launch_calls(host)
+        launching = calls.filter(pl.col("correlation").is_in(o.correlation[o.correlation >= 0]))
+        host_ids, host_start, host_end, blocking = _host(b, i, host, _int(launching, "event_id", -1), elastic)
         op_start, op_end = _device(b, i, o, released)
-        calls = (host.filter(pl.col("cat").is_in(RUNTIME_CATS) & pl.col("correlation").is_not_null())
-                 .sort("ts_ns").unique("correlation", keep="first").sort("correlation"))
         launch = _launches(b, o, op_start, host_ids, host_start, calls)
         _stream_waits(b, o, op_start, op_end, launch)
-        _blocking(b, o, op_end, launch, host, host_ids, host_end)
+        _blocking(b, o, op_end, launch, host, host_ids, host_end, blocking)
         # the collective's two moments on this rank
         dev = mine["device_row"].to_numpy()
         hrow = _row_of(host_ids, mine["host_event"].to_numpy())
@@ -452,7 +451,6 @@ def build(ranks: list[RankInput]) -> Graph:
         e = np.where(dev >= 0, _at(op_end, dev), _at(host_end, hrow))
         starts.append(s)
         ends.append(e)
-    meetings = np.empty(0, np.int64)
     group_of: dict[int, str] = {}
     collective_of: dict[int, tuple[str, int]] = {}
     if matched.height:
@@ -478,7 +476,7 @@ def build(ranks: list[RankInput]) -> Graph:
                                         strict=True):
             group_of.update((int(node), name) for node in ends_of if node >= 0)
             collective_of.update((int(node), (op, int(n))) for node in ends_of if node >= 0)
-    graph = b.graph([(r.trace_id, r.rank) for r in ranks], meetings)
+    graph = b.graph([(r.trace_id, r.rank) for r in ranks])
     graph.group_of = {node: name for node, name in group_of.items() if name}
     graph.collective_of = collective_of
     return graph

@@ -62,6 +62,24 @@ def launch_calls(
     flags = np.zeros(len(correlation), dtype=bool) if graph_call is None else graph_call.astype(bool)
     if (correlation[1:] > correlation[:-1]).all():  # distinct and in order already: nothing to sort
         return correlation, ts_ns, dur_ns, flags
+    order, first = _first_of_each(correlation, ts_ns, dur_ns)
+    chosen = order[first]
+    # any event of the id a graph call: OR over each run of equal ids
+    graph = np.logical_or.reduceat(flags[order], np.flatnonzero(first)) if len(order) else flags[:0]
+    return correlation[chosen], ts_ns[chosen], dur_ns[chosen], graph
+
+
+def launch_call_rows(correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct correlation ids (sorted) and the row of each one's launch call, chosen as :func:`launch_calls`
+    chooses it (the first host event with the id, by start, then the shorter)."""
+    if (correlation[1:] > correlation[:-1]).all():
+        return correlation, np.arange(len(correlation))
+    order, first = _first_of_each(correlation, ts_ns, dur_ns)
+    return correlation[order[first]], order[first]
+
+
+def _first_of_each(correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ordered by id (then start, then duration where an id repeats), and which row is each id's first."""
     order = np.argsort(correlation, kind="stable")
     ids = correlation[order]
     repeated = ids[1:] == ids[:-1]
@@ -70,10 +88,7 @@ def launch_calls(
         ids = correlation[order]
         repeated = ids[1:] == ids[:-1]
     first = np.concatenate([[True], ~repeated]) if len(ids) else np.empty(0, dtype=bool)
-    chosen = order[first]
-    # any event of the id a graph call: OR over each run of equal ids
-    graph = np.logical_or.reduceat(flags[order], np.flatnonzero(first)) if len(ids) else flags[:0]
-    return ids[first], ts_ns[chosen], dur_ns[chosen], graph
+    return order, first
 
 
 def shared_correlations(correlation: np.ndarray) -> np.ndarray:

@@ -20,6 +20,7 @@ import numpy as np
 import polars as pl
 
 from tracelake.contracts.classify import Category
+from tracelake.contracts.critical import P2P_OPS
 
 from .depgraph import RankInput
 
@@ -45,7 +46,8 @@ NAME_RULES: tuple[tuple[Dimension, str], ...] = (
     (Dimension.SEQUENCE, r"(?<![a-z])(sp|sequence)(?![a-z])"),
     (Dimension.DATA, r"(?<![a-z])(dp|data|replicate|shard|fsdp|hsdp|ddp)(?![a-z])"),
 )
-P2P = ("send", "recv", "isend", "irecv", "batch_isend_irecv")
+#: What a pipeline group runs: point-to-point operations, and batches of them.
+P2P = (*P2P_OPS, "batch_isend_irecv")
 GROUP_COLUMNS = ("process_group", "description", "dimension", "basis", "group_size", "ranks", "collectives",
                  "operations", "time_ns", "exposed_ns", "critical_ns", "critical_pct", "a2a_imbalance_pct")
 BUBBLE_COLUMNS = ("rank", "step", "stages", "microbatches", "span_ns", "busy_ns", "bubble_ns", "bubble_pct",

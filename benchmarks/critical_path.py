@@ -13,7 +13,7 @@ collectives, which is checked. Then, each in its own child process, so that ever
 RSS belongs to one operation:
 
 * **ingest**: ``Warehouse(home).ingest(<all rank files>, job="bench")``, checked;
-* **job critical path**: ``critical_inputs.read(store, pairs, traces)`` (the columns of
+* **job critical path**: ``critical_inputs.read(store, pairs, traces, collectives)`` (the columns of
   ``host_ops``, ``device_ops``, ``collectives`` the graph needs, every rank), timed apart
   from ``critical_path.analyse(inputs)`` (graph, the path of every step, and the
   what-if replays of every step); then ``critical_inputs.analyse(...)`` whole, as
@@ -93,7 +93,7 @@ json.dump({"seconds": [seconds], "events": int(events), "rows": rows, "base_rss_
 """
 # argv: home, which ("job" | "rank0"), runs, profile file ("" = none), result.json
 CRITICAL_CHILD = """
-import inspect, json, resource, sys, time
+import json, resource, sys, time
 from tracelake.warehouse import Warehouse, critical_inputs
 from tracelake.analysis import critical_path
 home, which, runs, profile, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
@@ -107,14 +107,12 @@ if which == "rank0":
     traces = traces.filter(traces["rank"] == 0)
 assert pairs, "no traces"
 base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-whole_args = [store, pairs, traces]
-if "collectives" in inspect.signature(critical_inputs.analyse).parameters:  # the signature moves with the code
-    whole_args.append(store.read_frame("collectives", pairs))
+whole_args = [store, pairs, traces, store.read_frame("collectives", pairs)]
 if profile:
     import cProfile, io, pstats
     prof = cProfile.Profile()
     prof.enable()
-    paths = critical_path.analyse(critical_inputs.read(store, pairs, traces))
+    paths = critical_path.analyse(critical_inputs.read(*whole_args))
     prof.disable()
     prof.dump_stats(profile)
     text = {}
@@ -127,7 +125,7 @@ if profile:
 read_s, analyse_s, whole_s = [], [], []
 for _ in range(runs):
     started = time.perf_counter()
-    inputs = critical_inputs.read(store, pairs, traces)
+    inputs = critical_inputs.read(store, pairs, traces, store.read_frame("collectives", pairs))
     read_s.append(time.perf_counter() - started)
     started = time.perf_counter()
     paths = critical_path.analyse(inputs)

@@ -57,6 +57,10 @@ class Scenario(StrEnum):
 #: prediction is never longer than the measured step.
 GROWING: tuple[Scenario, ...] = (Scenario.RANKS_X2,)
 
+#: Point-to-point operations (``collectives.collective``): a send and its recv, the same group, pair of ranks
+#: and ``seq``, are one transfer.
+P2P_OPS = ("send", "recv", "isend", "irecv")
+
 #: Host runtime and driver calls that block the calling thread until the device has finished work
 #: (a regular expression, searched without regard to case): stream, device, context and event
 #: synchronisation, and copies without ``Async`` (CUDA, HIP and the driver API).

@@ -15,19 +15,22 @@ from tracelake.analysis import critical_path, depgraph, parallelism
 from .store import Store
 
 
-def read(store: Store, pairs: Sequence[tuple[str, str]], traces: pl.DataFrame) -> list[depgraph.RankInput]:
+def read(store: Store, pairs: Sequence[tuple[str, str]], traces: pl.DataFrame,
+         collectives: pl.DataFrame) -> list[depgraph.RankInput]:
     """One :class:`~tracelake.analysis.depgraph.RankInput` per rank of each ``(job, trace_id)`` pair.
 
-    A trace holds one rank (Kineto), or one per device (an XLA profile: the process's host events
-    go with its lowest rank, each device's ops and collectives with its own).
+    ``collectives`` are the pairs' rows of that table, already read. A trace holds one rank
+    (Kineto), or one per device (an XLA profile: the process's host events go with its lowest
+    rank, each device's ops and collectives with its own).
     """
+    columns = [*depgraph.COLLECTIVE_COLUMNS, "rank"]
     rank_of = dict(zip(traces["trace_id"].cast(pl.String).to_list(), traces["rank"].to_list(), strict=True))
     inputs = []
     for job, trace_id in pairs:
         pair = [(job, trace_id)]
         host = store.read_frame("host_ops", pair, [*depgraph.HOST_COLUMNS, "rank"])
         device = store.read_frame("device_ops", pair, [*depgraph.DEVICE_COLUMNS, "rank"])
-        collectives = store.read_frame("collectives", pair, [*depgraph.COLLECTIVE_COLUMNS, "rank"])
+        mine_collectives = collectives.filter(pl.col("trace_id") == trace_id).select(columns)
         ranks = sorted({int(r) for r in device["rank"].drop_nulls().unique().to_list()}) or [
             int(rank_of.get(trace_id) or 0)]
         for rank in ranks:
@@ -35,7 +38,7 @@ def read(store: Store, pairs: Sequence[tuple[str, str]], traces: pl.DataFrame) -
                 return frame.filter(pl.col("rank") == rank).drop("rank") if len(ranks) > 1 else frame.drop("rank")
             inputs.append(depgraph.RankInput(
                 trace_id, rank, host.drop("rank") if rank == ranks[0] else host.clear().drop("rank"),
-                mine(device), mine(collectives)))
+                mine(device), mine(mine_collectives)))
     return inputs
 
 
@@ -43,7 +46,7 @@ def analyse(store: Store, pairs: Sequence[tuple[str, str]], traces: pl.DataFrame
             collectives: pl.DataFrame) -> critical_path.CriticalPaths:
     """The critical paths and what-if answers of one run's traces, with its communication by parallelism
     dimension and its pipeline bubbles (``collectives``: the run's rows of that table)."""
-    inputs = read(store, pairs, traces)
+    inputs = read(store, pairs, traces, collectives)
     paths = critical_path.analyse(inputs)
     world = traces["world_size"].drop_nulls().max() if "world_size" in traces.columns else None
     paths.parallelism = parallelism.groups(inputs, collectives, paths.path, paths.steps,
