@@ -11,7 +11,8 @@ computed"). Sync ops are not work and never count as busy.
 Async collective windows (XLA's ``Async XLA Ops``: start to done) join the sweep as
 a fourth state that is never busy: the part of them no device op covers is
 ``exposed_async_collective_ns``. FLOPs are summed per window, and with the device's
-peak (``devices.peak_tflops``) give ``flops_utilisation_pct`` over the span.
+peak (``devices.peak_tflops``) give ``flops_utilisation_pct`` over the span; the model FLOPs
+(an op's optional ``model_flops``, else its ``flops``) give ``mfu_pct`` against the same peak.
 
 :class:`BreakdownParts` takes one (trace, rank)'s ops window by window, as ingest feeds
 them; :func:`breakdown_frame` is the same for frames in memory.
@@ -33,7 +34,7 @@ COLUMNS = (
     "overlapped_communication_ns", "exposed_communication_ns", "overlap_pct",
     "compute_only_ns", "communication_only_ns", "memory_only_ns",
     "compute_communication_ns", "other_overlap_ns",
-    "async_collective_ns", "exposed_async_collective_ns", "flops", "flops_utilisation_pct",
+    "async_collective_ns", "exposed_async_collective_ns", "flops", "flops_utilisation_pct", "mfu_pct",
 )
 
 _CODES = {Category.COMPUTE: 0, Category.COMMUNICATION: 1, Category.MEMORY: 2}
@@ -169,7 +170,7 @@ def breakdown_frame(
 def rows_frame(rows: list[dict[str, object]]) -> pl.DataFrame:
     """Breakdown rows (from :meth:`BreakdownParts.rows`) as a frame of :data:`COLUMNS`, whole-trace rows first."""
     schema = {c: (pl.String if c == "trace_id" else pl.Int32 if c == "rank" else
-                  pl.Float64 if c in ("overlap_pct", "flops", "flops_utilisation_pct") else pl.Int64)
+                  pl.Float64 if c in ("overlap_pct", "flops", "flops_utilisation_pct", "mfu_pct") else pl.Int64)
               for c in COLUMNS}
     frame = pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
     return frame.sort(["trace_id", "rank", pl.col("step").is_not_null(), "step"], nulls_last=False)
@@ -189,16 +190,19 @@ LOWEST, HIGHEST = -(2**63), 2**63 - 1
 
 @dataclass
 class _Span:
-    """First start, last end and FLOPs of a step's (or the whole rank's) ops."""
+    """First start, last end, FLOPs and model FLOPs of a step's (or the whole rank's) ops."""
 
     first: int
     last: int
     flops: float
     has_flops: bool
+    model_flops: float = 0.0
+    has_model_flops: bool = False
 
     def merge(self, other: _Span) -> _Span:
         return _Span(min(self.first, other.first), max(self.last, other.last), self.flops + other.flops,
-                     self.has_flops or other.has_flops)
+                     self.has_flops or other.has_flops, self.model_flops + other.model_flops,
+                     self.has_model_flops or other.has_model_flops)
 
 
 def _empty_sums() -> np.ndarray:
@@ -269,14 +273,17 @@ class BreakdownParts:
         if not ops.height:
             return
         end = pl.col("ts_ns") + pl.col("dur_ns")
+        model = pl.col("model_flops") if "model_flops" in ops.columns else pl.col("flops")
         aggs = (pl.col("ts_ns").min().alias("first"), end.max().alias("last"), pl.col("flops").sum().alias("flops"),
-                pl.col("flops").is_not_null().any().alias("has_flops"))
+                pl.col("flops").is_not_null().any().alias("has_flops"), model.sum().alias("model_flops"),
+                model.is_not_null().any().alias("has_model_flops"))
         whole = ops.select(*aggs).with_columns(pl.lit(None, dtype=ops.schema["step"]).alias("step"))
         per_step = ops.filter(pl.col("step").is_not_null()).group_by("step").agg(*aggs)
         for row in [*whole.to_dicts(), *per_step.to_dicts()]:
             if row["first"] is None:
                 continue
-            span = _Span(int(row["first"]), int(row["last"]), float(row["flops"] or 0.0), bool(row["has_flops"]))
+            span = _Span(int(row["first"]), int(row["last"]), float(row["flops"] or 0.0), bool(row["has_flops"]),
+                         float(row["model_flops"] or 0.0), bool(row["has_model_flops"]))
             step = None if row["step"] is None else int(row["step"])
             self.spans[step] = self.spans[step].merge(span) if step in self.spans else span
 
@@ -297,6 +304,7 @@ def _row(trace_id: str, rank: int, step: int | None, span: _Span, sums: dict[str
     """One output row from a span and its bucket sums."""
     length = span.last - span.first
     flops = span.flops if span.has_flops else None
+    model = span.model_flops if span.has_model_flops else None
     communication = sums["communication_ns"]
     return {
         "trace_id": trace_id, "rank": rank, "step": step, "span_ns": length,
@@ -314,4 +322,6 @@ def _row(trace_id: str, rank: int, step: int | None, span: _Span, sums: dict[str
         "flops": flops,
         "flops_utilisation_pct": 100.0 * flops / (peak * 1e12 * length / 1e9)
         if flops is not None and peak and length > 0 else None,
+        "mfu_pct": 100.0 * model / (peak * 1e12 * length / 1e9)
+        if model is not None and peak and length > 0 else None,
     }

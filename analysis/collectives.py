@@ -27,7 +27,18 @@ BUSBW_FACTORS: dict[str, tuple[float, float]] = {
         "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced",
         "all_to_all", "all_to_allv", "alltoall_base", "gather", "scatter",
     ), (1.0, 0.0)),
-    **dict.fromkeys(("broadcast", "reduce", "send", "recv"), (0.0, 1.0)),
+    **dict.fromkeys(("broadcast", "reduce", "send", "recv", "send/recv"), (0.0, 1.0)),
+}
+#: The nccl-tests benchmark (``nccl_benchmarks.collective``) that measures each collective (lower case).
+NCCL_TESTS_NAMES: dict[str, str] = {
+    **dict.fromkeys(("allreduce", "all_reduce"), "all_reduce"),
+    **dict.fromkeys(("allgather", "_allgather_base", "all_gather", "all_gather_into_tensor",
+                     "allgather_into_tensor_coalesced"), "all_gather"),
+    **dict.fromkeys(("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor",
+                     "reduce_scatter_tensor_coalesced"), "reduce_scatter"),
+    **dict.fromkeys(("all_to_all", "all_to_allv", "alltoall", "alltoall_base"), "alltoall"),
+    "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+    **dict.fromkeys(("send", "recv", "send/recv"), "sendrecv"),
 }
 
 COLUMNS = (
@@ -103,7 +114,8 @@ def last_arrivals(collectives: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataF
     key = (*by, *_INSTANCE)
     # a recv posted before its send is not waiting for a straggler: only collectives count
     c = _timed(collectives).filter(~pl.col("collective").str.to_lowercase().is_in(P2P_OPS))
-    c = c.select(*by, "rank", *_INSTANCE, "ts_ns").with_columns(
+    # one arrival per rank and instance (a rank's trace, Flight Recorder dump and NCCL log may each hold it)
+    c = c.group_by(*by, "rank", *_INSTANCE).agg(ts.min()).with_columns(
         ts.max().over(key).alias("last_ns"),
         ts.min().over(key).alias("first_ns"),
         pl.len().over(key).alias("rows"),

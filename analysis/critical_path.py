@@ -13,19 +13,22 @@ back to its first, each stretch attributed to a :class:`PathKind`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import fnmatch
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import polars as pl
 
-from tracelake.contracts.critical import PATH_KINDS, PathKind, Scenario
+from tracelake.contracts.critical import PATH_KINDS, SPEEDUP_CATEGORIES, PathKind, Scenario, Speedup
 
+from .collectives import BUSBW_FACTORS, NCCL_TESTS_NAMES
 from .depgraph import CODE, RankInput, build
 from .findings import Finding, rank_words
+from .nccl import Curve
 from .replay import Prepared, Stretch, prepare
 
-PATH_COLUMNS = ("step", "position", "rank", "kind", "name", "process_group", "start_ns", "dur_ns")
+PATH_COLUMNS = ("step", "position", "rank", "trace_id", "kind", "name", "process_group", "start_ns", "dur_ns")
 STEP_COLUMNS = ("step", "ranks", "measured_ns", "length_ns", "residual_pct", "bounding_rank",
                 *(f"{k}_ns" for k in PATH_KINDS))
 WHAT_IF_COLUMNS = ("step", "scenario", "changed_rank", "measured_ns", "predicted_ns", "saving_ns", "saving_pct",
@@ -50,14 +53,49 @@ class CriticalPaths:
     bubbles: pl.DataFrame = field(default_factory=pl.DataFrame)
 
 
-def _scenarios(p: Prepared) -> dict[Scenario, tuple[np.ndarray, np.ndarray, int | None]]:
+def _speedup(p: Prepared, speedup: Speedup, w0: np.ndarray, s0: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
+    """Device ops of a category, or named like a pattern, ``factor`` times as fast (a transfer's slack too)."""
+    g = p.graph
+    codes = [CODE[PathKind(k)] for k in SPEEDUP_CATEGORIES]
+    on_device = np.isin(g.kind, codes) & g.on_device[g.dst]
+    if speedup.target in SPEEDUP_CATEGORIES:
+        edges = on_device & (g.kind == CODE[PathKind(speedup.target)])
+        nodes = p.slack_kind == CODE[PathKind(speedup.target)]
+    else:
+        pattern = speedup.target.lower()
+        named = np.array([fnmatch.fnmatchcase(name.lower(), pattern) for name in g.labels] or [False])
+        edges = on_device & named[g.label]
+        nodes = np.isin(p.slack_kind, codes) & (p.slack_label >= 0) & named[np.maximum(p.slack_label, 0)]
+    return (np.where(edges, (w0 / speedup.factor).astype(np.int64), w0),
+            np.where(nodes, (s0 / speedup.factor).astype(np.int64), s0), None)
+
+
+def _nccl_tests(p: Prepared, curves: Mapping[str, Curve], s0: np.ndarray) -> np.ndarray | None:
+    """Each collective's transfer at nccl-tests' bus bandwidth for its collective and size: bytes x the bus
+    factor of its ranks / busbw; None when no collective has a curve."""
+    slack, changed = s0.copy(), False
+    for node, (op, n, size) in p.graph.collective_of.items():
+        name = NCCL_TESTS_NAMES.get(op.lower())
+        curve = curves.get(name) if name else None
+        if curve is None or not size or p.slack_kind[node] != CODE[PathKind.COMMUNICATION]:
+            continue
+        a, b = BUSBW_FACTORS[op.lower()]
+        busbw = curve.at(size)
+        if busbw > 0:
+            slack[node] = int(size * (a * (n - 1) / n + b) / busbw)  # bytes / (GB/s) = ns
+            changed = True
+    return slack if changed else None
+
+
+def _scenarios(p: Prepared, speedups: Sequence[Speedup] = (),
+               curves: Mapping[str, Curve] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray, int | None]]:
     """Each scenario's edge weights (graph order), node slacks, and the rank it changes alone (or None)."""
     g = p.graph
     w0, s0 = g.w.astype(np.int64), p.slack.astype(np.int64)
     comm_e, comm_n = g.kind == CODE[PathKind.COMMUNICATION], p.slack_kind == CODE[PathKind.COMMUNICATION]
     # the transfer of a collective is the slack of its end; an unmatched communication op's weight is its duration
     comm_e = comm_e & g.on_device[g.dst]
-    out: dict[Scenario, tuple[np.ndarray, np.ndarray, int | None]] = {Scenario.AS_MEASURED: (w0, s0, None)}
+    out: dict[str, tuple[np.ndarray, np.ndarray, int | None]] = {Scenario.AS_MEASURED: (w0, s0, None)}
     out[Scenario.COMMUNICATION_OVERLAPPED] = (np.where(comm_e, 0, w0), np.where(comm_n, 0, s0), None)
     out[Scenario.BANDWIDTH_X2] = (np.where(comm_e, w0 // 2, w0), np.where(comm_n, s0 // 2, s0), None)
     compute = (g.kind == CODE[PathKind.COMPUTE]) & g.on_device[g.dst]
@@ -66,7 +104,7 @@ def _scenarios(p: Prepared) -> dict[Scenario, tuple[np.ndarray, np.ndarray, int 
     out[Scenario.NO_LAUNCH_OVERHEAD] = (np.where(launch_e, 0, w0), np.where(launch_n, 0, s0), None)
     # twice the ranks: a transfer of n ranks takes ring(2n) / ring(n) as long (docs/analyses.md, "Critical path")
     scaled_slack = s0.astype(np.float64)
-    for node, (op, n) in g.collective_of.items():
+    for node, (op, n, _) in g.collective_of.items():
         if p.slack_kind[node] == CODE[PathKind.COMMUNICATION] and n > 1:
             scaled_slack[node] *= ring_growth(op, n)
     out[Scenario.RANKS_X2] = (w0, scaled_slack.astype(np.int64), None)
@@ -77,15 +115,23 @@ def _scenarios(p: Prepared) -> dict[Scenario, tuple[np.ndarray, np.ndarray, int 
            for device in (True, False)]
     masks = [(g.kind == CODE[kind]) & where for kind, where in own]
     work = np.array([[w0[m & (edge_rank == r)].sum() for r in ranks] for m in masks], np.float64)
-    if len(ranks) > 1 and work.sum() > 0:
+    # only ranks with work of their own count: a trace of the run without ops (an NCCL log beside a rank's
+    # profile) is no rank to compare with, and one working rank has no median to be brought to
+    working = work.sum(axis=0) > 0
+    if working.sum() > 1:
         slowest = int(work.sum(axis=0).argmax())
         w = w0.copy()
         for m, per_rank in zip(masks, work, strict=True):
             if per_rank[slowest] > 0:
-                factor = min(1.0, float(np.median(per_rank)) / per_rank[slowest])
+                factor = min(1.0, float(np.median(per_rank[working])) / per_rank[slowest])
                 scaled = m & (edge_rank == slowest)
                 w[scaled] = (w0[scaled] * factor).astype(np.int64)
         out[Scenario.SLOWEST_RANK_AT_MEDIAN] = (w, s0, g.ranks[slowest][1])
+    measured_bandwidth = _nccl_tests(p, curves, s0) if curves else None
+    if measured_bandwidth is not None:
+        out[Scenario.NCCL_TESTS_BANDWIDTH] = (w0, measured_bandwidth, None)
+    for speedup in speedups:
+        out[speedup.scenario] = _speedup(p, speedup, w0, s0)
     return out
 
 
@@ -103,8 +149,11 @@ def ring_growth(collective: str, ranks: int) -> float:
     return ((2 * ranks - 1) / (2 * ranks)) / ((ranks - 1) / ranks)
 
 
-def analyse(ranks: list[RankInput]) -> CriticalPaths:
-    """Critical paths and what-if answers of one run (its ranks' rows; clocks comparable across ranks)."""
+def analyse(ranks: list[RankInput], speedups: Sequence[Speedup] = (),
+            curves: Mapping[str, Curve] | None = None) -> CriticalPaths:
+    """Critical paths and what-if answers of one run (its ranks' rows; clocks comparable across ranks), with a
+    scenario per asked-for speedup besides the standard ones, and one at nccl-tests' bandwidth where ``curves``
+    (:func:`tracelake.analysis.nccl.bandwidth_curves`) cover its collectives."""
     if not ranks:
         return _empty()
     graph = build(ranks)
@@ -117,7 +166,7 @@ def analyse(ranks: list[RankInput]) -> CriticalPaths:
     step_rows: list[tuple[object, ...]] = []
     what_rows: list[tuple[object, ...]] = []
     measured: dict[int, int] = {}
-    for scenario, (w, slack, changed) in _scenarios(p).items():
+    for scenario, (w, slack, changed) in _scenarios(p, speedups, curves).items():
         ws, sl = w[p.edge].astype(np.int64), slack.astype(np.int64)
         for step in p.orders:
             t, choice = p.replay(step, ws, sl)
@@ -128,7 +177,7 @@ def analyse(ranks: list[RankInput]) -> CriticalPaths:
             if scenario == Scenario.AS_MEASURED:
                 spanned = graph.t[p.on_ranks[step]]
                 measured[step] = int(spanned.max() - spanned.min())
-                path_rows.extend(_merged(step_value, stretches, labels, rank_of, graph.group_of))
+                path_rows.extend(_merged(step_value, stretches, labels, graph.ranks, graph.group_of))
                 per_rank: dict[int, int] = {}
                 for rank, _, _, _, dur, _ in stretches:
                     per_rank[rank] = per_rank.get(rank, 0) + dur
@@ -159,24 +208,26 @@ def _by_kind(stretches: list[Stretch]) -> list[int]:
     return sums
 
 
-def _merged(step: int | None, stretches: list[Stretch], labels: list[str], rank_of: list[int],
+def _merged(step: int | None, stretches: list[Stretch], labels: list[str], ranks: list[tuple[str, int]],
             group_of: dict[int, str]) -> list[tuple[object, ...]]:
     """Neighbouring stretches of one rank, kind and name joined; rows of :data:`PATH_COLUMNS`."""
     rows: list[list[object]] = []
     for rank, kind, label, start, dur, node in stretches:
         group = group_of.get(node)
         name = labels[label] if label >= 0 else UNEXPLAINED
-        who = rank_of[rank] if rank >= 0 else None
+        trace, who = ranks[rank] if rank >= 0 else (None, None)
         last = rows[-1] if rows else None
-        if last and last[2] == who and last[3] == _CODE_KIND[kind] and last[4] == name and last[5] == group:
-            last[7] = int(last[7]) + dur  # type: ignore[call-overload]
+        if last and last[3] == trace and last[2] == who and last[4] == _CODE_KIND[kind] and last[5] == name \
+                and last[6] == group:
+            last[8] = int(last[8]) + dur  # type: ignore[call-overload]
             continue
-        rows.append([step, len(rows), who, str(_CODE_KIND[kind]), name, group, start, dur])
+        rows.append([step, len(rows), who, trace, str(_CODE_KIND[kind]), name, group, start, dur])
     return [tuple(r) for r in rows]
 
 
 _TYPES: dict[str, Callable[[], pl.DataType]] = {
-    "scenario": pl.String, "kind": pl.String, "name": pl.String, "process_group": pl.String, "residual_pct": pl.Float64,
+    "scenario": pl.String, "trace_id": pl.String, "kind": pl.String, "name": pl.String, "process_group": pl.String,
+    "residual_pct": pl.Float64,
     "saving_pct": pl.Float64, "rank": pl.Int32, "bounding_rank": pl.Int32, "ranks": pl.Int32, "changed_rank": pl.Int32,
 }
 
@@ -199,6 +250,7 @@ WORDS = {
     Scenario.NO_LAUNCH_OVERHEAD: "no launch overhead (as in a CUDA graph)",
     Scenario.SLOWEST_RANK_AT_MEDIAN: "the slowest rank at the median rank's pace",
     Scenario.RANKS_X2: "twice the ranks (same work per rank)",
+    Scenario.NCCL_TESTS_BANDWIDTH: "collectives at the bus bandwidth nccl-tests measured",
 }
 #: Scenarios that are fixes someone can make (a faster GPU is not a finding).
 FIXES = (Scenario.COMMUNICATION_OVERLAPPED, Scenario.BANDWIDTH_X2, Scenario.NO_LAUNCH_OVERHEAD,
@@ -225,9 +277,9 @@ def what_if_findings(what_if: pl.DataFrame, traces: tuple[str, ...], ranks: tupl
     """The fixes whose replay shortens the steps by at least :data:`MIN_SAVING_SHARE`, largest first."""
     found: list[Finding] = []
     for row in totals(what_if).iter_rows(named=True):
-        scenario = Scenario(row["scenario"])
-        if scenario not in FIXES or row["measured_ns"] <= 0:
+        if row["scenario"] not in FIXES or row["measured_ns"] <= 0:  # asked-for speedups are answers, not findings
             continue
+        scenario = Scenario(row["scenario"])
         saving = int(row["saving_ns"])
         if saving < MIN_SAVING_SHARE * row["measured_ns"]:
             continue
@@ -257,7 +309,8 @@ def with_replay(found: list[Finding], what_if: pl.DataFrame, traces: tuple[str, 
     collective, which overlapping does not remove; a straggler's lateness; launch calls) becomes
     the saving the replay predicts for its fix, never more than the bound, and says so.
     """
-    answers = {Scenario(r["scenario"]): r for r in totals(what_if).iter_rows(named=True)}
+    answers = {Scenario(r["scenario"]): r for r in totals(what_if).iter_rows(named=True) if r["scenario"] in
+               set(Scenario)}
     covered: set[Scenario] = set()
     out: list[Finding] = []
     for f in found:

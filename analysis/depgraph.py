@@ -21,12 +21,13 @@ The edges:
 * **stream waits**: an op that started well after its launch and its stream allowed,
   right after an op on another stream of its device ended, waited for that op (an
   event wait; inferred, docs/analyses.md, "Critical path").
-* **collective waits** (inferred): a thread that resumes, after a gap, right after a
-  collective's event on another thread of its rank ended (gloo runs collectives on worker
-  threads while the caller blocks in ``wait()`` without an event) waited for it.
+* **waits between threads** (inferred, :mod:`tracelake.analysis.threads`): a thread idle until a
+  collective on another thread ended or met, a worker's collective and the call that enqueued it,
+  a CUDA backward handed to the autograd thread and back.
 * **synchronisation**: the end of the last op a blocking call waited for -> the call's
   end. The op: launched before the call began, on the call's stream when the trace says
   which (a stream sync), ended by the time the call returned, and the latest such.
+* **data** (an execution trace's): the operator that wrote a tensor -> the one that read it.
 * **collectives**: the n-th call (a send and its recv: the same group, ranks and ``seq``) of a process group on every rank (``collectives.seq``)
   is one collective. Each rank's op start -> a meeting node (the last arrival) -> each
   rank's op end; the end's slack is the transfer, the time before it a wait for the
@@ -44,12 +45,11 @@ import numpy as np
 import polars as pl
 
 from tracelake.contracts.classify import Category
-from tracelake.contracts.critical import BLOCKING_CALL, P2P_OPS, PATH_KINDS, PathKind
+from tracelake.contracts.critical import BLOCKING_CALL, P2P_OPS, PathKind
 
+from . import et_deps
 from .launches import launch_call_rows
-
-#: Code of each kind in the graph's int8 arrays.
-CODE = {kind: i for i, kind in enumerate(PATH_KINDS)}
+from .threads import CODE, WAIT_WINDOW_NS, Moments, cross_thread
 _CATEGORY_KIND = {Category.COMPUTE: PathKind.COMPUTE, Category.COMMUNICATION: PathKind.COMMUNICATION,
                   Category.MEMORY: PathKind.MEMORY}
 #: Host events left out of the graph: Python frames add moments, not dependencies.
@@ -57,25 +57,26 @@ SKIPPED_CATS = ("python_function",)
 BETWEEN_OPS = "(between ops)"
 STREAM_GAP = "(stream gap)"
 STREAM_WAIT = "(waits for another stream)"
-#: An op that starts within this long after an op on another stream ended, and later than its launch and its own
-#: stream explain by more than this, is taken to have waited for that op (an event wait the trace does not record).
-WAIT_WINDOW_NS = 20_000
 
-HOST_COLUMNS = ("event_id", "tid", "cat", "name", "ts_ns", "dur_ns", "depth", "parent_id", "correlation", "step")
+HOST_COLUMNS = ("event_id", "tid", "cat", "name", "ts_ns", "dur_ns", "depth", "parent_id", "correlation", "step",
+                "sequence_number", "fwd_thread_id", "record_function_id", "external_id")
 DEVICE_COLUMNS = ("event_id", "device", "stream", "kind", "category", "name", "ts_ns", "dur_ns", "correlation", "step")
 COLLECTIVE_COLUMNS = ("event_id", "process_group", "seq", "collective", "kernel_event_id", "is_async", "src_rank",
-                      "dst_rank")
+                      "dst_rank", "message_bytes")
 
 
 @dataclass
 class RankInput:
-    """One rank's rows: ``host_ops`` (:data:`HOST_COLUMNS`), ``device_ops`` (:data:`DEVICE_COLUMNS`), ``collectives``."""
+    """One rank's rows: ``host_ops`` (:data:`HOST_COLUMNS`), ``device_ops`` (:data:`DEVICE_COLUMNS`), ``collectives``,
+    and the data dependencies of its execution trace where the run has one (``src_rf_id``, ``dst_rf_id``:
+    :func:`tracelake.analysis.et_deps.data_edges`)."""
 
     trace_id: str
     rank: int
     host: pl.DataFrame
     device: pl.DataFrame
     collectives: pl.DataFrame
+    data_edges: pl.DataFrame | None = None
 
 
 @dataclass
@@ -99,8 +100,8 @@ class Graph:
     dropped: int = 0
     #: The process group of each collective's moments (its ends on every rank and its meeting): node -> group.
     group_of: dict[int, str] = field(default_factory=dict)
-    #: Each collective's end on every rank -> (the operation, the ranks that met in it).
-    collective_of: dict[int, tuple[str, int]] = field(default_factory=dict)
+    #: Each collective's end on every rank -> (the operation, the ranks that met in it, its message bytes).
+    collective_of: dict[int, tuple[str, int, int | None]] = field(default_factory=dict)
 
 
 class _Builder:
@@ -179,9 +180,12 @@ def _at(nodes: np.ndarray, rows: np.ndarray) -> np.ndarray:
 
 
 def _host(b: _Builder, r: int, host: pl.DataFrame, launch_events: np.ndarray,
-          elastic: dict[int, PathKind]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Host-order edges of one rank; returns the events' ids (sorted), the start and end node of each, and
-    the ids of the blocking calls (:data:`~tracelake.contracts.critical.BLOCKING_CALL`).
+          elastic: dict[int, PathKind]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                 tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Host-order edges of one rank; returns the events' ids (sorted), the start and end node of each,
+    the ids of the blocking calls (:data:`~tracelake.contracts.critical.BLOCKING_CALL`), and the waits for a
+    collective still open at the resume (its start node, the resume node, its label:
+    :func:`~tracelake.analysis.threads.cross_thread`).
 
     ``launch_events`` holds the ids of the calls that launched a device op; ``elastic``
     the events whose end waits for something off the thread (a collective's last rank),
@@ -228,37 +232,31 @@ def _host(b: _Builder, r: int, host: pl.DataFrame, launch_events: np.ndarray,
     waits = ~is_start[1:][same] & (slack_kind[target] >= 0)
     gap[waits] = 0
     then = np.where(waits, slack_kind[target], k).astype(np.int8)
-    resumed, waited_for = _resumes(when, is_start, row, tid, same, open_after, end, slack_kind)
-    gap[resumed] = 0  # a thread that waited for a collective on another thread: the wait is slack
-    then[resumed] = CODE[PathKind.SYNC]
+    moments = Moments(when, is_start, row, tid, same, open_after, gap, then)
+    cross = cross_thread(moments, host, ts, end, slack_kind)
     b.edge(nodes[:-1][same], nodes[1:][same], gap, k, then, lab)
-    b.edge(end_node[waited_for], nodes[1:][same][resumed], 0, PathKind.SYNC, PathKind.SYNC,
-           label[waited_for] if len(waited_for) else np.empty(0, np.int32))
-    return ids, start_node, end_node, ids[is_blocking]
+    for waker, waiter, wait in cross.after_end:
+        b.edge(end_node[waker], nodes[waiter], 0, wait, wait, label[waker])
+    b.edge(start_node[cross.calls], start_node[cross.workers], 0, PathKind.HOST, PathKind.HOST, label[cross.calls])
+    collective, resume = cross.open_waits
+    waits = (start_node[collective], nodes[resume], label[collective])
+    return ids, start_node, end_node, ids[is_blocking], waits
 
 
-def _resumes(when: np.ndarray, is_start: np.ndarray, row: np.ndarray, tid: np.ndarray, same: np.ndarray,
-             open_after: np.ndarray, end: np.ndarray, slack_kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Threads that resumed right after a collective on another thread ended (a blocking wait the trace has no
-    event for: gloo's ``work.wait()``): which host-order edges end in such a resume, and the collective of each.
-
-    A resume is an event start after more than :data:`WAIT_WINDOW_NS` with nothing open on its thread,
-    within :data:`WAIT_WINDOW_NS` after the end of a collective's event (one whose end waits for other
-    ranks) on another thread; the latest such end is the one waited for.
-    """
-    n_edges = int(same.sum())
-    collective = np.flatnonzero(slack_kind == CODE[PathKind.COMMUNICATION])
-    if not len(collective) or not n_edges:
-        return np.zeros(n_edges, bool), np.empty(0, np.int64)
-    collective = collective[np.argsort(end[collective], kind="stable")]
-    ends = end[collective]
-    t_to, t_from = when[1:][same], when[:-1][same]
-    candidate = is_start[1:][same] & (open_after < 0) & (t_to - t_from > WAIT_WINDOW_NS)
-    at = np.searchsorted(ends, t_to, side="right") - 1
-    ok = candidate & (at >= 0)
-    chosen = collective[np.maximum(at, 0)]
-    ok &= (t_to - end[chosen] <= WAIT_WINDOW_NS) & (tid[chosen] != tid[row[1:][same]]) & (end[chosen] > t_from)
-    return ok, chosen[ok]
+def _late_edges(b: _Builder, waits: list[tuple[np.ndarray, np.ndarray, np.ndarray]], start: np.ndarray,
+                meeting: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Edges from a collective's meeting (its last arrival) to the resumes that waited for it while it was open;
+    returns those resume nodes (where the transfer's slack lands) and the index into ``start`` of each one's
+    collective."""
+    if not waits or not len(start):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    start_of, resume, label = (np.concatenate(part) for part in zip(*waits, strict=True))
+    order = np.argsort(start, kind="stable")
+    at = np.minimum(np.searchsorted(start[order], start_of), len(start) - 1)
+    found = start[order][at] == start_of
+    b.edge(meeting[order][at][found], resume[found], 0, PathKind.COMMUNICATION, PathKind.COMMUNICATION,
+           label[found])
+    return resume[found], order[at][found]
 
 
 @dataclass
@@ -291,9 +289,10 @@ def _device(b: _Builder, r: int, ops: _Ops, released: np.ndarray) -> tuple[np.nd
     step = _int(frame, "step", -1)
     start = b.nodes(ops.ts, r, step, on_device=True)
     end = b.nodes(ops.end, r, step, on_device=True)
-    category = frame["category"].fill_null(Category.COMPUTE).to_list()
-    kind = np.array([CODE[_CATEGORY_KIND.get(Category(c), PathKind.COMPUTE)] if c in Category._value2member_map_
-                     else CODE[PathKind.COMPUTE] for c in category], np.int8)
+    codes = {str(c): CODE[_CATEGORY_KIND.get(c, PathKind.COMPUTE)] for c in Category}
+    compute = CODE[PathKind.COMPUTE]
+    kind = (frame["category"].cast(pl.String).replace_strict(codes, default=compute, return_dtype=pl.Int8)
+            .fill_null(compute).to_numpy())
     label = b.label(frame["name"])
     w = np.where(released, 0, ops.end - ops.ts)
     then = np.where(released, CODE[PathKind.COMMUNICATION], kind).astype(np.int8)
@@ -314,12 +313,12 @@ def _stream_waits(b: _Builder, ops: _Ops, start: np.ndarray, end: np.ndarray, la
         return
     device = _int(ops.frame, "device", -1)
     order = np.lexsort((ops.ts, ops.stream, device))
-    prev_end = np.full(n, np.iinfo(np.int64).min, np.int64)
+    prev_end = np.full(n, -(2 ** 62), np.int64)
     same = (ops.stream[order][1:] == ops.stream[order][:-1]) & (device[order][1:] == device[order][:-1])
     prev_end[order[1:][same]] = ops.end[order[:-1][same]]
     explained = np.maximum(prev_end, launch)
     src = np.full(n, -1, np.int64)
-    best = np.full(n, np.iinfo(np.int64).min, np.int64)
+    best = np.full(n, -(2 ** 62), np.int64)
     for dev, stream in {(int(d), int(s)) for d, s in zip(device, ops.stream, strict=True)}:
         others = np.flatnonzero((device == dev) & (ops.stream != stream))
         mine = np.flatnonzero((device == dev) & (ops.stream == stream))
@@ -329,7 +328,7 @@ def _stream_waits(b: _Builder, ops: _Ops, start: np.ndarray, end: np.ndarray, la
         at = np.searchsorted(ops.end[others], ops.ts[mine], side="right") - 1
         ok = at >= 0
         cand = others[np.maximum(at, 0)]
-        cand_end = np.where(ok, ops.end[cand], np.iinfo(np.int64).min)
+        cand_end = np.where(ok, ops.end[cand], -(2 ** 62))
         better = ok & (cand_end > best[mine])
         best[mine[better]] = cand_end[better]
         src[mine[better]] = cand[better]
@@ -420,9 +419,11 @@ def build(ranks: list[RankInput]) -> Graph:
             pl.col("seq").cast(pl.Int64),
             pl.when(p2p).then(pl.lit("send/recv")).otherwise(pl.col("collective").fill_null("")).cast(pl.String)
             .alias("collective"), pl.Series("pair", c.select(pair.fill_null("")).to_series()).cast(pl.String),
-            pl.Series("device_row", kernel), pl.col("event_id").fill_null(-1).cast(pl.Int64).alias("host_event")))
+            pl.Series("device_row", kernel), pl.col("event_id").fill_null(-1).cast(pl.Int64).alias("host_event"),
+            (pl.col("message_bytes") if "message_bytes" in c.columns else pl.lit(None)).cast(pl.Int64).alias("bytes")))
     matched = pl.DataFrame(schema={"index": pl.Int32, "group": pl.String, "seq": pl.Int64, "collective": pl.String,
-                                   "pair": pl.String, "device_row": pl.Int64, "host_event": pl.Int64})
+                                   "pair": pl.String, "device_row": pl.Int64, "host_event": pl.Int64,
+                                   "bytes": pl.Int64})
     if keyed:
         key = ["group", "seq", "collective", "pair"]
         every = pl.concat(keyed).unique(["index", *key], keep="first")
@@ -430,6 +431,7 @@ def build(ranks: list[RankInput]) -> Graph:
         matched = every.join(ranks_in.filter(pl.col("n") > 1), on=key).drop("n")
     starts: list[np.ndarray] = []
     ends: list[np.ndarray] = []
+    late_waits: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for i, (r, o) in enumerate(zip(ranks, ops, strict=True)):
         mine = matched.filter((pl.col("index") == i))
         released = np.zeros(len(o.ids), bool)
@@ -439,7 +441,13 @@ def build(ranks: list[RankInput]) -> Graph:
         host = r.host.filter(~pl.col("cat").is_in(SKIPPED_CATS))
         calls = _launch_calls(host)
         launching = calls.filter(pl.col("correlation").is_in(o.correlation[o.correlation >= 0]))
-        host_ids, host_start, host_end, blocking = _host(b, i, host, _int(launching, "event_id", -1), elastic)
+        host_ids, host_start, host_end, blocking, waits = _host(b, i, host, _int(launching, "event_id", -1),
+                                                                elastic)
+        if r.data_edges is not None:  # an execution trace's: the writer's end -> the reader's start
+            ordered = host.filter(pl.col("ts_ns").is_not_null()).sort("event_id")
+            src, dst = et_deps.host_rows(r.data_edges, ordered)
+            b.edge(host_end[src], host_start[dst], 0, PathKind.HOST, PathKind.HOST, b.label(ordered["name"])[src])
+        late_waits.append(waits)
         op_start, op_end = _device(b, i, o, released)
         launch = _launches(b, o, op_start, host_ids, host_start, calls)
         _stream_waits(b, o, op_start, op_end, launch)
@@ -452,7 +460,7 @@ def build(ranks: list[RankInput]) -> Graph:
         starts.append(s)
         ends.append(e)
     group_of: dict[int, str] = {}
-    collective_of: dict[int, tuple[str, int]] = {}
+    collective_of: dict[int, tuple[str, int, int | None]] = {}
     if matched.height:
         s, e = np.concatenate(starts), np.concatenate(ends)
         keys = pl.concat([matched.filter(pl.col("index") == i) for i in range(len(ranks))]).with_columns(
@@ -461,7 +469,7 @@ def build(ranks: list[RankInput]) -> Graph:
         step = np.concatenate(b.step)
         keys = keys.with_columns(pl.Series("t", t[keys["s"].to_numpy()]), pl.Series("step", step[keys["s"].to_numpy()]))
         groups = keys.group_by("group", "seq", "collective", "pair", maintain_order=True).agg(
-            pl.col("t").max().alias("meet"), pl.col("step").max(), pl.col("s"), pl.col("e"))
+            pl.col("t").max().alias("meet"), pl.col("step").max(), pl.col("s"), pl.col("e"), pl.col("bytes").max())
         meetings = b.nodes(groups["meet"].to_numpy(), -1, groups["step"].to_numpy(), on_device=False)
         sizes = groups["s"].list.len().to_numpy()
         meeting_of = np.repeat(meetings, sizes)
@@ -470,12 +478,19 @@ def build(ranks: list[RankInput]) -> Graph:
         b.edge(groups["s"].explode().to_numpy(), meeting_of, 0, PathKind.COMMUNICATION, PathKind.COMMUNICATION, labels)
         b.edge(meeting_of, groups["e"].explode().to_numpy(), 0, PathKind.COMMUNICATION, PathKind.COMMUNICATION,
                labels)
+        resumes, of = _late_edges(b, late_waits, groups["s"].explode().to_numpy(), meeting_of)
         names = groups["group"].to_list()
         group_of.update(zip(meetings.tolist(), names, strict=True))
-        for name, op, n, ends_of in zip(names, groups["collective"].to_list(), sizes.tolist(), groups["e"].to_list(),
-                                        strict=True):
+        facts = list(zip(groups["collective"].to_list(), sizes.tolist(), groups["bytes"].to_list(), strict=True))
+        for name, (op, n, size), ends_of in zip(names, facts, groups["e"].to_list(), strict=True):
             group_of.update((int(node), name) for node in ends_of if node >= 0)
-            collective_of.update((int(node), (op, int(n))) for node in ends_of if node >= 0)
+            collective_of.update((int(node), (op, int(n), size)) for node in ends_of if node >= 0)
+        # a wait for a collective still open: its transfer lands on the resume, which stands for the collective there
+        group_index = np.repeat(np.arange(groups.height), sizes)
+        for node, index in zip(resumes.tolist(), group_index[of].tolist(), strict=True):
+            op, n, size = facts[index]
+            group_of[int(node)] = names[index]
+            collective_of[int(node)] = (op, int(n), size)
     graph = b.graph([(r.trace_id, r.rank) for r in ranks])
     graph.group_of = {node: name for node, name in group_of.items() if name}
     graph.collective_of = collective_of

@@ -5,8 +5,12 @@ docs/analyses.md, "Stored at ingest" and "How the stored figures are computed": 
 adds up exactly over the windows, so memory follows the window, not the trace. This
 module only feeds the analyses' accumulators (:class:`breakdown.BreakdownParts`,
 :func:`idle.idle_window`, :class:`kernels.KernelStats`, :class:`launches.LaunchParts`,
-:func:`graphs.graph_rows`); reading the windows and writing the tables is the
+:func:`graphs.graph_rows`, :class:`op_stats.OpParts`); reading the windows and writing the tables is the
 warehouse's (``warehouse/derived.py``).
+
+Operator FLOPs (docs/analyses.md, "Operators") reach the breakdown through the device ops: each op that is
+the first device op of an estimated operator call carries the call's ``flops`` and ``model_flops`` where the
+trace gives none of its own (XLA gives its ops' FLOPs, which stay as they are).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from . import breakdown, idle
 from .graphs import graph_rows
 from .kernels import KernelStats
 from .launches import LaunchCalls, LaunchParts, launch_of
+from .op_stats import OpParts, Operators, peak_for
+from .peaks import Peaks
 
 #: A window of one rank's device ops: ``[low, high)`` and the ops starting in it, in start order.
 Window = tuple[int, int, pl.DataFrame]
@@ -28,19 +34,28 @@ Window = tuple[int, int, pl.DataFrame]
 
 class DerivedTables:
     """Every derived table (``breakdown``, ``kernel_stats``, ``stream_idle``, ``launch_stats``, ``stream_queues``,
-    ``graph_launches``) of the ranks fed to :meth:`add_rank`.
+    ``graph_launches``, ``op_stats``) of the ranks fed to :meth:`add_rank`.
 
     Args:
         calls: per trace, the host calls that launched device ops (:func:`launches.launch_calls`, with
             ``graph`` set also where more than one kernel carries the id).
         graph_calls: per trace, the name of each graph launch call, by correlation.
         async_windows: async collective spans (``trace_id``, ``rank``, ``step``, ``ts_ns``, ``dur_ns``).
-        peaks: the device's peak TFLOP/s per (trace, rank), where known.
+        peaks: the device's peak TFLOP/s per (trace, rank), where the trace gives it (XLA); preferred.
+        operators: per trace, its operator calls (:class:`op_stats.Operators`), for ``op_stats`` and FLOPs.
+        hardware: per (trace, rank), the device's :class:`peaks.Peaks` from the table of known devices: the
+            roofline of ``op_stats``, and the breakdown's peak (of the dtype of most model FLOPs) where ``peaks``
+            has none.
     """
 
     def __init__(self, calls: dict[str, LaunchCalls], graph_calls: dict[str, dict[int, str]],
-                 async_windows: pl.DataFrame, peaks: dict[tuple[str, int], float]) -> None:
+                 async_windows: pl.DataFrame, peaks: dict[tuple[str, int], float],
+                 operators: dict[str, Operators] | None = None,
+                 hardware: dict[tuple[str, int], Peaks] | None = None) -> None:
         self._calls = calls
+        self._operators = operators or {}
+        self._hardware = hardware or {}
+        self._op_stats: list[pl.DataFrame] = []
         self._graph_calls = graph_calls
         self._async = async_windows
         self._peaks = peaks
@@ -57,14 +72,18 @@ class DerivedTables:
         The windows run from :data:`breakdown.LOWEST` to :data:`breakdown.HIGHEST`, each op in one
         window, ops with the same start in the same one. The ops have ``trace_id``, ``rank``,
         ``stream``, ``step``, ``kind``, ``category``, ``name``, ``ts_ns`` (not null), ``dur_ns``,
-        ``correlation``, ``flops`` and ``graph_id``.
+        ``correlation``, ``flops``, ``graph_id`` and ``event_id``.
         """
         parts = breakdown.BreakdownParts()
         carry: dict[int, int] = {}
         counts = KernelStats()
         launched = LaunchParts()
+        operators = OpParts(self._operators.get(trace_id))
         mine = self._async.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank))
         for low, high, ops in windows:
+            flops, model = operators.credit(ops)
+            ops = ops.with_columns(pl.coalesce(pl.col("flops"), pl.lit(flops)).alias("flops"),
+                                   pl.coalesce(pl.col("flops"), pl.lit(model)).alias("model_flops"))
             parts.add(ops, mine.filter((pl.col("ts_ns") >= low) & (pl.col("ts_ns") < high)), low, high)
             ops = ops.with_columns(launch_of(ops["correlation"], self._calls.get(trace_id)))
             launched.add(ops)
@@ -73,7 +92,12 @@ class DerivedTables:
                 "trace_id", "rank", "stream", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
                 "launch_ns"), carry))
             counts.add(work)
-        self._breakdown.extend(parts.rows(trace_id, rank, self._peaks.get((trace_id, rank))))
+        hardware = self._hardware.get((trace_id, rank))
+        peak = self._peaks.get((trace_id, rank))
+        if peak is None and (figure := peak_for(hardware, operators.dominant_dtype(), "matmul")):
+            peak = figure / 1e12
+        self._breakdown.extend(parts.rows(trace_id, rank, peak))
+        self._op_stats.append(operators.rows(trace_id, rank, hardware))
         self._stats.append(counts.kernel_stats(trace_id, rank))
         self._launches.append(launched.stats(trace_id, rank))
         self._queues.append(launched.queues(trace_id, rank))
@@ -87,4 +111,5 @@ class DerivedTables:
 
         return {"breakdown": breakdown.rows_frame(self._breakdown), "stream_idle": idle.combine_windows(self._idle),
                 "kernel_stats": joined(self._stats), "launch_stats": joined(self._launches),
-                "stream_queues": joined(self._queues), "graph_launches": joined(self._graphs)}
+                "stream_queues": joined(self._queues), "graph_launches": joined(self._graphs),
+                "op_stats": joined(self._op_stats)}

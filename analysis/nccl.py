@@ -6,6 +6,9 @@ follows docs/formats.md ("Bus bandwidth"); nccl-tests prints it already computed
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import polars as pl
 
 from . import hardware
@@ -276,3 +279,32 @@ def _max_int(frame: pl.DataFrame, column: str) -> int | None:
         return None
     value = frame[column].max()
     return int(value) if isinstance(value, int | float) else None
+
+
+@dataclass(frozen=True)
+class Curve:
+    """nccl-tests bus bandwidth of one collective against message size (sizes ascending, bytes; GB/s)."""
+
+    sizes: np.ndarray
+    busbw_gbs: np.ndarray
+
+    def at(self, size: int) -> float:
+        """Bus bandwidth at ``size`` bytes: linear in log2 of the size between measured sizes, the nearest
+        measured figure outside them."""
+        return float(np.interp(np.log2(max(size, 1)), np.log2(self.sizes), self.busbw_gbs))
+
+
+def bandwidth_curves(benchmarks: pl.DataFrame) -> dict[str, Curve]:
+    """Per nccl-tests collective, its bus bandwidth by message size (docs/analyses.md, "Critical path"):
+    out-of-place runs where a size has them, the median over the runs of each size; sizes with no positive
+    bandwidth are left out."""
+    if benchmarks.is_empty():
+        return {}
+    rows = benchmarks.filter((pl.col("busbw_gbs") > 0) & (pl.col("size_bytes") > 0)).with_columns(
+        pl.col("in_place").fill_null(False))
+    out_of_place = rows.group_by("collective", "size_bytes").agg((~pl.col("in_place")).any().alias("has_oop"))
+    rows = rows.join(out_of_place, on=["collective", "size_bytes"]).filter(~pl.col("has_oop") | ~pl.col("in_place"))
+    points = rows.group_by("collective", "size_bytes").agg(pl.col("busbw_gbs").median()).sort("collective",
+                                                                                             "size_bytes")
+    return {str(name): Curve(part["size_bytes"].to_numpy().astype(np.float64), part["busbw_gbs"].to_numpy())
+            for (name,), part in points.group_by("collective", maintain_order=True)}

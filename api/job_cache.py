@@ -13,6 +13,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
+from tracelake.contracts.critical import Speedup
 from tracelake.warehouse import NotFound, TracelakeError, Warehouse
 
 from .responses import encode
@@ -35,19 +36,19 @@ class JobAnalyses:
         self._lock = threading.Lock()
         self._warmer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tracelake-warm")
 
-    def get(self, job: str, top: int = DEFAULT_TOP) -> bytes:
-        """The job's analysis as JSON bytes.
+    def get(self, job: str, top: int = DEFAULT_TOP, speedups: tuple[Speedup, ...] = ()) -> bytes:
+        """The job's analysis as JSON bytes (with a what-if scenario per speedup).
 
         Raises:
             NotFound: the job has no traces.
         """
-        key = self._key(job, top)
+        key = (*self._key(job, top), speedups)
         with self._lock:
             body = self._answers.get(key)
             if body is not None:
                 self._answers.move_to_end(key)
                 return body
-        body = self._compute(job, top, traces=len(key[2]))
+        body = self._compute(job, top, speedups, traces=len(key[2]))
         with self._lock:
             self._answers[key] = body
             while len(self._answers) > self.entries:
@@ -86,9 +87,9 @@ class JobAnalyses:
                 stamps.append(0)
         return (job, top, tuple(ids), tuple(stamps))
 
-    def _compute(self, job: str, top: int, *, traces: int) -> bytes:
-        analysis = self.warehouse.analyze(job=job, top=top).as_dict()
+    def _compute(self, job: str, top: int, speedups: tuple[Speedup, ...], *, traces: int) -> bytes:
+        analysis = self.warehouse.analyze(job=job, top=top, speedups=speedups).as_dict()
         main = {name: analysis.pop(name) for name in ("runs", "findings", "breakdown", "last_arrivals", "top_kernels",
                                                       "critical_path", "critical_path_stretches", "what_if",
-                                                      "parallelism", "pipeline_bubbles")}
+                                                      "parallelism", "pipeline_bubbles", "memory")}
         return encode({"job": job, "traces": traces, **main, "analysis": analysis})

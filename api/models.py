@@ -130,7 +130,16 @@ class JobAnalysis(BaseModel):
         description="Per pipeline stage and step: `rank`, `step`, `stages`, `microbatches`, `span_ns`, `busy_ns`, "
                     "`bubble_ns`, `bubble_pct`, and the schedule's own bubble `schedule_bubble_pct`, "
                     "(p - 1) / (m + p - 1).")
-    analysis: dict[str, Any] = Field(description="Every other analysis: idle by stream, launches, steps, collectives...")
+    memory: list[dict[str, Any]] = Field(
+        description="Device memory per trace, rank and device (docs/analyses.md, \"Memory\"; empty without "
+                    "Kineto `[memory]` events): `peak_allocated_bytes`, `peak_reserved_bytes` (the trace's own running "
+                    "totals' maxima), `capacity_bytes` (`totalGlobalMem`), `headroom_bytes` and `headroom_pct` "
+                    "(capacity minus peak reserved), `fragmentation_bytes` (reserved minus allocated at the allocated "
+                    "peak), `peak_ts_ns`, `peak_step`, `before_trace_bytes`, `events`, `ooms`, and the growth of what "
+                    "survives each step, `slope_bytes_per_step` and `leak`. Under `analysis`: `memory_live_at_peak`, "
+                    "`memory_by_category`, `memory_growth`, `allocator_churn`.")
+    analysis: dict[str, Any] = Field(description="Every other analysis: idle by stream, launches, steps, collectives, "
+                                     "memory held at the peak, by category, growth and allocator churn...")
 
 
 class SqlQuery(BaseModel):

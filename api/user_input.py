@@ -11,10 +11,11 @@ import datetime as dt
 import re
 
 from tracelake.analysis.fleet_view import EARLIEST, LATEST, in_range
+from tracelake.contracts.critical import SPEEDUP_CATEGORIES, Speedup
 from tracelake.contracts.errors import InvalidArgument
 from tracelake.warehouse.store import LABEL_KEY
 
-__all__ = ["EARLIEST", "LATEST", "parse_labels", "parse_when"]
+__all__ = ["EARLIEST", "LATEST", "parse_labels", "parse_speedups", "parse_when"]
 
 _RELATIVE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(m|min|h|d|w)\s*$", re.IGNORECASE)
 _UNITS = {"m": "minutes", "min": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -30,6 +31,34 @@ def parse_labels(pairs: list[str] | None) -> dict[str, str]:
             raise InvalidArgument(f"invalid label {pair!r}: expected key=value, e.g. team=infra")
         labels[key] = value.strip()
     return labels
+
+
+#: What a speedup's target may hold: a category, or a name pattern of letters, digits and ``_*?.:<>,-``.
+_TARGET = re.compile(r"^[A-Za-z0-9_*?.:<>,\-]{1,200}$")
+#: The most speedups one analysis replays, and the largest factor.
+MAX_SPEEDUPS, MAX_FACTOR = 8, 1000.0
+
+
+def parse_speedups(texts: list[str] | None) -> tuple[Speedup, ...]:
+    """``["gemm*=2", "communication=1.5"]`` -> what-if speedups (``TARGET=FACTOR``: a category, or a pattern of
+    op names, that many times as fast), with a clear error for bad ones."""
+    out: list[Speedup] = []
+    for text in texts or []:
+        target, sep, factor = text.rpartition("=")
+        target = target.strip()
+        example = f"e.g. compute=1.5 or 'gemm*=2' (a category: {', '.join(SPEEDUP_CATEGORIES)}; or op names, * and ?)"
+        if not sep or not _TARGET.match(target):
+            raise InvalidArgument(f"invalid what-if {text!r}: expected TARGET=FACTOR, {example}")
+        try:
+            value = float(factor)
+        except ValueError:
+            raise InvalidArgument(f"invalid what-if {text!r}: {factor.strip()!r} is not a number; {example}") from None
+        if not 0 < value <= MAX_FACTOR:
+            raise InvalidArgument(f"invalid what-if {text!r}: the factor must be above 0 and at most {MAX_FACTOR:g}")
+        out.append(Speedup(target, value))
+    if len(out) > MAX_SPEEDUPS:
+        raise InvalidArgument(f"at most {MAX_SPEEDUPS} what-ifs at once, not {len(out)}")
+    return tuple(dict.fromkeys(out))
 
 
 def parse_when(text: str, now: dt.datetime | None = None) -> dt.datetime:

@@ -20,6 +20,7 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
     "TIMESTAMPTZ": pa.timestamp("us", tz="UTC"),
     "VARCHAR[]": pa.list_(pa.string()),
     "INTEGER[]": pa.list_(pa.int32()),
+    "BIGINT[]": pa.list_(pa.int64()),
     "MAP(VARCHAR, VARCHAR)": pa.map_(pa.string(), pa.string()),
 }
 

@@ -7,6 +7,7 @@ This module imports nothing of the project's.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 
@@ -51,11 +52,14 @@ class Scenario(StrEnum):
     #: Twice the ranks in every collective (weak scaling: the same work and messages per rank), each
     #: transfer grown by its collective's ring factor at the same bus bandwidth.
     RANKS_X2 = "ranks_x2"
+    #: Every collective's transfer at the bus bandwidth nccl-tests measured for its collective and message size
+    #: (the job's own nccl-tests output); longer where the job's collectives beat the benchmark.
+    NCCL_TESTS_BANDWIDTH = "nccl_tests_bandwidth"
 
 
-#: Scenarios that only make things take longer; every other one only shortens durations, so its
+#: Scenarios that may make things take longer; every other one only shortens durations, so its
 #: prediction is never longer than the measured step.
-GROWING: tuple[Scenario, ...] = (Scenario.RANKS_X2,)
+GROWING: tuple[Scenario, ...] = (Scenario.RANKS_X2, Scenario.NCCL_TESTS_BANDWIDTH)
 
 #: Point-to-point operations (``collectives.collective``): a send and its recv, the same group, pair of ranks
 #: and ``seq``, are one transfer.
@@ -69,3 +73,27 @@ BLOCKING_CALL = (
     r"|^(cuda|hip)Memcpy(2D|3D|ToSymbol|FromSymbol|Peer)?(_v\d+)?$"
     r"|^cuMemcpy(DtoH|HtoD|DtoD)?(_v\d+)?$"
 )
+
+#: Host operators that hand a collective to a process group's worker thread (a regular expression): the
+#: worker's event for that collective (gloo's ``gloo:all_reduce``) cannot start before the call that
+#: enqueued it, the latest such call on another thread of the rank.
+ENQUEUE_CALL = r"^(c10d::|record_param_comms$)"
+
+
+#: The categories a :class:`Speedup` may name instead of a pattern (``tracelake.contracts.classify.Category``).
+SPEEDUP_CATEGORIES = ("compute", "communication", "memory")
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """A what-if someone asks for: the device ops of a category (:data:`SPEEDUP_CATEGORIES`), or those whose
+    name matches a pattern (``*`` and ``?``, any case), ``factor`` times as fast (docs/analyses.md,
+    "Critical path")."""
+
+    target: str
+    factor: float
+
+    @property
+    def scenario(self) -> str:
+        """The name of its rows in ``what_if``: ``<target> x<factor>``."""
+        return f"{self.target} x{self.factor:g}"

@@ -79,3 +79,16 @@ class Unauthorized(TracelakeError):
 
 class Forbidden(TracelakeError):
     """A request's token lacks the scope the operation needs."""
+
+
+class ServerError(TracelakeError):
+    """A tracelake server answered a client's request with an error, or could not be reached.
+
+    The message is the server's own (its JSON ``error``); ``status`` is the HTTP status (None when
+    no answer came), ``kind`` the server's error class (``Unauthorized``, ``NotFound``, ...).
+    """
+
+    def __init__(self, message: str, *, status: int | None = None, kind: str | None = None) -> None:
+        self.status = status
+        self.kind = kind
+        super().__init__(message)

@@ -3,7 +3,8 @@
 The declaration drives everything else: the Arrow schema parsers must produce, the
 SQL casts that normalise a parser's output, the DuckDB views of the catalog and
 ``docs/schema.md`` (a test checks that the document matches this module).
-The tables are declared in :mod:`tracelake.contracts.tables` (their building blocks in
+The tables are declared in :mod:`tracelake.contracts.tables`, :mod:`.profile_tables` and
+:mod:`.derived_tables` (their building blocks in
 :mod:`tracelake.contracts.columns`); this module is the one to import: it lists them in
 write order and holds the version and the SQL helpers built on them.
 
@@ -14,8 +15,18 @@ Unix epoch where the trace gives absolute time), ``*_bytes``/``bytes`` are bytes
 from __future__ import annotations
 
 from .columns import DUR, EVENT_ID, JOB, RANK, STEP, TRACE_ID, TS, Column, Table
-from .tables import (
+from .derived_tables import (
     BREAKDOWN,
+    CRITICAL_PATH,
+    GRAPH_LAUNCHES,
+    KERNEL_STATS,
+    LAUNCH_STATS,
+    OP_STATS,
+    STREAM_IDLE,
+    STREAM_QUEUES,
+)
+from .profile_tables import ALLOCATOR_EVENTS, ALLOCATOR_SEGMENTS, ET_NODES, MEMORY_EVENTS, MEMORY_TIMELINE
+from .tables import (
     COLLECTIVES,
     COMM_CHANNELS,
     COMMUNICATORS,
@@ -23,27 +34,23 @@ from .tables import (
     DEVICE_OPS,
     DEVICES,
     FLIGHT_RECORDER_STATUS,
-    GRAPH_LAUNCHES,
     HOST_OPS,
-    KERNEL_STATS,
-    LAUNCH_STATS,
     NCCL_BENCHMARKS,
     STEPS,
-    STREAM_IDLE,
-    STREAM_QUEUES,
     TRACES,
 )
 
 #: Bumped whenever a table or column changes meaning or type.
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 9
 
 #: Every table, in the order they are written; `traces` is last because writing
 #: its row is what makes a trace visible.
 TABLES: dict[str, Table] = {
     t.name: t
-    for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, DEVICES, NCCL_BENCHMARKS, COMMUNICATORS,
-              COMM_CHANNELS, FLIGHT_RECORDER_STATUS, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
-              LAUNCH_STATS, STREAM_QUEUES, GRAPH_LAUNCHES, TRACES)
+    for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, MEMORY_EVENTS, MEMORY_TIMELINE, ALLOCATOR_SEGMENTS,
+              ALLOCATOR_EVENTS, DEVICES, NCCL_BENCHMARKS,
+              COMMUNICATORS, COMM_CHANNELS, FLIGHT_RECORDER_STATUS, ET_NODES, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
+              LAUNCH_STATS, STREAM_QUEUES, GRAPH_LAUNCHES, CRITICAL_PATH, OP_STATS, TRACES)
 }
 
 #: Tables holding one trace's data (everything except the registry itself).
@@ -82,24 +89,31 @@ def select_list(tbl: Table, exprs: dict[str, str]) -> str:
 
 
 __all__ = [
+    "ALLOCATOR_EVENTS",
+    "ALLOCATOR_SEGMENTS",
     "BREAKDOWN",
     "COLLECTIVES",
     "COMM_CHANNELS",
     "COMMUNICATORS",
     "COUNTERS",
+    "CRITICAL_PATH",
     "DATA_TABLES",
     "DERIVED_TABLES",
     "DEVICES",
     "DEVICE_OPS",
     "DUR",
     "EVENT_ID",
+    "ET_NODES",
     "FLIGHT_RECORDER_STATUS",
     "GRAPH_LAUNCHES",
     "HOST_OPS",
     "JOB",
     "KERNEL_STATS",
     "LAUNCH_STATS",
+    "MEMORY_EVENTS",
+    "MEMORY_TIMELINE",
     "NCCL_BENCHMARKS",
+    "OP_STATS",
     "PARSED_TABLES",
     "RANK",
     "SCHEMA_VERSION",

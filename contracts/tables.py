@@ -1,4 +1,6 @@
-"""The declarations of every warehouse table: what each table and column means.
+"""The declarations of the warehouse tables parsers write from profiler and NCCL output: what each table and
+column means. PyTorch's memory data and execution traces are in :mod:`.profile_tables`, the tables computed
+from these in :mod:`.derived_tables`.
 
 Use them through :mod:`tracelake.contracts.schema`, which also lists them in write order.
 """
@@ -7,14 +9,13 @@ from __future__ import annotations
 
 from .columns import DUR, EVENT_ID, JOB, RANK, STEP, TRACE_ID, TS, Table
 from .columns import column as _c
-from .columns import ns_column as _ns
 
 TRACES = Table(
     "traces",
     "One row per ingested trace file. A trace is visible in every other table only once its row here exists.",
     (
         TRACE_ID,
-        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON), `xla` (XSpace `.xplane.pb`), `xla_json` (trace-viewer JSON of XLA), `nccl_tests`, `nccl_inspector`, `nccl_log`, `flight_recorder`, `nccl_profiler`."),
+        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON), `xla` (XSpace `.xplane.pb`), `xla_json` (trace-viewer JSON of XLA), `nccl_tests`, `nccl_inspector`, `nccl_log`, `flight_recorder`, `nccl_profiler`, `memory_timeline` (the PyTorch profiler's memory timeline export), `allocator_snapshot` (a CUDA caching allocator snapshot), `execution_trace` (a PyTorch execution trace, Chakra ET JSON)."),
         _c("source_name", "VARCHAR", "File name as given at ingest."),
         _c("source_path", "VARCHAR", "Absolute path of the file on the ingesting machine (null for uploads)."),
         _c("source_bytes", "BIGINT", "Size of the file as stored (compressed if it was)."),
@@ -105,6 +106,9 @@ HOST_OPS = Table(
         _c("input_types", "VARCHAR", "Input dtypes as JSON text, when recorded."),
         _c("flops", "DOUBLE", "Estimated FLOPs of the operator (with_flops)."),
         STEP,
+        _c("record_function_id", "BIGINT", "Kineto: the operator's `Record function id` arg, the id PyTorch "
+           "execution traces (Chakra ET nodes' `rf_id`) give the same operator; null where the trace has none (Kineto "
+           "writes 0 unless an execution trace observer numbered the operators)."),
     ),
     (JOB,),
 )
@@ -275,142 +279,4 @@ FLIGHT_RECORDER_STATUS = Table(
         _c("last_completed", "BIGINT", "Seq of the last collective completed."),
     ),
     (JOB,),
-)
-
-
-BREAKDOWN = Table(
-    "breakdown",
-    "Where each rank's device time went (docs/analyses.md): one row per trace and rank for the whole "
-    "trace (`step` null) and one per step. Unions count overlapping ops once; the exclusive buckets "
-    "(`*_only_ns`, `compute_communication_ns`, `other_overlap_ns`, `idle_ns`) add up to `span_ns`.",
-    (
-        TRACE_ID,
-        RANK,
-        _c("step", "BIGINT", "Step number, or null for the row covering the whole trace."),
-        _ns("span_ns", "Last device op end minus first device op start in the window (syncs excluded)."),
-        _ns("busy_ns", "Union of all device ops except syncs."),
-        _ns("idle_ns", "span_ns - busy_ns: no device work at all."),
-        _ns("compute_ns", "Union of compute ops."),
-        _ns("communication_ns", "Union of communication ops."),
-        _ns("memory_ns", "Union of memcpy/memset ops."),
-        _ns("overlapped_communication_ns", "Communication that ran while compute ran."),
-        _ns("exposed_communication_ns", "Communication nothing hid: communication_ns - overlapped_communication_ns."),
-        _c("overlap_pct", "DOUBLE", "100 x overlapped / communication; null without communication."),
-        _ns("compute_only_ns", "Only compute active."),
-        _ns("communication_only_ns", "Only communication active (the exposed part that no memory op overlaps)."),
-        _ns("memory_only_ns", "Only memory ops active."),
-        _ns("compute_communication_ns", "Compute and communication active, no memory op."),
-        _ns("other_overlap_ns", "Other mixes (memory with compute and/or communication)."),
-        _ns("async_collective_ns", "Union of async collective windows (XLA start to done); not busy time."),
-        _ns("exposed_async_collective_ns", "Async collective window time with no device op running."),
-        _c("flops", "DOUBLE", "FLOPs of the window's device ops, when the trace gives them."),
-        _c("flops_utilisation_pct", "DOUBLE", "100 x flops / (peak FLOP/s x span): MFU-style use of the device's "
-           "peak (`devices.peak_tflops`); null without both."),
-    ),
-    (JOB,),
-    derived=True,
-)
-
-KERNEL_STATS = Table(
-    "kernel_stats",
-    "Time per kernel name, per trace and rank (syncs excluded): the input of kernel breakdowns and fleet "
-    "rankings without rescanning device_ops.",
-    (
-        TRACE_ID,
-        RANK,
-        _c("name", "VARCHAR", "Kernel or operation name."),
-        _c("category", "VARCHAR", "Its category."),
-        _c("count", "BIGINT", "Launches."),
-        _ns("total_ns", "Summed duration."),
-        _ns("mean_ns", "Mean duration (rounded to ns)."),
-        _ns("p50_ns", "Median duration (rounded to ns)."),
-        _ns("p95_ns", "95th percentile duration (rounded to ns)."),
-        _ns("max_ns", "Longest."),
-    ),
-    (JOB,),
-    derived=True,
-)
-
-STREAM_IDLE = Table(
-    "stream_idle",
-    "Idle gaps between consecutive ops on each stream, by cause (docs/analyses.md): `host_wait` (the launch "
-    "came after the stream went idle), `kernel_wait` (short launch gaps), `other`.",
-    (
-        TRACE_ID,
-        RANK,
-        _c("stream", "BIGINT", "Stream."),
-        _c("ops", "BIGINT", "Ops on the stream (syncs excluded)."),
-        _ns("op_ns", "Summed op duration on the stream."),
-        _c("gaps", "BIGINT", "Gaps between ops."),
-        _ns("idle_ns", "Summed gap time."),
-        _ns("host_wait_ns", "Gap time waiting for the host to launch."),
-        _ns("kernel_wait_ns", "Gap time in short launch-to-launch gaps."),
-        _ns("other_ns", "The rest of the gap time."),
-    ),
-    (JOB,),
-    derived=True,
-)
-
-LAUNCH_STATS = Table(
-    "launch_stats",
-    "Kernel launch delays per trace and rank, and kernels shorter than their launch call.",
-    (
-        TRACE_ID,
-        RANK,
-        _c("launches", "BIGINT", "Kernels launched one by one: joined to a runtime call that is not a graph launch."),
-        _ns("mean_delay_ns", "Mean of kernel start - end of its launch call (floored at 0), rounded to ns."),
-        _ns("p50_delay_ns", "Median launch delay, rounded to ns."),
-        _ns("p95_delay_ns", "95th percentile launch delay, rounded to ns."),
-        _ns("max_delay_ns", "Longest launch delay."),
-        _c("shorter_than_launch", "BIGINT", "Kernels that ran for less time than their launch call took."),
-        _c("shorter_than_launch_pct", "DOUBLE", "Their share of launches, percent."),
-        _ns("launch_overhead_ns", "Summed launch-call time of those kernels (one call each)."),
-        _c("graph_launches", "BIGINT", "CUDA/HIP graph launch calls that started kernels (docs/analyses.md)."),
-        _c("graph_kernels", "BIGINT", "Kernels those graph launches started."),
-        _ns("graph_launch_ns", "Summed duration of the graph launch calls, each call once."),
-        _ns("graph_mean_delay_ns", "Mean of first kernel start - end of the graph launch call (floored at 0)."),
-        _ns("graph_max_delay_ns", "Longest graph launch delay."),
-    ),
-    (JOB,),
-    derived=True,
-)
-
-GRAPH_LAUNCHES = Table(
-    "graph_launches",
-    "One row per CUDA/HIP graph launch (docs/analyses.md, \"Launches\"): the call, the kernels it started, "
-    "their device time and the gaps between them.",
-    (
-        TRACE_ID,
-        RANK,
-        _c("correlation", "BIGINT", "Correlation id the launch call and its kernels share."),
-        _c("graph_id", "BIGINT", "Graph id from the kernels' args (smallest if several); null where the trace has none."),
-        _c("call", "VARCHAR", "Name of the launch call (`cudaGraphLaunch`, `hipGraphLaunch`, ...)."),
-        _ns("launch_ns", "Start of the launch call."),
-        _ns("call_ns", "Duration of the launch call."),
-        _c("kernels", "BIGINT", "Kernels the launch started."),
-        _c("streams", "BIGINT", "Streams they ran on."),
-        _ns("first_ns", "Start of the first kernel."),
-        _ns("device_ns", "Summed kernel time."),
-        _ns("span_ns", "First kernel start to last kernel end."),
-        _ns("gaps_ns", "span_ns minus the union of the kernels' busy time: idle inside the graph."),
-        _ns("delay_ns", "First kernel start - end of the launch call, floored at 0."),
-    ),
-    (JOB,),
-    derived=True,
-)
-
-STREAM_QUEUES = Table(
-    "stream_queues",
-    "Launch queue depth per stream: +1 when a runtime call launches an op, -1 when the op starts. A queue "
-    "near zero means the device waits for the host; a deep one means the host runs ahead.",
-    (
-        TRACE_ID,
-        RANK,
-        _c("stream", "BIGINT", "Stream."),
-        _c("launches", "BIGINT", "Ops joined to their launching runtime call."),
-        _c("max_queue", "BIGINT", "Deepest the queue got."),
-        _c("mean_queue", "DOUBLE", "Time-weighted mean depth between the first launch and the last start."),
-    ),
-    (JOB,),
-    derived=True,
 )

@@ -142,7 +142,7 @@ static const ColSpec HOST_COLS[] = {
     {"event_id", T_I64}, {"cat", T_STR}, {"name", T_STR}, {"pid", T_I64}, {"tid", T_I64},
     {"ts_ns", T_I64}, {"dur_ns", T_I64}, {"correlation", T_I64}, {"external_id", T_I64},
     {"sequence_number", T_I64}, {"fwd_thread_id", T_I64}, {"input_dims", T_STR},
-    {"input_types", T_STR}, {"flops", T_F64}, {"concrete_inputs", T_STR},
+    {"input_types", T_STR}, {"flops", T_F64}, {"concrete_inputs", T_STR}, {"record_function_id", T_I64},
 };
 static const ColSpec STEP_COLS[] = {{"step", T_I64}, {"ts_ns", T_I64}, {"dur_ns", T_I64}};
 static const ColSpec COLL_COLS[] = {
@@ -151,30 +151,37 @@ static const ColSpec COLL_COLS[] = {
     {"group_size", T_I64}, {"coll_seq", T_I64}, {"src_rank", T_I64}, {"dst_rank", T_I64},
 };
 static const ColSpec MEMORY_COLS[] = {{"name", T_STR}, {"device", T_I32}, {"ts_ns", T_I64}, {"value", T_F64}};
+/* One row per ``[memory]`` or ``[OutOfMemory]`` instant (MEMORY_PART in kineto_sql_events). */
+static const ColSpec MEMORY_EVENT_COLS[] = {
+    {"event_id", T_I64}, {"pid", T_I64}, {"tid", T_I64}, {"device", T_I32}, {"device_type", T_I64},
+    {"ts_ns", T_I64}, {"kind", T_STR}, {"addr", T_I64}, {"bytes", T_I64}, {"total_allocated", T_I64},
+    {"total_reserved", T_I64},
+};
 
-enum { TB_DEVICE, TB_HOST, TB_STEPS, TB_COLL, TB_MEMORY, N_TABLES };
-static const char *TABLE_NAMES[N_TABLES] = {"device", "host", "step_marks", "coll_args", "memory"};
-static const ColSpec *TABLE_SPECS[N_TABLES] = {DEVICE_COLS, HOST_COLS, STEP_COLS, COLL_COLS, MEMORY_COLS};
+enum { TB_DEVICE, TB_HOST, TB_STEPS, TB_COLL, TB_MEMORY, TB_MEMORY_EVENTS, N_TABLES };
+static const char *TABLE_NAMES[N_TABLES] = {"device", "host", "step_marks", "coll_args", "memory", "memory_events"};
+static const ColSpec *TABLE_SPECS[N_TABLES] = {DEVICE_COLS, HOST_COLS, STEP_COLS, COLL_COLS, MEMORY_COLS,
+                                               MEMORY_EVENT_COLS};
 static const int TABLE_NCOLS[N_TABLES] = {
     sizeof DEVICE_COLS / sizeof *DEVICE_COLS, sizeof HOST_COLS / sizeof *HOST_COLS,
     sizeof STEP_COLS / sizeof *STEP_COLS, sizeof COLL_COLS / sizeof *COLL_COLS,
-    sizeof MEMORY_COLS / sizeof *MEMORY_COLS,
+    sizeof MEMORY_COLS / sizeof *MEMORY_COLS, sizeof MEMORY_EVENT_COLS / sizeof *MEMORY_EVENT_COLS,
 };
 
-/* The ``args`` keys read, by the name the SQL path uses (ARGS in pytorch_profiler_sql). */
+/* The ``args`` keys read, by the name the SQL path uses (ARGS and MEMORY_ARGS in kineto_sql_events). */
 enum {
     A_EXTERNAL_ID, A_CORRELATION, A_DEVICE, A_STREAM, A_BYTES, A_GRID, A_BLOCK, A_REGS, A_SMEM,
     A_OCCUPANCY, A_SEQ_NR, A_FWD_TID, A_INPUT_DIMS, A_INPUT_TYPES, A_FLOPS, A_COLL_NAME, A_DTYPE,
     A_IN_NELEMS, A_OUT_NELEMS, A_GROUP_SIZE, A_PG_NAME, A_PG_DESC, A_PG_RANKS, A_COLL_SEQ,
     A_SRC_RANK, A_DST_RANK, A_TOTAL_ALLOCATED, A_TOTAL_RESERVED, A_DEVICE_ID, A_DEVICE_TYPE, A_SIZE, A_GRAPH_ID,
-    A_CONCRETE_INPUTS, N_ARGS
+    A_CONCRETE_INPUTS, A_RECORD_FUNCTION_ID, A_MEM_BYTES, A_ADDR, N_ARGS
 };
 static const char *ARG_NAMES[N_ARGS] = {
     "external_id", "correlation", "device", "stream", "bytes", "grid", "block", "regs", "smem",
     "occupancy", "seq_nr", "fwd_tid", "input_dims", "input_types", "flops", "coll_name", "dtype",
     "in_nelems", "out_nelems", "group_size", "pg_name", "pg_desc", "pg_ranks", "coll_seq",
     "src_rank", "dst_rank", "total_allocated", "total_reserved", "device_id", "device_type", "size", "graph_id",
-    "concrete_inputs",
+    "concrete_inputs", "record_function_id", "mem_bytes", "addr",
 };
 static const char *ARG_KEYS[N_ARGS] = {
     "External id", "correlation", "device", "stream", "bytes", "grid", "block",
@@ -183,6 +190,7 @@ static const char *ARG_KEYS[N_ARGS] = {
     "In msg nelems", "Out msg nelems", "Group size", "Process Group Name",
     "Process Group Description", "Process Group Ranks", "Seq", "Src Rank", "Dst Rank",
     "Total Allocated", "Total Reserved", "Device Id", "Device Type", "size", "graph id", "Concrete Inputs",
+    "Record function id", "Bytes", "Addr",
 };
 /* The args keys by length, each list ended by -1, for the lookup of a key. */
 #define MAX_ARG_LEN 32
@@ -1074,9 +1082,14 @@ static int host_row(Scan *s, const Event *ev, int64_t event_id, const Text *cat,
         col_i64(&c[4], has_tid, tid) || col_i64(&c[5], 1, ts) || col_i64(&c[6], 1, dur) ||
         col_i64(&c[7], ev->has_id[C_CORRELATION], ev->id[C_CORRELATION]) ||
         col_i64(&c[8], ev->has_id[C_EXTERNAL_ID], ev->id[C_EXTERNAL_ID]));
+    /* nullif(Record function id, 0): Kineto writes 0 unless an execution trace observer numbered the ops */
+    int64_t rf_id = 0;
+    int has_rf_id = int_of(s, &ev->args[A_RECORD_FUNCTION_ID], &rf_id, &rc);
+    CONVERT(rc);
     return int_col(s, &c[9], &ev->args[A_SEQ_NR]) || int_col(s, &c[10], &ev->args[A_FWD_TID]) ||
            json_col(s, &c[11], &ev->args[A_INPUT_DIMS]) || json_col(s, &c[12], &ev->args[A_INPUT_TYPES]) ||
-           double_col(s, &c[13], &ev->args[A_FLOPS]) || concrete_col(s, &c[14], ev, name) ? -1 : 0;
+           double_col(s, &c[13], &ev->args[A_FLOPS]) || concrete_col(s, &c[14], ev, name) ||
+           col_i64(&c[15], has_rf_id && rf_id != 0, rf_id) ? -1 : 0;
 }
 
 /* The collective args of a complete event that names a collective. */
@@ -1091,27 +1104,34 @@ static int coll_row(Scan *s, const Event *ev, int64_t event_id) {
            int_col(s, &c[11], &ev->args[A_DST_RANK]) ? -1 : 0;
 }
 
-/* The memory counters of a ``[memory]`` instant: allocated and reserved bytes, where given. */
-static int memory_rows(Scan *s, const Event *ev, int64_t ts) {
-    static const int KEYS[2] = {A_TOTAL_ALLOCATED, A_TOTAL_RESERVED};
-    static const char *NAMES[2] = {"Total Allocated", "Total Reserved"};
+/* The device of a memory instant: CASE WHEN device_type = 0 THEN -1 ELSE CAST(device_id AS INTEGER) END. */
+static int memory_device(Scan *s, const Event *ev, int *device_ok, int64_t *device) {
     int64_t device_type = 0, device_id = 0;
     int rc, has_type = int_of(s, &ev->args[A_DEVICE_TYPE], &device_type, &rc);
     CONVERT(rc);
     int has_id = int_of(s, &ev->args[A_DEVICE_ID], &device_id, &rc);
     CONVERT(rc);
-    /* CASE WHEN device_type = 0 THEN -1 ELSE CAST(device_id AS INTEGER) END */
-    int device_ok = 1;
-    int64_t device = -1;
+    *device_ok = 1;
+    *device = -1;
     if (!(has_type && device_type == 0)) {
-        device_ok = has_id;
-        device = device_id;
+        *device_ok = has_id;
+        *device = device_id;
         if (has_id && (device_id < INT32_MIN || device_id > INT32_MAX)) {
             s->problem = P_RANGE;
             s->problem_arg = "Device Id";
             return -1;
         }
     }
+    return 0;
+}
+
+/* The memory counters of a ``[memory]`` instant: allocated and reserved bytes, where given. */
+static int memory_rows(Scan *s, const Event *ev, int64_t ts) {
+    static const int KEYS[2] = {A_TOTAL_ALLOCATED, A_TOTAL_RESERVED};
+    static const char *NAMES[2] = {"Total Allocated", "Total Reserved"};
+    int rc, device_ok;
+    int64_t device;
+    if (memory_device(s, ev, &device_ok, &device)) return -1;
     Col *c = s->tables[TB_MEMORY].cols;
     for (int k = 0; k < 2; k++) {
         const Ref *r = &ev->args[KEYS[k]];
@@ -1123,6 +1143,29 @@ static int memory_rows(Scan *s, const Event *ev, int64_t ts) {
             col_i64(&c[2], 1, ts) || col_f64(&c[3], has_value, v));
     }
     return 0;
+}
+
+/* The row of a ``[memory]`` or (``oom``) ``[OutOfMemory]`` instant: an allocator event (MEMORY_PART). */
+static int memory_event_row(Scan *s, const Event *ev, int64_t event_id, int oom, int has_ts, int64_t ts) {
+    int device_ok;
+    int64_t device;
+    if (memory_device(s, ev, &device_ok, &device)) return -1;
+    int64_t pid = 0, tid = 0, device_type = 0, bytes = 0;
+    int rc, has_pid = id_of(s, &ev->pid, &pid, &rc);
+    CONVERT(rc);
+    int has_tid = id_of(s, &ev->tid, &tid, &rc);
+    CONVERT(rc);
+    int has_type = int_of(s, &ev->args[A_DEVICE_TYPE], &device_type, &rc);
+    CONVERT(rc);
+    int has_bytes = int_of(s, &ev->args[A_MEM_BYTES], &bytes, &rc);
+    CONVERT(rc);
+    const char *kind = oom ? "oom" : !has_bytes ? NULL : bytes > 0 ? "alloc" : bytes < 0 ? "free" : NULL;
+    Col *c = s->tables[TB_MEMORY_EVENTS].cols;
+    TRY(col_i64(&c[0], 1, event_id) || col_i64(&c[1], has_pid, pid) || col_i64(&c[2], has_tid, tid) ||
+        col_i32(&c[3], device_ok, (int32_t)device) || col_i64(&c[4], has_type, device_type) ||
+        col_i64(&c[5], has_ts, ts) || col_str(&c[6], kind != NULL, kind ? kind : "", kind ? strlen(kind) : 0));
+    return int_col(s, &c[7], &ev->args[A_ADDR]) || col_i64(&c[8], has_bytes, bytes) ||
+           int_col(s, &c[9], &ev->args[A_TOTAL_ALLOCATED]) || int_col(s, &c[10], &ev->args[A_TOTAL_RESERVED]) ? -1 : 0;
 }
 
 static int emit(Scan *s, Event *ev, int64_t event_id) {
@@ -1168,7 +1211,12 @@ static int emit(Scan *s, Event *ev, int64_t event_id) {
     }
     CONVERT(text_of(s, &ev->name, S_NAME, &name));
     if (lcat_ok && strcmp(lcat, "cuda_runtime") == 0 && starts_with(&name, "hip")) s->hip_calls++;
-    if (phase == 'i') return has_ts && text_eq(&name, "[memory]") ? memory_rows(s, ev, ts) : 0;
+    if (phase == 'i') {
+        int oom = text_eq(&name, "[OutOfMemory]");
+        if (!oom && !text_eq(&name, "[memory]")) return 0;
+        if (memory_event_row(s, ev, event_id, oom, has_ts, ts)) return -1;
+        return !oom && has_ts ? memory_rows(s, ev, ts) : 0;
+    }
     if (phase != 'X') return 0;
     const char *kind = NULL;
     int not_host = 0;

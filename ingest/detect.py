@@ -14,7 +14,8 @@ from pathlib import Path
 from tracelake.contracts.errors import TraceFormatError, UnknownFormatError
 
 from . import (
-    flight_recorder, nccl_inspector, nccl_log, nccl_profiler, nccl_tests, pytorch_profiler, xla, xla_json,
+    allocator_snapshot, execution_trace, flight_recorder, memory_timeline, nccl_inspector, nccl_log, nccl_profiler,
+    nccl_tests, pytorch_profiler, xla, xla_json,
 )
 from .model import ParseFunction
 from .source import read_head
@@ -46,8 +47,14 @@ FORMATS: list[Format] = [
            nccl_inspector.parse),
     Format(nccl_profiler.FORMAT, "NCCL profiler plugin trace (JSON array of b/e events, 2.23-2.28 shapes)",
            nccl_profiler.sniff, nccl_profiler.parse),
+    Format(allocator_snapshot.FORMAT, "PyTorch CUDA allocator snapshot (torch.cuda.memory._dump_snapshot pickle)",
+           allocator_snapshot.sniff, allocator_snapshot.parse),
     Format(flight_recorder.FORMAT, "PyTorch Flight Recorder dump (JSON or pickle)", flight_recorder.sniff,
            flight_recorder.parse),
+    Format(memory_timeline.FORMAT, "PyTorch profiler memory timeline export (export_memory_timeline, *raw.json.gz)",
+           memory_timeline.sniff, memory_timeline.parse),
+    Format(execution_trace.FORMAT, "PyTorch execution trace (Chakra ET JSON from ExecutionTraceObserver)",
+           execution_trace.sniff, execution_trace.parse),
     Format(nccl_log.FORMAT, "NCCL debug log (NCCL_DEBUG=INFO)", nccl_log.sniff, nccl_log.parse),
 ]
 

@@ -10,7 +10,7 @@ Pickles come from uploads and are untrusted: :class:`PlainUnpickler` builds only
 plain containers and scalars and refuses any reference to a class or function, so a
 pickle that would run code is rejected before anything runs. A small pickle can still
 stand for a huge document (4,000 entries that are one shared dict, a process group of
-40,000 ranks that every entry names): :class:`_Budget` counts the bytes its rows would
+40,000 ranks that every entry names): :class:`Budget` counts the bytes its rows would
 take, every shared value each time it is reached, and refuses the dump before any row
 is built when they pass the expansion limit uploads are held to.
 """
@@ -50,8 +50,8 @@ class PlainUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         raise pickle.UnpicklingError(
-            f"the pickle refers to {module}.{name}; Flight Recorder dumps hold only plain containers and scalars, "
-            "so it was refused without running anything"
+            f"the pickle refers to {module}.{name}; tracelake reads pickles of plain containers and scalars only "
+            "(Flight Recorder dumps, allocator snapshots), so it was refused without running anything"
         )
 
 
@@ -63,7 +63,7 @@ def sniff(head: bytes, filename: str) -> bool:
     return head.lstrip()[:1] == b"{" and b'"entries"' in head and any(m in head for m in markers)
 
 
-class _Budget:
+class Budget:
     """The bytes of rows a dump may make: ``min(max_expanded_bytes, max(ratio x its size, 1 MiB))``.
 
     Charged while counting, before anything is built, so a pickle whose shared references
@@ -104,7 +104,7 @@ def _load(source: Path, options: ParseOptions) -> tuple[dict[str, Any], int]:
         parts.append(chunk)
     data = b"".join(parts)
     if data[:1] == b"\x80":
-        _check_memo(data, options.source_name)
+        check_memo(data, options.source_name)
         try:
             stream = io.BytesIO(data)
             doc = PlainUnpickler(stream).load()
@@ -126,12 +126,13 @@ def _load(source: Path, options: ParseOptions) -> tuple[dict[str, Any], int]:
     return doc, len(data)
 
 
-def _check_memo(data: bytes, source: str) -> None:
+def check_memo(data: bytes, source: str) -> None:
     """Walk the pickle's opcodes without building anything; refuse memo indexes the pickle cannot need.
 
     A ``LONG_BINPUT 4294967295`` makes C's unpickler grow its memo table to that index (tens of GB)
     before anything fails; a real pickle's indexes count up from 0, one per stored object.
     """
+    pos: int | None = 0
     try:
         for opcode, arg, pos in pickletools.genops(data):
             if opcode.name in ("PUT", "BINPUT", "LONG_BINPUT") and isinstance(arg, int) and not 0 <= arg < len(data):
@@ -142,7 +143,8 @@ def _check_memo(data: bytes, source: str) -> None:
     except TraceFormatError:
         raise
     except Exception as exc:  # noqa: BLE001 - genops fails in many ways on damaged opcodes
-        raise TraceFormatError(source, f"damaged pickle ({type(exc).__name__}: {exc})") from None
+        raise TraceFormatError(source, f"damaged pickle ({type(exc).__name__}: {exc})",
+                               where=f"the opcode after byte {pos}") from None
 
 
 def _duration_ns(duration_ms: object) -> int | None:
@@ -180,7 +182,7 @@ def _text_bytes(value: object) -> int:
     return len(value) if isinstance(value, str) else 0
 
 
-def _check_expansion(doc: dict[str, Any], configs: dict[str, Any], budget: _Budget) -> None:
+def _check_expansion(doc: dict[str, Any], configs: dict[str, Any], budget: Budget) -> None:
     """Charge ``budget`` with the rows (and the work) ``parse`` will make of ``doc``, before any is made.
 
     Every entry counts its numbers, its strings by length and each rank of its group's
@@ -210,6 +212,30 @@ def _check_expansion(doc: dict[str, Any], configs: dict[str, Any], budget: _Budg
         budget.charge(5 * 8 * len(pg_status), "pg_status")
 
 
+def _reached(entries: list[Any]) -> dict[str, dict[str, int]]:
+    """Per process group (as ``pg_status`` names it), the highest collective seq whose entry says it
+    started or completed: ``pg_status`` lags the entries (the watchdog updates it when it next looks, so a
+    healthy dump can say 64 of 192 completed while every entry says completed; docs/formats.md)."""
+    out: dict[str, dict[str, int]] = {}
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("is_p2p"):
+            continue
+        seq, state = entry.get("collective_seq_id"), entry.get("state")
+        if not isinstance(seq, int) or isinstance(seq, bool) or state not in ("started", "completed"):
+            continue
+        mine = out.setdefault(_group_of(entry), {})
+        for reached in ("started", "completed") if state == "completed" else ("started",):
+            mine[reached] = max(mine.get(reached, seq), seq)
+    return out
+
+
+def _latest(status: object, entries: int | None) -> object:
+    """The later of ``pg_status``'s seq and the entries' (when both are numbers)."""
+    if entries is None or not isinstance(status, int) or isinstance(status, bool):
+        return status if status is not None else entries
+    return max(status, entries)
+
+
 def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     """Parse one rank's Flight Recorder dump.
 
@@ -218,7 +244,7 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     """
     doc, size = _load(source, options)
     configs: dict[str, Any] = doc["pg_config"] if isinstance(doc.get("pg_config"), dict) else {}
-    _check_expansion(doc, configs, _Budget(options.source_name, size, options))
+    _check_expansion(doc, configs, Budget(options.source_name, size, options))
     rank = fit_int(doc.get("rank"), 32)
     rank_source = "dump"
     if rank is None:
@@ -261,13 +287,16 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     status: dict[str, list[object]] = {c: [] for c in (
         "rank", "process_group", "last_enqueued", "last_started", "last_completed")}
     pg_status: dict[str, Any] = doc["pg_status"] if isinstance(doc.get("pg_status"), dict) else {}
+    reached = _reached(doc["entries"])
     for group, state in pg_status.items():
         if not isinstance(state, dict) or fit_text(group) is None:
             continue
+        seen = reached.get(str(group), {})
         for column, value in (("rank", rank), ("process_group", fit_text(group)),
                               ("last_enqueued", state.get("last_enqueued_collective")),
-                              ("last_started", state.get("last_started_collective")),
-                              ("last_completed", state.get("last_completed_collective"))):
+                              ("last_started", _latest(state.get("last_started_collective"), seen.get("started"))),
+                              ("last_completed", _latest(state.get("last_completed_collective"),
+                                                         seen.get("completed")))):
             status[column].append(value if column in ("rank", "process_group") else fit_int(value))
     write_table(staging, "flight_recorder_status", status, trace_id=options.trace_id)
     info = TraceInfo(format=FORMAT, event_count=len(doc["entries"]), uncompressed_bytes=source.stat().st_size)

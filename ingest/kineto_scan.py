@@ -1,8 +1,8 @@
 """The native scanner of Kineto event batches (``_kineto.c``), as Arrow tables.
 
 One call turns a batch of events (the JSON array the cutter made) into the
-row-local columns of device and host ops and the few rows the end needs (step
-marks, collective args, memory counters), with the GIL released: the two
+row-local columns of device and host ops, of memory instants, and the few rows
+the end needs (step marks, collective args, memory counters), with the GIL released: the two
 loader threads scan on both cores while the cutter reads on. It converts every
 value as the DuckDB path (:mod:`tracelake.ingest.kineto_sql_events`) does,
 which stays as the fallback where the extension is not built, and as the
@@ -45,7 +45,8 @@ _PRIMITIVE: dict[str, pa.DataType] = {"int64": pa.int64(), "int32": pa.int32(), 
 
 @dataclass
 class ScannedBatch:
-    """What one batch holds, by table (``device``, ``host``, ``step_marks``, ``coll_args``, ``memory``)."""
+    """What one batch holds, by table (``device``, ``host``, ``step_marks``, ``coll_args``, ``memory``,
+    ``memory_events``)."""
 
     tables: dict[str, pa.Table]
     events: int

@@ -82,6 +82,23 @@ ARGS: dict[str, tuple[str, str]] = {
     "device_type": ("Device Type", "VARCHAR"),
     "size": ("size", "VARCHAR"),
     "concrete_inputs": ("Concrete Inputs", "JSON"),
+    "record_function_id": ("Record function id", "VARCHAR"),
+}
+#: ``args`` keys only memory instants need, read by a second look at the batches that hold them
+#: (:data:`MEMORY_PART`): DuckDB's structs cannot hold ``Bytes`` beside ``bytes`` (their names ignore case).
+MEMORY_ARGS: dict[str, tuple[str, str]] = {
+    "mem_bytes": ("Bytes", "VARCHAR"),
+    "addr": ("Addr", "VARCHAR"),
+}
+#: The instants that are allocator events (docs/formats.md, section 1), and the one of them that is a failure.
+MEMORY_NAMES = ("[memory]", "[OutOfMemory]")
+OOM_NAME = "[OutOfMemory]"
+#: ``memory_events.device_type`` by Kineto's numeric ``Device Type``: PyTorch's ``c10::DeviceType``, named
+#: as ``DeviceTypeName(type, lower_case=true)`` names them (``PrivateUse1`` by its default name).
+DEVICE_TYPES: dict[int, str] = {
+    0: "cpu", 1: "cuda", 2: "mkldnn", 3: "opengl", 4: "opencl", 5: "ideep", 6: "hip", 7: "fpga", 8: "maia",
+    9: "xla", 10: "vulkan", 11: "metal", 12: "xpu", 13: "mps", 14: "meta", 15: "hpu", 16: "ve", 17: "lazy",
+    18: "ipu", 19: "mtia", 20: "privateuseone",
 }
 
 
@@ -94,12 +111,26 @@ def columns_spec() -> str:
     return "{" + ", ".join(f"{sql_literal(k)}: {sql_literal(v)}" for k, v in columns.items()) + "}"
 
 
+def memory_columns_spec() -> str:
+    """The ``columns`` argument of the second ``read_json`` of batches holding memory instants."""
+    keys = [ARGS[n] for n in _MEMORY_SHARED_ARGS] + list(MEMORY_ARGS.values())
+    columns = {
+        "ph": "VARCHAR", "name": "VARCHAR", "pid": "VARCHAR", "tid": "VARCHAR", "ts": "DECIMAL(20,3)",
+        "args": "STRUCT(" + ", ".join(f'"{key}" {type_}' for key, type_ in keys) + ")",
+    }
+    return "{" + ", ".join(f"{sql_literal(k)}: {sql_literal(v)}" for k, v in columns.items()) + "}"
+
+
+#: The memory instants' args that the first read has too (under the same names).
+_MEMORY_SHARED_ARGS = ("total_allocated", "total_reserved", "device_id", "device_type")
+
+
 def _args_type() -> str:
     return "STRUCT(" + ", ".join(f'"{key}" {type_}' for key, type_ in ARGS.values()) + ")"
 
 
 def _arg(name: str) -> str:
-    return f'args."{ARGS[name][0]}"'
+    return f'args."{(ARGS.get(name) or MEMORY_ARGS[name])[0]}"'
 
 
 def _int_arg(name: str) -> str:
@@ -146,7 +177,8 @@ HOST_PART = f"""
            {_int_arg('seq_nr')} AS sequence_number, {_int_arg('fwd_tid')} AS fwd_thread_id,
            {_arg('input_dims')} AS input_dims, {_arg('input_types')} AS input_types,
            TRY_CAST({_arg('flops')} AS DOUBLE) AS flops,
-           CASE WHEN starts_with(name, 'c10d::') THEN {_arg('concrete_inputs')} END AS concrete_inputs
+           CASE WHEN starts_with(name, 'c10d::') THEN {_arg('concrete_inputs')} END AS concrete_inputs,
+           nullif({_int_arg('record_function_id')}, 0) AS record_function_id
     FROM batch WHERE ph = 'X' AND coalesce(lcat, '') NOT IN ({_NOT_HOST})
 """
 
@@ -187,6 +219,38 @@ PER_BATCH = (
     "INSERT INTO facts SELECT count(*) FILTER (WHERE lcat = 'cuda_runtime' AND name LIKE 'hip%'), "
     f"count(*) FILTER (WHERE ph = 'X' AND lcat = '{MTIA_CAT}') FROM batch",
 )
+
+_MEMORY_NAMES_SQL = ", ".join(sql_literal(n) for n in MEMORY_NAMES)
+#: The memory instants of a loaded ``batch``: which batch files the second look (:func:`memory_batch`) reads.
+MEMORY_EVENT_IDS = f"SELECT event_id FROM batch WHERE ph = 'i' AND name IN ({_MEMORY_NAMES_SQL}) ORDER BY event_id"
+
+
+def _bigint_arg(name: str) -> str:
+    """:func:`_int_arg` where a hex value beyond BIGINT is null (as the native scanner reads it), not an error."""
+    return f"TRY_CAST({_int_arg(name)} AS BIGINT)"
+
+
+def memory_batch(files: list[tuple[str, int]], object_bytes: int) -> str:
+    """The memory instants of batch files (path, index of its first event), each numbered from its first event."""
+    spec = memory_columns_spec()
+    return " UNION ALL ".join(f"""
+        SELECT ordinality - 1 + {int(first)} AS event_id, name, pid, tid, ts, args
+        FROM read_json({sql_literal(path)}, format = 'array', columns = {spec},
+                       maximum_object_size = {int(object_bytes)}) WITH ORDINALITY
+        WHERE ph = 'i' AND name IN ({_MEMORY_NAMES_SQL})""" for path, first in files)
+
+
+#: Row-local columns of memory instants (from ``mem_batch``, made by :func:`memory_batch`), written to Parquet
+#: parts (``memory-*.parquet``) as each group loads; ``op`` and ``step`` are added at the end.
+MEMORY_PART = f"""
+    SELECT event_id, num_id(pid) AS pid, num_id(tid) AS tid, {_MEMORY_DEVICE} AS device,
+           {_bigint_arg('device_type')} AS device_type, rel_ns(ts) AS ts_ns,
+           CASE WHEN name = {sql_literal(OOM_NAME)} THEN 'oom' WHEN bytes > 0 THEN 'alloc'
+                WHEN bytes < 0 THEN 'free' END AS kind,
+           {_bigint_arg('addr')} AS addr, bytes, {_bigint_arg('total_allocated')} AS total_allocated,
+           {_bigint_arg('total_reserved')} AS total_reserved
+    FROM (SELECT *, {_bigint_arg('mem_bytes')} AS bytes FROM mem_batch)
+"""
 
 
 def check_batch(con: duckdb.DuckDBPyConnection, source: str) -> None:

@@ -2,9 +2,9 @@
 
 From narrow columns read back from the Parquet parts (:func:`narrow`): the steps, the nesting
 of host events (natively where the scanner is built, else in SQL), the step of every device
-op, the collective calls linked to their kernels, the counters, and the trace's span and
-device type. :meth:`.pytorch_profiler_sql.Normaliser.finish` runs them in this order;
-:mod:`.kineto_sql_tables` joins the results onto the parts.
+op, the collective calls linked to their kernels, the counters, the operator and step of every
+memory instant, and the trace's span and device type. :meth:`.pytorch_profiler_sql.Normaliser.finish`
+runs them in this order; :mod:`.kineto_sql_tables` joins the results onto the parts.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 from tracelake.contracts.classify import Category, category_sql
 from tracelake.contracts.schema import sql_literal
 
-from . import kineto_scan
-from .kineto_sql_events import DTYPE_BYTES, max_object
+from . import kineto_scan, kineto_sql_tables
+from .kineto_sql_events import DEVICE_TYPES, DTYPE_BYTES, max_object
 from .model import TraceInfo
 
 
@@ -246,6 +246,89 @@ def counters(con: duckdb.DuckDBPyConnection, counter_batches: list[Path]) -> Non
         FROM (SELECT name, ts, unnest(map_keys(m)) AS key, unnest(map_values(m)) AS value FROM c)
         WHERE value IS NOT NULL
     """)
+
+
+#: Bytes of DuckDB's memory limit per memory instant joined at once with its op and step (as
+#: ``kineto_sql_tables.JOIN_BYTES_PER_ROW``). The DuckDB path holds its host events and counters in memory:
+#: at the default 200 MB, a trace of 620K memory instants (and 1.2M counter rows) fails with 500K instants a
+#: range and passes with 200K; 2000 makes ranges of 100K.
+MEMORY_JOIN_BYTES_PER_ROW = 2000
+
+
+def memory_events(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
+    """``mem_d``: the memory instants of the parts, each with its device type's name, its ``op`` and its step.
+
+    The ``op`` is the innermost ``cpu_op`` on the instant's thread running at its time (start <= t < end, or t
+    = start for an op of zero length): a sweep over the starts and ends of the ``cpu_op`` events of the
+    threads that have memory instants, as :func:`nesting_sql` sweeps (at equal times ends come first, then
+    starts, longer first, then the instants, then the ends of zero-length ops). At an instant, ``open`` ops
+    run, nested; the innermost is the latest op to start before it at depth ``open - 1`` (any later op at
+    that depth would have to start inside it, and so be deeper). The step is by time, as for host events.
+
+    Each stage goes to a file in ``parts/`` (as :func:`device_steps` does), not to a table in DuckDB's
+    memory. Nothing is made when the trace has no memory instants.
+    """
+    if not any(parts.glob("memory-*.parquet")):
+        return
+    memory = sql_literal(str(parts / "memory-*.parquet"))
+    host = sql_literal(str(parts / "host-*.parquet"))
+    cpu_file, ops_file, steps_file = (sql_literal(str(parts / f"{name}.parquet"))
+                                      for name in ("mem_cpu_ops", "mem_ops", "mem_steps"))
+    types = " ".join(f"WHEN {number} THEN {sql_literal(name)}" for number, name in DEVICE_TYPES.items())
+    con.execute(f"CREATE VIEW mem_n AS SELECT * FROM read_parquet({memory})")
+    cpu_ops = (f"""SELECT h.event_id, h.pid, h.tid, h.ts_ns, h.dur_ns, h.name FROM read_parquet({host}) h
+                   SEMI JOIN (SELECT DISTINCT pid, tid FROM mem_n) t ON h.pid = t.pid AND h.tid = t.tid
+                   WHERE lower(h.cat) = 'cpu_op'""" if any(parts.glob("host-*.parquet")) else
+               "SELECT NULL::BIGINT AS event_id, NULL::BIGINT AS pid, NULL::BIGINT AS tid, NULL::BIGINT AS ts_ns, "
+               "NULL::BIGINT AS dur_ns, NULL::VARCHAR AS name LIMIT 0")
+    con.execute(f"COPY ({cpu_ops}) TO {cpu_file} (FORMAT parquet, COMPRESSION lz4)")
+    con.execute(f"""
+        COPY (
+            WITH points AS (
+                SELECT pid, tid, ts_ns AS t, 1 AS ord, dur_ns, event_id, 1 AS delta FROM read_parquet({cpu_file})
+                UNION ALL
+                SELECT pid, tid, ts_ns + dur_ns, CASE WHEN dur_ns = 0 THEN 3 ELSE 0 END, 0, event_id, -1
+                FROM read_parquet({cpu_file})
+                UNION ALL
+                SELECT pid, tid, ts_ns, 2, 0, event_id, 0 FROM mem_n
+                WHERE ts_ns IS NOT NULL AND pid IS NOT NULL AND tid IS NOT NULL
+            ), swept AS (
+                SELECT pid, tid, ord, event_id,
+                       sum(delta) OVER w - 1 AS depth, row_number() OVER w AS pos
+                FROM points
+                WINDOW w AS (PARTITION BY pid, tid ORDER BY t, ord, dur_ns DESC, event_id ROWS UNBOUNDED PRECEDING)
+            )
+            SELECT m.event_id, s.event_id AS op_id
+            FROM (SELECT * FROM swept WHERE ord = 2) m
+            ASOF JOIN (SELECT * FROM swept WHERE ord = 1) s
+              ON m.pid = s.pid AND m.tid = s.tid AND m.depth = s.depth AND m.pos >= s.pos
+        ) TO {ops_file} (FORMAT parquet, COMPRESSION lz4)
+    """)
+    # The steps by a narrow lookup of its own: an ASOF join sorts its whole left side in memory.
+    con.execute(f"""
+        COPY (
+            SELECT m.event_id, CASE WHEN m.ts_ns < s.end_ns THEN s.step END AS step
+            FROM (SELECT event_id, ts_ns FROM mem_n) m ASOF JOIN step_spans s ON m.ts_ns >= s.ts_ns
+        ) TO {steps_file} (FORMAT parquet, COMPRESSION lz4)
+    """)
+    # Joined by ranges of event ids where one join would not fit DuckDB's memory limit (as the final tables are).
+    rows = max(kineto_sql_tables.memory_limit(con) // MEMORY_JOIN_BYTES_PER_ROW, 1)
+    for n, (first, stop) in enumerate(kineto_sql_tables.id_ranges(con, "mem_n", rows)):
+        def within(file: str, first: int = first, stop: int = stop) -> str:
+            return f"(SELECT * FROM read_parquet({file}) WHERE event_id >= {first} AND event_id < {stop})"
+        out = sql_literal(str(parts / f"memory_d-{n:06d}.parquet"))
+        con.execute(f"""
+            COPY (
+                SELECT m.event_id, m.pid, m.tid, m.device, CASE m.device_type {types} END AS device_type, m.ts_ns,
+                       m.kind, m.addr, m.bytes, m.total_allocated, m.total_reserved, c.name AS op, s.step
+                FROM {within(memory)} m
+                LEFT JOIN {within(ops_file)} o USING (event_id)
+                LEFT JOIN (SELECT event_id, name FROM read_parquet({cpu_file})
+                           WHERE event_id IN (SELECT op_id FROM {within(ops_file)})) c ON c.event_id = o.op_id
+                LEFT JOIN {within(steps_file)} s ON s.event_id = m.event_id
+            ) TO {out} (FORMAT parquet, COMPRESSION lz4)
+        """)
+    con.execute(f"CREATE VIEW mem_d AS SELECT * FROM read_parquet({sql_literal(str(parts / 'memory_d-*.parquet'))})")
 
 
 def fill_info(con: duckdb.DuckDBPyConnection, info: TraceInfo, base_ns: int) -> None:

@@ -21,6 +21,7 @@ _ORDER = {
     "collectives": "ts_ns, event_id",
     "steps": "step",
     "counters": "name, ts_ns",
+    "memory_events": "ts_ns, event_id",
 }
 
 #: Bytes of DuckDB's memory limit per row of the parts joined at once with their
@@ -71,6 +72,7 @@ def write_tables(
             "correlation": "p.correlation", "external_id": "external_id",
             "sequence_number": "sequence_number", "fwd_thread_id": "fwd_thread_id",
             "input_dims": "input_dims", "input_types": "input_types", "flops": "flops", "step": "d.step",
+            "record_function_id": "record_function_id",
         }),
     }
     for table_name, (part, facts, exprs) in joined.items():
@@ -91,6 +93,10 @@ def write_tables(
             c: shifted(c) if c == "ts_ns" else c for c in schema.COUNTERS.column_names if c not in common
         }),
     }
+    if any(parts.glob("memory_d-*.parquet")):  # the trace has memory instants (kineto_sql_facts.memory_events)
+        sources["memory_events"] = ("mem_d", {
+            c: shifted(c) if c == "ts_ns" else c for c in schema.MEMORY_EVENTS.column_names if c not in common
+        })
     for table_name, (source, exprs) in sources.items():
         select = schema.select_list(schema.table(table_name), common | exprs)
         out = sql_literal(str(staging / f"{table_name}.parquet"))

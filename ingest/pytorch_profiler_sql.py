@@ -4,8 +4,8 @@ Per batch (:meth:`Normaliser.scan`, the native scanner) or group of batch files
 (:meth:`Normaliser.load`, DuckDB's JSON reader, the reference and the fallback),
 the events become typed columns (``ts`` and ``dur`` as exact decimals, so
 nanosecond digits survive). Everything that depends on one event only (names,
-kinds, categories, arguments) is written at once to Parquet parts in the staging
-directory; only the few rows the end needs (step marks, collective args, memory
+kinds, categories, arguments; the memory instants too) is written at once to Parquet
+parts in the staging directory; only the few rows the end needs (step marks, collective args, memory
 counters) are kept. At the end (:meth:`Normaliser.finish`) the cross-event facts
 (nesting, steps, collective links) are derived in DuckDB from narrow columns read
 back from the parts (the nesting by a native sweep over the host events DuckDB
@@ -18,6 +18,7 @@ DuckDB spills past its limit.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
@@ -119,6 +120,9 @@ class Normaliser:
             # Parts live for one ingest: plain encoding writes faster than dictionaries, and lz4 keeps them small.
             pq.write_table(scanned.tables[table], self.parts / f"{table}-{group:06d}.parquet", compression="lz4",
                            use_dictionary=False)
+        if scanned.tables["memory_events"].num_rows:
+            pq.write_table(scanned.tables["memory_events"], self.parts / f"memory-{group:06d}.parquet",
+                           compression="lz4", use_dictionary=False)
         with self._lock:
             for table, parts in self._scanned.items():
                 if scanned.tables[table].num_rows:
@@ -156,10 +160,25 @@ class Normaliser:
             con.execute(f"COPY ({kineto_sql_events.HOST_PART}) TO {host_part} (FORMAT parquet, COMPRESSION lz4)")
             for statement in kineto_sql_events.PER_BATCH:
                 con.execute(statement.format(device_part=device_part, host_part=host_part))
+            self._load_memory(con, group, batches, object_bytes)
         except duckdb.Error as exc:
             raise _translate(exc, self.source) from exc
         except UnicodeDecodeError as exc:  # DuckDB cut its message, quoting a value, inside a UTF-8 sequence
             raise UnreadableValue("a value DuckDB could not convert (its message is not valid UTF-8)") from exc
+
+    def _load_memory(self, con: duckdb.DuckDBPyConnection, group: int, batches: list[tuple[Path, int]],
+                     object_bytes: int) -> None:
+        """The memory instants of the loaded ``batch`` into ``memory-<group>.parquet``, by a second look at the
+        batch files holding some (their ``Bytes`` arg cannot be read beside ``bytes``; see ``MEMORY_ARGS``)."""
+        ids = [row[0] for row in con.execute(kineto_sql_events.MEMORY_EVENT_IDS).fetchall()]
+        if not ids:
+            return
+        firsts = [first for _, first in batches]
+        holding = sorted({bisect.bisect_right(firsts, event_id) - 1 for event_id in ids})
+        files = [(str(batches[i][0]), batches[i][1]) for i in holding]
+        memory_part = sql_literal(str(self.parts / f"memory-{group:06d}.parquet"))
+        con.execute(f"COPY (WITH mem_batch AS ({kineto_sql_events.memory_batch(files, object_bytes)}) "
+                    f"{kineto_sql_events.MEMORY_PART}) TO {memory_part} (FORMAT parquet, COMPRESSION lz4)")
 
     def finish(self, info: TraceInfo, *, trace_id: str, base_ns: int, pg_config: object = None) -> None:
         """Derive the cross-event facts and write ``<table>.parquet`` for every data table; fill ``info``.
@@ -177,6 +196,7 @@ class Normaliser:
             kineto_sql_facts.collectives(con, self.parts)
             kernel_collectives.add(con, self.parts, pg_config, info.rank)
             kineto_sql_facts.counters(con, sorted(self.counter_batches))
+            kineto_sql_facts.memory_events(con, self.parts)
             kineto_sql_facts.fill_info(con, info, base_ns)
             kineto_sql_tables.write_tables(con, self.staging, self.parts, trace_id, info.rank, base_ns)
         except duckdb.Error as exc:

@@ -143,7 +143,8 @@ def test_analyze_shows_what_bounds_each_step_and_what_if_as_the_json_says(sample
     expected = {r["scenario"]: r["saving_ns"] / r["steps"] / 1e6 for r in summed.to_dicts()}
     headings, rows = _table(out, "what if")
     shown = {r[headings.index("scenario")]: float(r[headings.index("saving ms/step")]) for r in rows}
-    assert set(shown) == set(expected) == {str(s) for s in Scenario}
+    # every scenario but the one that needs the job's own nccl-tests output (the sample has none)
+    assert set(shown) == set(expected) == {str(s) for s in Scenario} - {Scenario.NCCL_TESTS_BANDWIDTH}
     for scenario, saving in shown.items():
         assert saving == pytest.approx(expected[scenario], abs=0.0005), scenario
     order = [r[headings.index("scenario")] for r in rows]

@@ -14,16 +14,18 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support import REAL_TRACES
 from tracelake.analysis import critical_path, replay
-from tracelake.analysis.depgraph import COLLECTIVE_COLUMNS, DEVICE_COLUMNS, HOST_COLUMNS, RankInput
+from tracelake.analysis.depgraph import COLLECTIVE_COLUMNS, DEVICE_COLUMNS, HOST_COLUMNS, RankInput, build
+from tracelake.analysis.nccl import Curve, bandwidth_curves
 from tracelake.contracts.critical import GROWING, PATH_KINDS, Scenario
 from tracelake.sample_traces import generate
-from tracelake.warehouse import Warehouse
+from tracelake.warehouse import Warehouse, critical_inputs
 
 US = 1000
 
@@ -62,11 +64,11 @@ class Timeline:
         return event
 
     def allreduce(self, seq: int, launch_at: float, start: float, dur: float, *, parent: int | None = None,
-                  step: int = 1) -> None:
+                  step: int = 1, message_bytes: int | None = None) -> None:
         kernel = self.kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", launch_at, start, dur, stream=20,
                              category="communication", parent=parent, step=step)
         self.collectives.append({"event_id": self._id(), "process_group": "0", "seq": seq, "collective": "allreduce",
-                                 "kernel_event_id": kernel, "is_async": False})
+                                 "kernel_event_id": kernel, "is_async": False, "message_bytes": message_bytes})
 
     def rows(self) -> RankInput:
         def frame(rows: list[dict[str, object]], columns: tuple[str, ...]) -> pl.DataFrame:
@@ -83,7 +85,7 @@ def _predicted(paths: critical_path.CriticalPaths) -> dict[str, float]:
     return {row["scenario"]: row["predicted_ns"] / US for row in paths.what_if.iter_rows(named=True)}
 
 
-def _late_allreduce(compute: tuple[float, float]) -> list[RankInput]:
+def _late_allreduce(compute: tuple[float, float], message_bytes: int | None = None) -> list[RankInput]:
     """Two ranks: a compute kernel each (rank 1's longer), then an allreduce that ends for both 50 us after the
     later one arrives. Each rank's host launches both kernels at 0 and 2 us inside a 10 us step annotation."""
     ranks = []
@@ -91,7 +93,7 @@ def _late_allreduce(compute: tuple[float, float]) -> list[RankInput]:
         t = Timeline(rank)
         step = t.host_op("ProfilerStep#1", 0, 10, cat="user_annotation")
         t.kernel("gemm", 0, 5, length, parent=step)
-        t.allreduce(1, 2, 5 + length, max(compute) - length + 50, parent=step)
+        t.allreduce(1, 2, 5 + length, max(compute) - length + 50, parent=step, message_bytes=message_bytes)
         ranks.append(t.rows())
     return ranks
 
@@ -115,6 +117,35 @@ def test_a_late_rank_bounds_the_step_and_overlap_saves_only_the_transfer() -> No
     assert predicted[Scenario.AS_MEASURED] == 255
     # two ranks become four: an all-reduce moves (4 - 1) / 4 of the data instead of (2 - 1) / 2, 1.5x the transfer
     assert predicted[Scenario.RANKS_X2] == 255 + 25
+
+
+def test_collectives_at_nccl_tests_bandwidth_move_their_bytes_at_its_bus_bandwidth() -> None:
+    """A 2-rank all-reduce of 4 MB moves 2 (n - 1) / n x 4 MB = 4 MB per rank (docs/formats.md, "Bus bandwidth")."""
+    flat = {"all_reduce": Curve(np.array([1e3, 1e9]), np.array([80.0, 80.0]))}
+    paths = critical_path.analyse(_late_allreduce((100, 200), message_bytes=4_000_000), curves=flat)
+    # rank 1 arrives at 205 us; 4 MB at 80 GB/s is 50 us: the measured transfer, so nothing changes
+    assert _predicted(paths)[Scenario.NCCL_TESTS_BANDWIDTH] == 255
+    # 1 MB at 10 GB/s and 16 MB at 90 GB/s: 4 MB lies halfway in log2, at 50 GB/s, so 80 us
+    curve = {"all_reduce": Curve(np.array([2.0 ** 20, 2.0 ** 24]), np.array([10.0, 90.0]))}
+    paths = critical_path.analyse(_late_allreduce((100, 200), message_bytes=4 * 2 ** 20), curves=curve)
+    assert _predicted(paths)[Scenario.NCCL_TESTS_BANDWIDTH] == pytest.approx(205 + 4 * 2 ** 20 / 50 / US, abs=0.01)
+    # beyond the measured sizes, the nearest figure; no curve for the collective, no scenario
+    assert curve["all_reduce"].at(2 ** 30) == 90.0 and curve["all_reduce"].at(1) == 10.0
+    none = critical_path.analyse(_late_allreduce((100, 200), message_bytes=4_000_000), curves={"all_gather": flat[
+        "all_reduce"]})
+    assert Scenario.NCCL_TESTS_BANDWIDTH not in _predicted(none)
+
+
+def test_bandwidth_curves_prefer_out_of_place_runs_and_take_the_median() -> None:
+    rows = [("all_reduce", 1024, False, 1.0), ("all_reduce", 1024, True, 9.0), ("all_reduce", 2048, True, 4.0),
+            ("all_reduce", 4096, False, 3.0), ("all_reduce", 4096, False, 5.0), ("all_reduce", 4096, False, 100.0),
+            ("all_gather", 1024, False, 0.0)]
+    frame = pl.DataFrame(rows, schema={"collective": pl.String, "size_bytes": pl.Int64, "in_place": pl.Boolean,
+                                       "busbw_gbs": pl.Float64}, orient="row")
+    curves = bandwidth_curves(frame)
+    assert set(curves) == {"all_reduce"}  # a curve of no positive bandwidth is no curve
+    assert curves["all_reduce"].sizes.tolist() == [1024, 2048, 4096]
+    assert curves["all_reduce"].busbw_gbs.tolist() == [1.0, 4.0, 5.0]
 
 
 def test_exposed_communication_gives_way_to_the_replay() -> None:
@@ -264,3 +295,28 @@ def test_the_c_loops_and_the_python_loops_agree(ranks: list[RankInput]) -> None:
         python = critical_path.analyse(ranks)
     for name in ("path", "steps", "what_if"):
         assert getattr(native, name).equals(getattr(python, name)), name
+
+
+ET_KINETO = REAL_TRACES / "pytorch_profiler" / "hta_execution_trace"
+ET = REAL_TRACES / "pytorch_other" / "hta_execution_trace"
+
+
+@pytest.mark.skipif(not ET.is_dir(), reason="../shared/real_traces is not here")
+def test_an_execution_traces_data_dependencies_join_the_graph_and_agree_with_the_kineto_times(tmp_path: Path) -> None:
+    wh = Warehouse(tmp_path / "wh")
+    wh.ingest([ET_KINETO, ET], job="et")
+    traces = pl.read_parquet(wh.store.glob("traces"), hive_partitioning=True)
+    pairs = list(traces.select("job", "trace_id").rows())
+    inputs = critical_inputs.read(wh.store, pairs, traces, wh.store.read_frame("collectives", pairs))
+    kineto = next(i for i in inputs if i.host.height)
+    assert kineto.data_edges is not None and kineto.data_edges.height
+    # independently: the Kineto ops by External id (this 2023 trace has no Record function id), from the JSON
+    events = json.loads(gzip.decompress(next(ET_KINETO.glob("*.json.gz")).read_bytes()))["traceEvents"]
+    ops = {e["args"]["External id"]: e for e in events if e.get("cat") == "cpu_op" and "External id" in e["args"]}
+    pairs_found = [(ops[s], ops[d]) for s, d in kineto.data_edges.select("src_rf_id", "dst_rf_id").rows()
+                   if s in ops and d in ops]
+    assert pairs_found
+    # every producer the execution trace names ended before its consumer began, on the profiler's clock
+    assert all(p["ts"] + p["dur"] <= c["ts"] for p, c in pairs_found)
+    with_et, without = build(inputs), build([dataclasses.replace(i, data_edges=None) for i in inputs])
+    assert len(with_et.src) - len(without.src) == len(pairs_found) and with_et.dropped == without.dropped

@@ -48,7 +48,7 @@ def test_kernel_stats_add_up_to_device_time(sample_warehouse: Warehouse) -> None
 
 
 #: The derived tables compared with their SQL oracles.
-_COMPARED = ("breakdown", "kernel_stats", "stream_idle", "launch_stats", "stream_queues")
+_COMPARED = ("breakdown", "kernel_stats", "stream_idle", "launch_stats", "stream_queues", "op_stats")
 
 #: Derived tables that are empty where no host call launched the device ops (TPU profiles, NCCL records).
 _LAUNCHED = ("launch_stats", "stream_queues")
@@ -77,7 +77,8 @@ def _derive(parsed: Path, out: Path, *, sql: bool) -> dict[str, pl.DataFrame]:
 
 def _assert_same(expected: dict[str, pl.DataFrame], got: dict[str, pl.DataFrame], *, launched: bool = True) -> None:
     for name, frame in expected.items():
-        keys = [c for c in ("trace_id", "rank", "step", "name", "stream") if c in frame.columns]
+        keys = [c for c in ("trace_id", "rank", "step", "name", "stream", "op", "input_shapes", "dtype")
+                if c in frame.columns]
         other = got[name]
         assert frame.height == other.height, name
         assert frame.height > 0 or (name in _LAUNCHED and not launched), name
@@ -159,6 +160,7 @@ def test_derived_tables_in_tiny_windows_equal_sql(sample_warehouse: Warehouse, x
 _SAMPLE_FILES = sorted(
     p for p in (Path(__file__).resolve().parents[1] / "sample_traces").rglob("*")
     if p.is_file() and p.suffix not in (".py", ".md") and p.parent.name != "__pycache__"
+    and p.name != "manifest.json"  # what capture_gpu.py ran with: not a trace
 )
 
 
@@ -173,6 +175,7 @@ def test_every_sample_format_gets_the_same_derived_tables_both_ways(sample: Path
     sql = _derive(parsed, tmp_path / "sql", sql=True)
     windowed = _derive(parsed, tmp_path / "windowed", sql=False)
     for name, frame in sql.items():
-        keys = [c for c in ("trace_id", "rank", "step", "name", "stream") if c in frame.columns]
+        keys = [c for c in ("trace_id", "rank", "step", "name", "stream", "op", "input_shapes", "dtype")
+                if c in frame.columns]
         assert frame.schema == windowed[name].schema, name
         assert frame.sort(keys, nulls_last=False).equals(windowed[name].sort(keys, nulls_last=False)), name

@@ -25,7 +25,7 @@ from tracelake.warehouse import Warehouse
 
 pytestmark = pytest.mark.skipif(not kineto_scan.AVAILABLE, reason="the native Kineto scanner is not built")
 
-TABLES = ("device_ops", "host_ops", "collectives", "steps", "counters", "devices")
+TABLES = ("device_ops", "host_ops", "collectives", "steps", "counters", "memory_events", "devices")
 
 
 def parse_both(path: Path, tmp_path: Path) -> tuple[dict[str, pa.Table], dict[str, pa.Table], Any, Any]:
@@ -169,7 +169,7 @@ def test_a_thousand_generated_events_convert_the_same(seed: int, tmp_path_factor
     values: list[object] = [None, True, False, 0, -1, 7, 2.5, -2.5, 1e3, 1.5e-3, 1 << 20,
                             "0", " 12 ", "0x1F", "-0x1", "1_000", "12.", ".5", "1e2", "abc", "", "3 4",
                             "Spawned 12", [], [1, 2], {"a": 1}, "é\u00e9", "a\nb"]
-    keys = [key for key, _ in kineto_sql_events.ARGS.values()]
+    keys = [key for key, _ in (kineto_sql_events.ARGS | kineto_sql_events.MEMORY_ARGS).values()]
     cats = ["kernel", "Kernel", "cpu_op", "cuda_runtime", "gpu_memcpy", "Memset", "cuda_sync", "python_function",
             "user_annotation", "gpu_user_annotation", None, 3, "mtia_ccp_events", "MTIA_CCP_events", "mtia_runtime"]
     events: list[object] = []
@@ -182,8 +182,8 @@ def test_a_thousand_generated_events_convert_the_same(seed: int, tmp_path_factor
             args["device"] = rng.randint(-3, 8)
         events.append({
             "ph": rng.choice(["X", "X", "X", "i", "B", "E"]), "cat": rng.choice(cats),
-            "name": rng.choice(["ProfilerStep#%d" % rng.randint(0, 9), "[memory]", "aten::mm", "hipMalloc", 5,
-                                "dma_request", "dma_request "]),
+            "name": rng.choice(["ProfilerStep#%d" % rng.randint(0, 9), "[memory]", "[OutOfMemory]", "aten::mm",
+                                "hipMalloc", 5, "dma_request", "dma_request "]),
             "pid": rng.choice(values[:9] + values[11:20] + ["Spawned 3", "7 x"]), "tid": rng.choice([1, 2, "3", "stream 4", None]),
             "ts": rng.choice([rng.randint(0, 10**7) / 1000, str(rng.randint(0, 99)), 1.0005]),
             "dur": rng.choice([rng.randint(-5, 10**5) / 7, 0, "2.5e1"]), "args": args,
@@ -342,7 +342,8 @@ def test_truncated_batches_are_errors_not_crashes() -> None:
 def test_the_scanner_knows_what_the_sql_reads() -> None:
     """The keys, categories and phases compiled into the scanner are the ones the DuckDB path declares."""
     known = kineto_scan.constants()
-    assert known["args"] == {name: key for name, (key, _) in kineto_sql_events.ARGS.items()}
+    read = kineto_sql_events.ARGS | kineto_sql_events.MEMORY_ARGS
+    assert known["args"] == {name: key for name, (key, _) in read.items()}
     assert known["kinds"] == kineto_sql_events.KIND_BY_CAT
     assert known["kinds_by_name"] == kineto_sql_events.KIND_BY_CAT_NAME
     assert known["mtia_cat"] == kineto_sql_events.MTIA_CAT
@@ -350,7 +351,7 @@ def test_the_scanner_knows_what_the_sql_reads() -> None:
     assert tuple(known["phases"]) == kineto_sql_events.PHASES
     assert tuple(known["checked"]) == kineto_sql_events.CHECKED_INT_ARGS
     layout = kineto_scan.layout()
-    assert set(layout) == {"device", "host", "step_marks", "coll_args", "memory"}
+    assert set(layout) == {"device", "host", "step_marks", "coll_args", "memory", "memory_events"}
 
 
 def nested(host: pa.Table, steps: pa.Table, *, native: bool, batch_rows: int = 1000) -> list[dict[str, object]]:

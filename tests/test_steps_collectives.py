@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pickle
+from pathlib import Path
+
 import polars as pl
 import pytest
 
 from oracles.kernels import top_kernels
+from support import ROOT
 from tracelake.analysis import collectives, kernels, steps
 from tracelake.warehouse import Warehouse
 
@@ -94,3 +98,30 @@ def test_bandwidth_by_size_buckets() -> None:
     assert mib["min_busbw_gbs"] == pytest.approx(((1 << 20) + 5) / 2_000_000 * 1.0)
     assert mib["total_transfer_ns"] == 900_000 + 2_000_000
     assert collectives.slowest(inst, top=1)["seq"].to_list() == [2]
+
+
+def test_one_rank_seen_by_several_sources_is_no_straggler() -> None:
+    """A rank's trace, Flight Recorder dump and NCCL log each hold its collectives, with clocks apart."""
+    rows = [(0, "0", 1, "allreduce", ts) for ts in (1_000, 5_000_000_000, 7_000)]
+    rows += [(0, "0", 2, "allreduce", ts) for ts in (2_000, 6_000_000_000)]
+    frame = pl.DataFrame(rows, schema={"rank": pl.Int32, "process_group": pl.String, "seq": pl.Int64,
+                                       "collective": pl.String, "ts_ns": pl.Int64}, orient="row")
+    assert collectives.last_arrivals(frame).is_empty()
+    # a second rank makes them instances again, with one arrival per rank: rank 1 at 10 us, after rank 0's 1 us
+    two = pl.concat([frame, pl.DataFrame([(1, "0", 1, "allreduce", 10_000)], schema=frame.schema, orient="row")])
+    late = collectives.last_arrivals(two)
+    assert late.rows() == [(1, 1, 1, 9.0)]
+
+
+FR_2_11 = ROOT / "sample_traces" / "gpu_h200" / "nccl" / "flight_recorder.pickle"
+
+
+def test_a_healthy_flight_recorder_dump_whose_status_lags_is_no_hang(tmp_path: Path) -> None:
+    """PyTorch 2.11's pg_status said 64 of 192 completed; every entry said completed (a finished run)."""
+    dump = pickle.loads(FR_2_11.read_bytes())
+    done = max(e["collective_seq_id"] for e in dump["entries"] if e["state"] == "completed")
+    assert dump["pg_status"]["0"]["last_completed_collective"] < done  # the lag this test is about
+    wh = Warehouse(tmp_path / "wh")
+    wh.ingest([FR_2_11], job="fr")
+    assert wh.query("SELECT last_completed FROM flight_recorder_status").rows == [(done,)]
+    assert not [f for f in wh.analyze(job="fr").findings if f.kind == "hang"]

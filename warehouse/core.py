@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,16 +21,18 @@ from tracelake.analysis import nccl as nccl_analysis
 from tracelake.analysis.assemble import Analysis
 from tracelake.analysis.fleet_view import Fleet
 from tracelake.analysis.job_view import JobReport
+from tracelake.contracts.critical import Speedup
 from tracelake.contracts.errors import InvalidArgument, NotFound, QueryError, WarehouseError
 from tracelake.contracts.status import IngestStatus
 from tracelake.ingest.model import ByteCallback
 
-from . import catalog, critical_inputs, fleet_data, overview, runs, staging, trace_ids
+from . import catalog, critical_inputs, fleet_data, job_tables, overview, perfetto, runs, staging, trace_ids
 from .check import STALE_AFTER, CheckReport
 from .check import check as check_warehouse
 from .inputs import expand_inputs, file_size
 from .readonly import SqlEngine, local_query, query_once
 from .registry import Registry, job_summaries, select_traces
+from .selection import Selection
 from .executor import IngestTask, executor_for, ingest_all
 from .results import IngestProgress, IngestReport, IngestResult, QueryResult
 from .settings import Settings
@@ -195,17 +197,24 @@ class Warehouse:
         """
         return self._breakdown(self._selection(trace_id, job), steps=steps)
 
-    def analyze(self, *, trace_id: str | None = None, job: str | None = None, top: int = 8) -> Analysis:
-        """Every analysis of one trace or job: breakdown, findings, kernels, idle, launches, steps, collectives.
+    def analyze(self, *, trace_id: str | None = None, job: str | None = None, top: int = 8,
+                speedups: Sequence[Speedup] = ()) -> Analysis:
+        """Every analysis of one trace or job: breakdown, findings, kernels, idle, launches, steps, collectives,
+        critical paths and what-if answers (a scenario per ``speedups`` besides the standard ones).
 
         Raises:
             NotFound: nothing matches ``trace_id`` / ``job``.
         """
         selection = self._selection(trace_id, job)
+        whole_runs = trace_id is None  # a job's runs, each whole: their critical paths are stored (job_tables)
+        # nccl-tests output anywhere in the selection (its own run, often) gives every run's collectives a curve
+        curves = nccl_analysis.bandwidth_curves(self._stored("nccl_benchmarks", selection))
         return runs.analyze_by_run(self._runs.runs(self.registry.frame()), selection.traces,
-                                   lambda pairs: self._analyze(runs.narrow(selection, pairs), top))
+                                   lambda pairs: self._analyze(runs.narrow(selection, pairs), top, whole_runs,
+                                                               speedups, curves))
 
-    def _analyze(self, selection: _Selection, top: int) -> Analysis:
+    def _analyze(self, selection: Selection, top: int, whole_runs: bool = False,
+                 speedups: Sequence[Speedup] = (), curves: dict[str, nccl_analysis.Curve] | None = None) -> Analysis:
         names = ("breakdown", "kernel_stats", *assemble.STORED)
         stored = {name: self._stored(name, selection) for name in names}
         whole = self._whole(stored.pop("breakdown"))
@@ -217,14 +226,38 @@ class Warehouse:
                 counts = con.sql(f"SELECT name, category, dur_ns, count(*) AS n FROM device_ops WHERE {selection.where}"
                                  " GROUP BY ALL", params=selection.params).pl()
             top_kernels = kernels.top_from_counts(counts, top=top)
-        paths = critical_inputs.analyse(self.store, selection.traces, stored["traces"], stored["collectives"])
-        return assemble.compute(whole, stored, top_kernels, self._link_peaks(), paths)
+        paths = critical_inputs.analyse(self.store, selection.traces, stored["traces"], stored["collectives"],
+                                        speedups, curves)
+        if whole_runs and selection.traces:
+            run = self._runs.run_of(self.registry.frame(), selection.traces[0][1])
+            job_tables.store_critical_path(self.store, selection.traces, paths.path, run,
+                                           stored["traces"]["rank"].n_unique())
+        calls = None
+        if stored["memory_events"].height:  # allocator churn (docs/analyses.md, "Memory"): a few named host calls
+            called = list(assemble.ALLOCATOR_CALLS)
+            with self._session(selection, tables=("host_ops",)) as con:
+                calls = con.sql(f"SELECT trace_id, rank, name, step, dur_ns FROM host_ops WHERE ({selection.where}) "
+                                f"AND name IN ({', '.join('?' * len(called))})",
+                                params=[*selection.params, *called]).pl()
+        return assemble.compute(whole, stored, top_kernels, self._link_peaks(), paths, calls)
 
     def _link_peaks(self) -> dict[str, float]:
         try:
             return nccl_analysis.link_peaks(self.settings.link_peaks)
         except ValueError as exc:
             raise InvalidArgument(f"TRACELAKE_LINK_PEAKS: {exc}") from None
+
+    def export_perfetto(self, job: str, out: Path, *, step: int | None = None) -> perfetto.Exported:
+        """Every rank of ``job`` (or one ``step``) on one timeline, with its critical path and findings, into
+        ``out`` (docs/formats.md, "Perfetto export"). Raises NotFound: no traces, or no events in ``step``."""
+        selection, analysis = self._selection(None, job), self.analyze(job=job)
+        ranks = {str(t): int(r or 0) for t, r in self._stored("traces", selection).select("trace_id", "rank").rows()}
+        done = perfetto.export(self.store, selection.traces, ranks, out, step=step,
+                               path=analysis.critical_path_stretches, findings=analysis.findings)
+        if step is not None and not done.ops:
+            out.unlink(missing_ok=True)
+            raise NotFound(f"job {job!r} has no events in step {step}")
+        return done
 
     def job_report(self, job: str, *, top: int = 15) -> JobReport:
         """What a job report shows: :meth:`analyze` of ``job`` plus its steps and collective lateness per rank.
@@ -277,7 +310,7 @@ class Warehouse:
         except (OSError, pl.exceptions.PolarsError) as exc:
             log.warning("could not refresh the caches under %s: %s", self.home / "cache", exc)
 
-    def _breakdown(self, selection: _Selection, *, steps: bool) -> pl.DataFrame:
+    def _breakdown(self, selection: Selection, *, steps: bool) -> pl.DataFrame:
         frame = self._stored("breakdown", selection)
         return frame.sort("rank", "step", "trace_id", nulls_last=False) if steps else self._whole(frame)
 
@@ -286,7 +319,7 @@ class Warehouse:
         """The whole-trace rows of stored ``breakdown`` rows (``step`` null), in rank order."""
         return breakdown.filter(pl.col("step").is_null()).sort("rank", "step", "trace_id", nulls_last=False)
 
-    def _stored(self, table: str, selection: _Selection) -> pl.DataFrame:
+    def _stored(self, table: str, selection: Selection) -> pl.DataFrame:
         """A stored table's rows for the selection, read straight from its Parquet files."""
         return self.store.read_frame(table, selection.traces)
 
@@ -306,7 +339,7 @@ class Warehouse:
 
     @contextmanager
     def _session(
-        self, *selections: _Selection, tables: Iterable[str] | None = None
+        self, *selections: Selection, tables: Iterable[str] | None = None
     ) -> Iterator[duckdb.DuckDBPyConnection]:
         """One query connection for a whole analysis, with views (of ``tables``) over the selected traces only."""
         traces = sorted({pair for selection in selections for pair in selection.traces})
@@ -318,24 +351,24 @@ class Warehouse:
         finally:
             con.close()
 
-    def _selection(self, trace_id: str | None, job: str | None) -> _Selection:
+    def _selection(self, trace_id: str | None, job: str | None) -> Selection:
         """The SQL filter for one trace or one job, checked to match something (on the file system)."""
         if trace_id is not None:  # a whole id or a unique prefix (warehouse/trace_ids.py)
-            return _Selection(((hit := self._trace(trace_id)),), "trace_id = ?", [hit[1]])
+            return Selection(((hit := self._trace(trace_id)),), "trace_id = ?", [hit[1]])
         if job is not None:
             if not (ids := self.store.job_traces(job)):
                 raise NotFound(f"no traces in job {job!r}")
-            return _Selection(tuple((job, i) for i in ids), "job = ?", [job])
+            return Selection(tuple((job, i) for i in ids), "job = ?", [job])
         raise InvalidArgument("give a trace id or a job")
 
-    def _resolve(self, name: str) -> _Selection:
+    def _resolve(self, name: str) -> Selection:
         """The selection ``name`` stands for: a trace id, else a job name, else a unique trace id prefix."""
         if (found := self.store.registered_job(name)) is not None:
-            return _Selection(((found, name),), "trace_id = ?", [name])
+            return Selection(((found, name),), "trace_id = ?", [name])
         if ids := self.store.job_traces(name):
-            return _Selection(tuple((name, i) for i in ids), "job = ?", [name])
+            return Selection(tuple((name, i) for i in ids), "job = ?", [name])
         if (hit := trace_ids.resolve(self.store, name)) is not None:
-            return _Selection((hit,), "trace_id = ?", [hit[1]])
+            return Selection((hit,), "trace_id = ?", [hit[1]])
         hint = trace_ids.not_found_hint(name)
         raise NotFound(f"{name!r} is neither a trace id nor a job (see `tracelake traces`){hint}")
 
@@ -464,12 +497,3 @@ class Warehouse:
         row["labels"] = dict(row["labels"] or [])
         row["run"] = self._runs.run_of(self.registry.frame(), trace_id)
         return {"trace_id": trace_id, "job": job, **{k: v for k, v in row.items() if k != "trace_id"}}
-
-
-@dataclass(frozen=True)
-class _Selection:
-    """What an analysis reads: its registered ``(job, trace_id)`` pairs, and the SQL filter with its parameters."""
-
-    traces: tuple[tuple[str, str], ...]
-    where: str
-    params: list[Any]

@@ -14,11 +14,16 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import polars.selectors
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracelake.analysis import breakdown
 from tracelake.analysis.derived import DerivedTables, Window
 from tracelake.analysis.launches import GRAPH_CALL, LaunchCalls, launch_calls, shared_correlations
+from tracelake.analysis.flops import counted
+from tracelake.analysis.op_stats import Operators
+from tracelake.analysis.peaks import Peaks, lookup
 from tracelake.contracts import schema
 
 #: The parsed tables the derived ones are computed from.
@@ -41,11 +46,14 @@ def write_derived(parsed: Path, out_dir: Path) -> None:
     windows = windows.filter(pl.col("is_async").fill_null(False)).drop("is_async").sort("ts_ns")
     devices = pl.read_parquet(parsed / "devices.parquet", columns=["trace_id", "rank", "peak_tflops"])
     peaks = {(str(t), int(r)): float(p) for t, r, p in devices.drop_nulls().iter_rows()}
+    operators = _operators(parsed / "host_ops.parquet")
     launches, graph_calls = _launch_times(parsed / "host_ops.parquet", parsed / "device_ops.parquet")
-    tables = DerivedTables(launches, graph_calls, windows, peaks)
+    tables = DerivedTables(launches, graph_calls, windows, peaks, operators, _hardware(parsed / "devices.parquet"))
     for trace_id, rank in _keys(parsed / "device_ops.parquet"):
         tables.add_rank(trace_id, rank, _windows(parsed / "device_ops.parquet", trace_id, rank, CHUNK_ROWS))
-    for name, frame in tables.tables().items():
+    computed = tables.tables()
+    for name in schema.DERIVED_TABLES:  # a table computed per run (critical_path) starts empty: docs/schema.md
+        frame = computed.get(name)
         tbl = schema.table(name)
         if frame is None:
             arrow = tbl.arrow_schema.empty_table()
@@ -55,12 +63,90 @@ def write_derived(parsed: Path, out_dir: Path) -> None:
         pq.write_table(arrow.cast(tbl.arrow_schema), out_dir / f"{name}.parquet", compression="zstd")
 
 
+def _hardware(devices: Path) -> dict[tuple[str, int], Peaks]:
+    """Per (trace, rank), the peaks of its accelerator (the lowest device index that the table of known devices
+    matches by name, SM count and memory: :func:`tracelake.analysis.peaks.lookup`)."""
+    frame = pl.read_parquet(devices, columns=["trace_id", "rank", "device", "kind", "name", "core_count",
+                                              "memory_bytes"])
+    found: dict[tuple[str, int], Peaks] = {}
+    for trace_id, rank, _, _, name, cores, memory in frame.filter(
+            pl.col("trace_id").is_not_null() & pl.col("rank").is_not_null() & (pl.col("kind") != "nic")).sort(
+            "trace_id", "rank", "device", nulls_last=True).iter_rows():
+        key = (str(trace_id), int(rank))
+        if key not in found and (peaks := lookup(name, cores, memory)) is not None:
+            found[key] = peaks
+    return found
+
+
+def _operators(host_ops: Path) -> dict[str, Operators]:
+    """Per trace, its operator calls and what each launch call is attributed to (:class:`Operators`).
+
+    Two passes a row group at a time, in Arrow and numpy: the first keeps 18 bytes per host event (the chain from
+    a launch call up to its operator runs through Python functions and annotations, so every event's parent is
+    needed) and 32 per launch call; the second the names and shapes of the calls that launched device ops only.
+    """
+    names = set(pq.read_schema(host_ops).names)
+    # shapes repeat (a few hundred distinct in 100,000s of calls): read as dictionaries, they stay small
+    file = pq.ParquetFile(host_ops, read_dictionary=[c for c in ("trace_id", "cat", "name", "input_dims",
+                                                                 "input_types") if c in names])
+    arrays: dict[str, list[list[np.ndarray]]] = {}
+    sizes: dict[str, int] = {}
+    known: dict[str, bool] = {}
+    for group in range(file.num_row_groups):
+        part = file.read_row_group(group, columns=["trace_id", "event_id", "parent_id", "cat", "name", "correlation",
+                                                   "ts_ns", "dur_ns"])
+        if part["trace_id"].null_count or part["event_id"].null_count:
+            part = part.filter(pc.and_(pc.is_valid(part["trace_id"]), pc.is_valid(part["event_id"])))
+        traces = pc.unique(part["trace_id"]).to_pylist()
+        for trace_id in traces:
+            mine = part if len(traces) == 1 else part.filter(pc.equal(part["trace_id"], trace_id))
+            is_op = pc.fill_null(pc.equal(mine["cat"], "cpu_op"), False).to_numpy(zero_copy_only=False)
+            name = pc.dictionary_encode(mine["name"]).combine_chunks()
+            words = name.dictionary.to_pylist()
+            flags = np.array([known.setdefault(w, counted(w)) if w else False for w in words] + [False], dtype=bool)
+            codes = pc.fill_null(name.indices, len(words)).to_numpy(zero_copy_only=False)
+            calls = np.flatnonzero(pc.and_(pc.is_valid(mine["correlation"]), pc.is_valid(mine["ts_ns"]))
+                                   .to_numpy(zero_copy_only=False))
+            offset = sizes.get(str(trace_id), 0)
+            sizes[str(trace_id)] = offset + mine.num_rows
+            columns = (_ints(mine["event_id"], -1), _ints(mine["parent_id"], -1), is_op, is_op & flags[codes],
+                       calls + offset, *(_ints(mine[c], 0)[calls] for c in ("correlation", "ts_ns", "dur_ns")))
+            pieces = arrays.setdefault(str(trace_id), [[] for _ in columns])
+            for piece, column in zip(pieces, columns, strict=True):
+                piece.append(column)
+        del part
+    found = {}
+    for trace_id in list(arrays):
+        pieces = arrays.pop(trace_id)
+        found[trace_id] = Operators.from_arrays(*(np.concatenate(piece) for piece in pieces))
+        del pieces
+    wanted = [c for c in ("trace_id", "event_id", "name", "rank", "dur_ns", "input_dims", "input_types") if c in names]
+    kept: dict[str, list[pa.Table]] = {}
+    for group in range(file.num_row_groups):
+        ids = file.read_row_group(group, columns=["trace_id", "event_id"])
+        for trace_id, operators in found.items():
+            keep = pc.fill_null(pc.and_(pc.equal(ids["trace_id"], trace_id),
+                                        pc.is_in(ids["event_id"], pa.array(operators.events))), False)
+            if pc.any(keep).as_py():
+                kept.setdefault(trace_id, []).append(file.read_row_group(group, columns=wanted).filter(keep))
+        del ids
+    for trace_id, parts in kept.items():
+        frame = pl.DataFrame(pa.concat_tables(parts))
+        found[trace_id].add_calls(frame.with_columns(*(pl.lit(None, dtype=pl.String).alias(c) for c in
+                                                       ("input_dims", "input_types") if c not in frame.columns)))
+    return found
+
+
+def _ints(column: pa.ChunkedArray, missing: int) -> np.ndarray:
+    return pc.fill_null(column, missing).to_numpy().astype(np.int64, copy=False)
+
+
 #: Rows of a rank's device ops analysed at once: memory follows this, not the trace.
 CHUNK_ROWS = 100_000
 
 #: The device_ops columns the windowed analyses read.
 _WINDOW_COLUMNS = ("trace_id", "rank", "stream", "step", "kind", "category", "name", "ts_ns", "dur_ns",
-                   "correlation", "flops", "graph_id")
+                   "correlation", "flops", "graph_id", "event_id")
 
 
 def _keys(device_ops: Path) -> list[tuple[str, int]]:

@@ -50,15 +50,16 @@ def _traces_in(folder: Path) -> list[Path]:
     return kept
 
 
-#: Text outputs (nccl-tests, NCCL logs) are taken from a directory only when their content is recognised.
-_TEXT_SUFFIXES = (".txt", ".log", ".out")
+#: Text outputs (nccl-tests, NCCL logs), pickles (Flight Recorder dumps, allocator snapshots) and the memory
+#: timeline's ``.raw.gz`` are taken from a directory only when their content is recognised.
+_RECOGNISED_SUFFIXES = (".txt", ".log", ".out", ".pickle", ".pickle.gz", ".pkl", ".pkl.gz", ".raw.gz")
 
 
 def _looks_like_trace(path: Path) -> bool:
     if path.name.startswith("."):
         return False
-    if path.name.endswith(_TEXT_SUFFIXES) or ("." not in path.name and "rank" in path.name.lower()):
-        # text outputs, and Flight Recorder dumps (``nccl_trace_rank_3``): only when recognised
+    if path.name.endswith(_RECOGNISED_SUFFIXES) or ("." not in path.name and "rank" in path.name.lower()):
+        # text outputs, pickles, and Flight Recorder dumps (``nccl_trace_rank_3``): only when recognised
         try:
             ingest.detect(path)
         except TracelakeError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .root import app
 
 # Importing a verb's module registers its commands: `tracelake --help` lists them in this order.
-from . import ingest, traces, sql, analyze, diff, demo, serve, report, admin  # noqa: F401,E402  # isort: skip
+from . import ingest, push, traces, sql, analyze, diff, demo, serve, report, export, admin, nccl_env  # noqa: F401,E402  # isort: skip
 
 __all__ = ["app", "main"]
 

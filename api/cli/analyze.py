@@ -16,7 +16,8 @@ from tracelake.warehouse import InvalidArgument
 from tracelake.warehouse.distributed import dask_client, warehouse_path
 
 from ..output import jsonable, to_table
-from . import render, render_paths
+from ..user_input import parse_speedups
+from . import render, render_memory, render_paths
 from .progress import count_bar
 from .root import (
     HomeOption,
@@ -41,6 +42,11 @@ def analyze(
     recompute: Annotated[bool, typer.Option("--recompute", help="Recompute the stored analyses of every "
                                             "trace (of --job, if given) first.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    what_if: Annotated[list[str] | None, typer.Option(
+        "--what-if", metavar="TARGET=FACTOR",
+        help="Also replay every step with these device ops FACTOR times as fast: a category (compute, "
+             "communication, memory) or op names with * and ? (any case), e.g. --what-if 'gemm*=2' "
+             "--what-if communication=1.5. Repeatable.", show_default=False)] = None,
     workers: WorkersOption = None,
     scheduler: SchedulerOption = None,
     home: HomeOption = None,
@@ -55,6 +61,7 @@ def analyze(
     With --recompute, --scheduler (or DASK_SCHEDULER_ADDRESS) or --workers recompute one
     trace per Dask task (docs/scale-out.md).
     """
+    speedups = parse_speedups(what_if)
     if not recompute and (scheduler or workers is not None):
         raise InvalidArgument("--scheduler and --workers apply to --recompute only")
     warehouse = open_warehouse(warehouse_path(home) if home is not None else None, existing=True)
@@ -66,7 +73,7 @@ def analyze(
         err_console.print(f"recomputed the analyses of {count} traces", highlight=False)
         if trace_id is None and job is None:
             return
-    result = warehouse.analyze(trace_id=trace_id, job=job)
+    result = warehouse.analyze(trace_id=trace_id, job=job, speedups=speedups)
     if as_json:
         sys.stdout.write(json.dumps(jsonable(result.as_dict()), indent=2) + "\n")
         return
@@ -85,6 +92,7 @@ def analyze(
     print_findings(result.findings)
     print_critical_path(result.critical_path, result.what_if)
     print_parallelism(result.parallelism, result.pipeline_bubbles)
+    print_memory(result)
     if result.bandwidth_by_size.height:
         console.print(to_table(render.frame_result(result.bandwidth_by_size.select(
             "collective", pl.col("bucket").alias("size from"), "instances",
@@ -171,6 +179,16 @@ def print_parallelism(groups: pl.DataFrame, bubbles: pl.DataFrame) -> None:
         console.print(to_table(render.frame_result(render_paths.bubbles_view(bubbles)),
                                title="pipeline bubbles per stage, mean over steps: idle % of the step against the "
                                "schedule's own (p - 1) / (m + p - 1)"))
+
+
+def print_memory(result: Any) -> None:
+    """Device memory per rank and device, and what holds it at the peak; nothing without memory data
+    (docs/analyses.md, "Memory")."""
+    if result.memory.height:
+        console.print(to_table(render.frame_result(render_memory.memory_view(result.memory)),
+                               title=render_memory.TITLE))
+    for line in render_memory.holders_lines(result.memory_live_at_peak, result.memory_by_category):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def _kernels_view(top: Any) -> Any:

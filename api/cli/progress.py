@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from rich.markup import escape
 from rich.progress import (
@@ -90,3 +91,20 @@ def count_bar(description: str, total: int, enabled: bool) -> Iterator[Callable[
     with progress:
         task = progress.add_task(description, total=total)
         yield lambda _: progress.advance(task)
+
+
+class UploadBar(BarProgress):
+    """The bar of ``tracelake push``: bytes and files sent (:class:`tracelake.api.client.UploadProgress`); failures are
+    printed when it is gone."""
+
+    def file_done(self, item: Any) -> None:  # a tracelake.api.client.Sent
+        self.done_files += 1
+        if self.task is not None:
+            self.progress.update(self.task, files=f"{self.done_files}/{self.total_files} files")
+
+
+@contextmanager
+def upload_bar(enabled: bool) -> Iterator[UploadBar | None]:
+    """A bar over the bytes and files of an upload (``Client.upload``'s ``progress``); None if not ``enabled``."""
+    with progress_bar(enabled) as bar:
+        yield UploadBar(bar.progress) if bar is not None else None

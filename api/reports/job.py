@@ -1,5 +1,5 @@
-"""The job report: one job's findings, breakdown, steps, critical path and what-if answers, idle time, stragglers,
-kernels and bandwidth as a page."""
+"""The job report: one job's findings, breakdown, steps, critical path and what-if answers, device memory, idle
+time, stragglers, kernels and bandwidth as a page."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import polars as pl
 from tracelake.warehouse import JobReport
 
 from .critical import critical_path_section, what_if_section
+from .memory import memory_section
 from .page import (
     COLOURS,
     Column,
@@ -64,6 +65,7 @@ def render(report: JobReport) -> str:
         _steps(report),
         critical_path_section(report),
         what_if_section(report),
+        memory_section(report),
         _idle(report),
         _stragglers(report),
         _kernels(report),

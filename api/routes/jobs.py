@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..deps import Read, State
 from ..models import JOB, ErrorAnswer, JobAnalysis, JobList, JobSummary
+from ..user_input import parse_speedups
 
 router = APIRouter(prefix="/api/v1/jobs", tags=["jobs"], dependencies=[Read])
 
@@ -28,11 +29,15 @@ async def get_job(
     state: State,
     job: Annotated[str, PathParam(pattern=JOB)],
     top: Annotated[int, Query(ge=1, le=100, description="How many kernels to rank.")] = 8,
+    what_if: Annotated[list[str] | None, Query(
+        max_length=220, description="Also replay every step with these device ops FACTOR times as fast: "
+        "`TARGET=FACTOR`, a category (compute, communication, memory) or op names with * and ?, e.g. "
+        "`what_if=gemm*=2`; repeatable, at most 8.")] = None,
 ) -> Response:
     """Breakdown per rank, findings (largest gain first), stragglers, top kernels, and the rest.
 
     Answers come from the analyses stored at ingest, and are kept ready while the
     job's traces stay the same (and prepared as soon as an upload's ingest is done).
     """
-    body = await run_in_threadpool(state.analyses.get, job, top)
+    body = await run_in_threadpool(state.analyses.get, job, top, parse_speedups(what_if))
     return Response(body, media_type="application/json")

@@ -15,6 +15,7 @@ from .breakdown import breakdown_sql
 from .idle import idle_sql
 from .kernels import KERNEL_STATS_SQL
 from .launches import graph_launches_sql, launch_stats_sql, queue_lengths_sql
+from .op_stats import attribution_sql, op_stats_sql, peaks_sql, register
 
 
 def write_derived_sql(parsed: Path, out_dir: Path) -> None:
@@ -26,7 +27,14 @@ def write_derived_sql(parsed: Path, out_dir: Path) -> None:
             path = sql_literal(str(parsed / f"{name}.parquet"))
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({path})")
         async_windows = "(SELECT trace_id, rank, step, ts_ns, dur_ns FROM collectives WHERE is_async)"
-        _copy(con, schema.BREAKDOWN, f"({breakdown_sql('device_ops', async_windows, 'devices')})", out_dir)
+        register(con)
+        con.execute(f"CREATE TABLE attributed AS {attribution_sql('device_ops', 'host_ops')}")
+        credited = ("(SELECT * REPLACE (coalesce(flops, credit_flops) AS flops), "
+                    "coalesce(flops, credit_model_flops) AS model_flops FROM attributed)")
+        peaks = f"({peaks_sql('attributed')})"
+        _copy(con, schema.BREAKDOWN, f"({breakdown_sql(credited, async_windows, peaks, model_flops='model_flops')})",
+              out_dir)
+        _copy(con, schema.OP_STATS, f"({op_stats_sql('attributed', 'host_ops')})", out_dir)
         _copy(con, schema.KERNEL_STATS, f"({KERNEL_STATS_SQL})", out_dir)
         _copy(con, schema.STREAM_IDLE, f"({idle_sql('device_ops', 'host_ops')})", out_dir)
         _copy(con, schema.LAUNCH_STATS, f"({launch_stats_sql('device_ops', 'host_ops')})", out_dir)

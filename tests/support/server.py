@@ -21,6 +21,21 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def wait_healthy(url: str, log_path: Path, process: subprocess.Popen[bytes] | None = None) -> None:
+    """Wait until the server at ``url`` answers ``/healthz``; fail the test with its log after a minute (or once
+    ``process`` has exited)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if (process is not None and process.poll() is not None) or time.monotonic() > deadline:
+            pytest.fail(f"the server did not start: {log_path.read_text()}")
+        time.sleep(0.2)
+
+
 @contextmanager
 def running_server(args: list[str], env: dict[str, str], log_path: Path) -> Iterator[str]:
     """Run ``tracelake serve ARGS`` until ``/healthz`` answers; yield its URL, stop it afterwards.
@@ -33,16 +48,7 @@ def running_server(args: list[str], env: dict[str, str], log_path: Path) -> Iter
                                    env=env, stdout=log, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"the server did not start: {log_path.read_text()}")
-                time.sleep(0.2)
+            wait_healthy(url, log_path, process)
             yield url
         finally:
             process.terminate()

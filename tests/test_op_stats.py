@@ -1,0 +1,267 @@
+"""Operator attribution, ``op_stats`` and MFU (analysis/op_stats.py) against counts made here from the raw traces.
+
+Truth (docs/analyses.md, "Operators"): on the project's H200 traces and every real Kineto trace of
+../shared/real_traces, the device time of ``op_stats`` (the ``(no operator)`` row included) equals the
+trace's kernel, memcpy and memset time summed here from the JSON; every mm/addmm/bmm row's FLOPs equal
+2*m*n*k (times the batch) from its ``Input Dims``, times its calls; the GPT step's MFU equals
+(6*N*D + attention) / (step time x 989.5 TFLOP/s) within 10%, N and D from the model in
+sample_traces/capture_gpu.py; ``mfu_pct`` stays within [0, 100] and no matmul exceeds its roofline.
+The SQL twin of the table (tests/oracles/op_stats.py) is compared in tests/test_derived_tables.py.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from support import ROOT, real_kineto_files
+
+from tracelake import ingest
+from tracelake.analysis.op_stats import NO_OPERATOR, OpParts, Operators, peak_for
+from tracelake.analysis.peaks import lookup
+from tracelake.warehouse.derived import write_derived
+
+H200 = ROOT / "sample_traces" / "gpu_h200"
+H200_TRACES = {p.parent.name: p for p in sorted(H200.glob("*/*.pt.trace.json.gz"))}
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
+H200_BF16 = 989.5e12  # H200 SXM dense bf16 (NVIDIA datasheet), FLOP/s
+
+
+@lru_cache(maxsize=None)
+def _events(path: Path) -> tuple[dict, ...]:
+    with (gzip.open(path, "rt") if path.name.endswith(".gz") else path.open()) as f:
+        data = json.load(f)
+    return tuple(data["traceEvents"] if isinstance(data, dict) else data)
+
+
+@lru_cache(maxsize=None)
+def _derived(path: Path) -> dict[str, pl.DataFrame]:
+    """The trace parsed and its derived tables computed, as ingest does."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder)
+        ingest.parse_into(path, out, ingest.ParseOptions(source_name=path.name, trace_id="t" * 20))
+        write_derived(out, out)
+        return {name: pl.read_parquet(out / f"{name}.parquet") for name in ("op_stats", "breakdown", "device_ops")}
+
+
+def _device_ns_from_json(path: Path) -> tuple[int, int]:
+    """Summed duration (ns) of the kernels, memcpys and memsets in the raw JSON, and how many there are."""
+    durations = [e.get("dur", 0) for e in _events(path)
+                 if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    return round(sum(durations) * 1000), len(durations)
+
+
+def _textbook(name: str, dims: list) -> int:
+    if name == "aten::mm":
+        (m, k), (_, n) = dims[0][-2:], dims[1][-2:]
+        return 2 * m * k * n
+    if name == "aten::addmm":
+        (m, k), (_, n) = dims[1], dims[2]
+        return 2 * m * k * n
+    (b, m, k), (_, _, n) = dims[0], dims[1]
+    return 2 * b * m * k * n
+
+
+def _traces() -> list[Path]:
+    return [*H200_TRACES.values(), *real_kineto_files()]
+
+
+def _ids(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+@pytest.mark.parametrize("path", _traces(), ids=_ids)
+def test_device_time_adds_up_to_the_raw_trace(path: Path) -> None:
+    """Every kernel, memcpy and memset lands in exactly one row: op_stats sums to the trace's device time."""
+    stats = _derived(path)["op_stats"]
+    expected_ns, count = _device_ns_from_json(path)
+    if not count:
+        pytest.skip("no device ops")
+    assert abs(int(stats["device_ns"].sum()) - expected_ns) <= count  # us -> ns: at most 1 ns per op
+    assert int(stats["kernels"].sum()) == count
+    assert stats.filter(pl.col("op") == NO_OPERATOR).height <= 1
+    named = stats.filter(pl.col("op") != NO_OPERATOR)
+    assert (named["count"] > 0).all() and (named["kernels"] >= 1).all()
+    assert stats.filter(pl.col("flops") == 0, pl.col("kind").is_null()).height == 0  # unknown is never 0
+
+
+@pytest.mark.parametrize("path", _traces(), ids=_ids)
+def test_matmul_flops_equal_two_m_n_k(path: Path) -> None:
+    """Each mm/addmm/bmm row: calls x 2*m*n*k from its recorded Input Dims; calls as many as the trace's launching
+    matmul events with those dims."""
+    stats = _derived(path)["op_stats"].filter(pl.col("op").is_in(MATMULS))
+    launched = Counter()
+    correlations = {e["args"]["correlation"] for e in _events(path)
+                    if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "correlation" in e.get("args", {})}
+    for row in stats.iter_rows(named=True):
+        if row["input_shapes"] is None:  # profiled without record_shapes: no estimate, never 0
+            assert row["flops"] is None
+        else:
+            assert row["flops"] == row["count"] * _textbook(row["op"], json.loads(row["input_shapes"])), row
+        launched[(row["op"], (row["input_shapes"] or "null").replace(" ", ""))] += row["count"]
+    # independently: the matmul cpu_ops whose time span holds a launch call of a kernel in the trace
+    calls = [e for e in _events(path) if e.get("cat") in ("cuda_runtime", "cuda_driver", "hip_runtime")
+             and e.get("args", {}).get("correlation") in correlations]
+    ops = [e for e in _events(path) if e.get("cat") == "cpu_op" and e.get("name") in MATMULS and "dur" in e]
+    by_thread: dict[object, list[tuple[float, float]]] = {}
+    for c in calls:
+        by_thread.setdefault(c.get("tid"), []).append((c["ts"], c["ts"] + c.get("dur", 0)))
+    found = Counter()
+    for op in ops:
+        starts = by_thread.get(op.get("tid"), [])
+        if any(op["ts"] <= s and e <= op["ts"] + op["dur"] for s, e in starts):
+            found[(op["name"], json.dumps(op["args"].get("Input Dims")).replace(" ", ""))] += 1
+    assert launched == found
+
+
+@pytest.mark.parametrize("path", _traces(), ids=_ids)
+def test_mfu_is_bounded_and_matmuls_stay_under_their_roof(path: Path) -> None:
+    tables = _derived(path)
+    for column in ("mfu_pct", "flops_utilisation_pct"):
+        values = tables["breakdown"][column].drop_nulls()
+        assert ((values >= 0) & (values <= 100)).all(), (column, values.max())
+    heavy = tables["op_stats"].filter(pl.col("kind").is_in(["matmul", "conv", "attention"]))
+    assert not heavy["above_roofline"].fill_null(False).any(), heavy.filter(pl.col("above_roofline"))
+
+
+def test_h200_big_gemms_run_below_the_bf16_peak() -> None:
+    """The big GEMMs of the GPT reach 60-95% of the dense bf16 peak: not more (the estimate or peak would be wrong),
+    not absurdly less (the attribution would be)."""
+    stats = _derived(H200_TRACES["train"])["op_stats"]
+    big = stats.filter(pl.col("kind") == "matmul", pl.col("flops") / pl.col("count") >= 5e10)
+    assert big.height >= 8
+    achieved = big["achieved_tflops"] * 1e12
+    assert (achieved <= H200_BF16).all() and (achieved >= 0.6 * H200_BF16).all()
+    assert set(big["dtype"]) == {"bf16"} and set(big["bound"]) == {"compute"}
+
+
+def _gpt_model_flops_per_step() -> tuple[float, float]:
+    """6*N*D and the attention term (forward + backward = 3x forward, causal halves it) of sample_traces' GPT:
+    6 layers, d=1024, vocabulary 8192, batch 8 x 1024 tokens (sample_traces/capture_gpu.py)."""
+    layers, d, vocab, batch, seq = 6, 1024, 8192, 8, 1024
+    n = layers * (3 * d * d + d * d + 4 * d * d + 4 * d * d) + d * vocab  # qkv, proj, fc1, fc2 and the head
+    tokens = batch * seq
+    attention = layers * 3 * (4 * batch * seq * seq * d) / 2
+    return 6 * n * tokens, attention
+
+
+def test_gpt_step_mfu_equals_six_n_d() -> None:
+    path = H200_TRACES["train"]
+    rows = _derived(path)["breakdown"].filter(pl.col("step").is_not_null())
+    six_nd, attention = _gpt_model_flops_per_step()
+    for row in rows.iter_rows(named=True):
+        expected = 100 * (six_nd + attention) / (row["span_ns"] / 1e9 * H200_BF16)
+        assert row["mfu_pct"] == pytest.approx(expected, rel=0.10)
+        # the part over 6*N*D + attention is exactly what is known to be over: the causal mask is in `Concrete
+        # Inputs`, which host_ops does not keep, so attention counts unmasked (2x), its backward 2.5x the forward
+        model = row["mfu_pct"] / 100 * row["span_ns"] / 1e9 * H200_BF16
+        unmasked = attention * 2 * 3.5 / 3
+        assert model == pytest.approx(six_nd + unmasked, rel=0.005)
+
+
+def test_graph_replays_go_to_no_operator() -> None:
+    """The CUDA-graph MLP: its kernels share their cudaGraphLaunch's correlation, and no cpu_op encloses the launch
+    (only the ProfilerStep annotation): all of them are one (no operator) row."""
+    path = H200_TRACES["graphs"]
+    launches = {e["args"]["correlation"] for e in _events(path)
+                if e.get("name", "").startswith("cudaGraphLaunch") and "correlation" in e.get("args", {})}
+    graph_ns = sum(e["dur"] for e in _events(path) if e.get("cat") == "kernel"
+                   and e.get("args", {}).get("correlation") in launches)
+    graph_kernels = sum(1 for e in _events(path) if e.get("cat") == "kernel"
+                        and e.get("args", {}).get("correlation") in launches)
+    assert graph_kernels > 2 * len(launches) > 0
+    row = _derived(path)["op_stats"].filter(pl.col("op") == NO_OPERATOR).row(0, named=True)
+    assert row["kernels"] >= graph_kernels and row["device_ns"] >= round(graph_ns * 1000) - graph_kernels
+    named = _derived(path)["op_stats"].filter(pl.col("op") != NO_OPERATOR)
+    assert named["kernels"].sum() + row["kernels"] == _device_ns_from_json(path)[1]  # none counted twice
+
+
+# -- the rule on small hand-made traces ------------------------------------------------------------------------
+
+def _host(rows: list[tuple]) -> pl.DataFrame:
+    """(event_id, parent_id, cat, name, correlation, input_dims) -> a host_ops frame on one thread."""
+    return pl.DataFrame([{"event_id": r[0], "rank": 0, "cat": r[2], "name": r[3], "ts_ns": 10 * r[0],
+                          "dur_ns": 100 - r[0], "parent_id": r[1], "correlation": r[4], "input_dims": r[5],
+                          "input_types": '["float","float"]' if r[5] else None} for r in rows],
+                        schema={"event_id": pl.Int64, "rank": pl.Int32, "cat": pl.String, "name": pl.String,
+                                "ts_ns": pl.Int64, "dur_ns": pl.Int64, "parent_id": pl.Int64, "correlation": pl.Int64,
+                                "input_dims": pl.String, "input_types": pl.String})
+
+
+def _device(correlations: list[int | None], start: int = 0) -> pl.DataFrame:
+    n = len(correlations)
+    return pl.DataFrame({"category": ["compute"] * n, "ts_ns": list(range(start, start + n)), "dur_ns": [5] * n,
+                         "correlation": correlations, "event_id": list(range(start, start + n))},
+                        schema={"category": pl.String, "ts_ns": pl.Int64, "dur_ns": pl.Int64,
+                                "correlation": pl.Int64, "event_id": pl.Int64})
+
+
+def _rule_host() -> pl.DataFrame:
+    mm = "[[4,8],[8,2]]"
+    return _host([
+        (1, None, "cpu_op", "aten::linear", None, None),      # composite: not counted
+        (2, 1, "cpu_op", "aten::mm", None, mm),                # counted
+        (3, 2, "python_function", "torch/x.py", None, None),   # a Python frame between op and call
+        (4, 3, "cpu_op", "aten::unknown_helper", None, None),  # innermost, but no cost rule
+        (5, 4, "cuda_runtime", "cudaLaunchKernel", 100, None),
+        (6, 1, "cuda_runtime", "cudaLaunchKernel", 101, None),  # launched by the composite itself
+        (7, None, "user_annotation", "ProfilerStep#1", None, None),
+        (8, 7, "cuda_runtime", "cudaGraphLaunch", 102, None),   # no cpu_op around it
+    ])
+
+
+def test_the_innermost_op_with_a_cost_rule_wins() -> None:
+    ops = Operators(_rule_host())
+    targets = ops.targets(pl.Series([100, 101, 102, 999, None], dtype=pl.Int64))
+    names = [ops.ops["op"][int(t)] if t >= 0 else None for t in targets]
+    assert names == ["aten::mm", "aten::linear", None, None, None]
+
+
+def test_each_call_is_credited_once_across_windows() -> None:
+    """A graph-like launch of 3 kernels cut across two windows: the call's FLOPs land on its first kernel only."""
+    ops = Operators(_rule_host())
+    parts = OpParts(ops)
+    first, _ = parts.credit(_device([100, 100], start=0))
+    second, model = parts.credit(_device([100, 102, None], start=2))
+    assert first.to_list() == [2 * 4 * 8 * 2, None]
+    assert second.to_list() == [None, None, None] and model.null_count() == 3
+    rows = parts.rows("t", 0, lookup("NVIDIA H200", 132))
+    by_op = {r["op"]: r for r in rows.iter_rows(named=True)}
+    assert by_op["aten::mm"]["kernels"] == 3 and by_op["aten::mm"]["device_ns"] == 15
+    assert by_op["aten::mm"]["flops"] == 128 and by_op["aten::mm"]["count"] == 1
+    assert by_op[NO_OPERATOR]["kernels"] == 2 and by_op[NO_OPERATOR]["count"] is None
+    assert parts.dominant_dtype() == "fp32"
+
+
+def test_a_parent_cycle_does_not_hang() -> None:
+    host = _host([(1, 2, "python_function", "a", None, None), (2, 1, "python_function", "b", None, None),
+                  (3, 1, "cuda_runtime", "cudaLaunchKernel", 7, None)])
+    assert Operators(host).targets(pl.Series([7], dtype=pl.Int64)).tolist() == [-1]
+
+
+def test_roofline_columns() -> None:
+    """A memory-bound op over the HBM bandwidth is flagged, not clamped; fp32 matmuls are held to the TF32 peak."""
+    h100 = lookup("NVIDIA H100 80GB HBM3", 132)
+    assert peak_for(h100, "fp32", "matmul") == h100.flops_for("tf32")
+    assert peak_for(h100, "fp32", "elementwise") == h100.flops_for("fp32")
+    parts = OpParts(None)
+    parts.credit(_device([None] * 2))
+    assert parts.rows("t", 0, h100)["bound"].to_list() == [None]
+    from tracelake.analysis.op_stats import roofline
+
+    frame = pl.DataFrame({"flops": [1e9, 1e12], "bytes": [4e9, 1e9], "device_ns": [1_000_000, 2_000_000],
+                          "dtype": ["bf16", "bf16"], "kind": ["elementwise", "matmul"]})
+    out = roofline(frame, h100)
+    assert out["bound"].to_list() == ["memory", "compute"]
+    assert out["pct_of_roofline"][0] == pytest.approx(100 * 4e12 / h100.hbm)  # 4 TB/s over 3.35: above
+    assert out["above_roofline"].to_list() == [True, False]
+    assert out["achieved_tflops"][1] == pytest.approx(500.0)
+    assert np.isclose(out["arithmetic_intensity"][1], 1000.0)
