@@ -66,8 +66,8 @@ def _speedup(p: Prepared, speedup: Speedup, w0: np.ndarray, s0: np.ndarray) -> t
         named = np.array([fnmatch.fnmatchcase(name.lower(), pattern) for name in g.labels] or [False])
         edges = on_device & named[g.label]
         nodes = np.isin(p.slack_kind, codes) & (p.slack_label >= 0) & named[np.maximum(p.slack_label, 0)]
-    return (np.where(edges, (w0 / speedup.factor).astype(np.int64), w0),
-            np.where(nodes, (s0 / speedup.factor).astype(np.int64), s0), None)
+    return (np.where(edges, (w0 / speedup.factor).astype(np.int64, copy=False), w0),
+            np.where(nodes, (s0 / speedup.factor).astype(np.int64, copy=False), s0), None)
 
 
 def _nccl_tests(p: Prepared, curves: Mapping[str, Curve], s0: np.ndarray) -> np.ndarray | None:
@@ -91,7 +91,7 @@ def _scenarios(p: Prepared, speedups: Sequence[Speedup] = (),
                curves: Mapping[str, Curve] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray, int | None]]:
     """Each scenario's edge weights (graph order), node slacks, and the rank it changes alone (or None)."""
     g = p.graph
-    w0, s0 = g.w.astype(np.int64), p.slack.astype(np.int64)
+    w0, s0 = g.w.astype(np.int64, copy=False), p.slack.astype(np.int64, copy=False)
     comm_e, comm_n = g.kind == CODE[PathKind.COMMUNICATION], p.slack_kind == CODE[PathKind.COMMUNICATION]
     # the transfer of a collective is the slack of its end; an unmatched communication op's weight is its duration
     comm_e = comm_e & g.on_device[g.dst]
@@ -107,7 +107,7 @@ def _scenarios(p: Prepared, speedups: Sequence[Speedup] = (),
     for node, (op, n, _) in g.collective_of.items():
         if p.slack_kind[node] == CODE[PathKind.COMMUNICATION] and n > 1:
             scaled_slack[node] *= ring_growth(op, n)
-    out[Scenario.RANKS_X2] = (w0, scaled_slack.astype(np.int64), None)
+    out[Scenario.RANKS_X2] = (w0, scaled_slack.astype(np.int64, copy=False), None)
     # the slowest rank's own work at the median rank's pace, kind by kind (host and device apart)
     edge_rank = g.rank[g.dst]
     ranks = np.arange(len(g.ranks))
@@ -125,7 +125,7 @@ def _scenarios(p: Prepared, speedups: Sequence[Speedup] = (),
             if per_rank[slowest] > 0:
                 factor = min(1.0, float(np.median(per_rank[working])) / per_rank[slowest])
                 scaled = m & (edge_rank == slowest)
-                w[scaled] = (w0[scaled] * factor).astype(np.int64)
+                w[scaled] = (w0[scaled] * factor).astype(np.int64, copy=False)
         out[Scenario.SLOWEST_RANK_AT_MEDIAN] = (w, s0, g.ranks[slowest][1])
     measured_bandwidth = _nccl_tests(p, curves, s0) if curves else None
     if measured_bandwidth is not None:
@@ -167,7 +167,7 @@ def analyse(ranks: list[RankInput], speedups: Sequence[Speedup] = (),
     what_rows: list[tuple[object, ...]] = []
     measured: dict[int, int] = {}
     for scenario, (w, slack, changed) in _scenarios(p, speedups, curves).items():
-        ws, sl = w[p.edge].astype(np.int64), slack.astype(np.int64)
+        ws, sl = w[p.edge].astype(np.int64, copy=False), slack.astype(np.int64, copy=False)
         for step in p.orders:
             t, choice = p.replay(step, ws, sl)
             start, end, stretches = p.walk(step, t, choice, ws)

@@ -125,9 +125,9 @@ class _Builder:
     def nodes(self, t: np.ndarray, rank: int, step: np.ndarray, on_device: bool) -> np.ndarray:
         ids = np.arange(self.count, self.count + len(t), dtype=np.int64)
         self.count += len(t)
-        self.t.append(t.astype(np.int64))
+        self.t.append(t.astype(np.int64, copy=False))
         self.rank.append(np.full(len(t), rank, np.int32))
-        self.step.append(step.astype(np.int64))
+        self.step.append(step.astype(np.int64, copy=False))
         self.on_device.append(np.full(len(t), on_device))
         return ids
 
@@ -142,7 +142,8 @@ class _Builder:
                 return np.full(n, CODE[value], dtype)
             return np.broadcast_to(np.asarray(value, dtype), (n,)).copy()
 
-        self.edges.append((src.astype(np.int64), dst.astype(np.int64), full(w, np.int64), full(kind, np.int8),
+        self.edges.append((src.astype(np.int64, copy=False), dst.astype(np.int64, copy=False), full(w, np.int64),
+                           full(kind, np.int8),
                            full(then, np.int8), full(label, np.int32)))
 
     def graph(self, ranks: list[tuple[str, int]]) -> Graph:
@@ -160,7 +161,7 @@ class _Builder:
 
 
 def _int(frame: pl.DataFrame, column: str, fill: int = 0) -> np.ndarray:
-    return frame[column].fill_null(fill).to_numpy().astype(np.int64)
+    return frame[column].fill_null(fill).to_numpy().astype(np.int64, copy=False)
 
 
 def _row_of(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
@@ -168,7 +169,7 @@ def _row_of(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     if not len(ids):
         return np.full(len(wanted), -1, np.int64)
     at = np.minimum(np.searchsorted(ids, wanted), len(ids) - 1)
-    return np.where(ids[at] == wanted, at, -1).astype(np.int64)
+    return np.where(ids[at] == wanted, at, -1).astype(np.int64, copy=False)
 
 
 def _at(nodes: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -102,12 +102,12 @@ def prepare(graph: Graph) -> Prepared:
     ptr = np.zeros(n + 1, np.int64)
     np.add.at(ptr, dst + 1, 1)
     ptr = np.cumsum(ptr)
-    w0 = graph.w[by_dst].astype(np.int64)
+    w0 = graph.w[by_dst].astype(np.int64, copy=False)
     reach = graph.t[src] + w0
     best = np.full(n, np.iinfo(np.int64).min, np.int64)
     np.maximum.at(best, dst, reach)
     has_pred = ptr[1:] > ptr[:-1]
-    slack = np.where(has_pred, graph.t - best, 0).astype(np.int64)
+    slack = np.where(has_pred, graph.t - best, 0).astype(np.int64, copy=False)
     # the kind of each node's slack: that of its latest predecessor's edge (the first of equals)
     first = np.full(n, -1, np.int64)
     positions = np.flatnonzero(reach == best[dst])[::-1]
@@ -128,12 +128,13 @@ def prepare(graph: Graph) -> Prepared:
     on_rank = graph.rank >= 0
     steps = np.unique(graph.step[on_rank & (graph.step >= 0)])
     if len(steps):
-        step_of = graph.step.astype(np.int64)
+        step_of = graph.step.astype(np.int64, copy=False)
         members = {int(s): np.flatnonzero(step_of == s) for s in steps}  # with the meetings of its collectives
     else:  # no steps: the whole selection is one
         step_of = np.full(n, -1, np.int64)
         members = {-1: np.arange(n)}
-    orders = {s: nodes[np.argsort(position[nodes], kind="stable")].astype(np.int64) for s, nodes in members.items()}
+    orders = {s: nodes[np.argsort(position[nodes], kind="stable")].astype(np.int64, copy=False)
+              for s, nodes in members.items()}
     on_ranks = {s: nodes[on_rank[nodes]] for s, nodes in members.items()}
     i64 = np.int64
     return Prepared(graph, ptr.astype(i64), src.astype(i64), by_dst.astype(i64), w0, slack, slack_kind.astype(i64),

@@ -25,6 +25,7 @@ from tracelake.analysis.flops import counted
 from tracelake.analysis.op_stats import Operators
 from tracelake.analysis.peaks import Peaks, lookup
 from tracelake.contracts import schema
+from tracelake.ingest.kineto_scan import release_free_memory
 
 #: The parsed tables the derived ones are computed from.
 INPUTS = ("device_ops", "host_ops", "collectives", "devices")
@@ -47,6 +48,7 @@ def write_derived(parsed: Path, out_dir: Path) -> None:
     devices = pl.read_parquet(parsed / "devices.parquet", columns=["trace_id", "rank", "peak_tflops"])
     peaks = {(str(t), int(r)): float(p) for t, r, p in devices.drop_nulls().iter_rows()}
     operators = _operators(parsed / "host_ops.parquet")
+    release_free_memory()  # the operators' passes freed their row groups: hand them back before the windows
     launches, graph_calls = _launch_times(parsed / "host_ops.parquet", parsed / "device_ops.parquet")
     tables = DerivedTables(launches, graph_calls, windows, peaks, operators, _hardware(parsed / "devices.parquet"))
     for trace_id, rank in _keys(parsed / "device_ops.parquet"):
