@@ -142,6 +142,13 @@ def test_the_critical_path_is_stored_for_sql_once_the_job_is_analysed(tmp_path: 
     for step, total in stored.group_by("step").agg(pl.col("dur_ns").sum()).rows():
         assert total == lengths[step]
     assert wh.check().ok
+    # analysed again with nothing new, nothing is written; recomputing the traces' analyses keeps what is stored
+    files = sorted((wh.home / "tables" / "critical_path").glob("job=ddp/*.parquet"))
+    stamps = [f.stat().st_mtime_ns for f in files]
+    wh.analyze(job="ddp")
+    assert [f.stat().st_mtime_ns for f in files] == stamps
+    wh.recompute(job="ddp")
+    assert wh.query("SELECT count(*) FROM critical_path").rows[0][0] == stored.height
 
 
 def test_asked_for_speedups_agree_with_the_standard_scenarios_they_repeat(tmp_path: Path) -> None:

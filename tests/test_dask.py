@@ -29,6 +29,7 @@ from tracelake.contracts import schema
 from tracelake.warehouse import InvalidArgument, Warehouse
 from tracelake.warehouse import distributed as dist
 from tracelake.warehouse.distributed import ClusterTarget, resolve_target, warehouse_path
+from tracelake.warehouse.job_tables import PER_RUN
 
 pytestmark = pytest.mark.slow  # a Dask LocalCluster of worker processes
 
@@ -102,7 +103,8 @@ def assert_same_warehouse(a: Path, b: Path) -> None:
     assert _files(a) == _files(b)
     tables_a, tables_b = _tables(a), _tables(b)
     for name in schema.TABLES:
-        assert_frame_equal(tables_a[name], tables_b[name], check_exact=True)
+        if name not in PER_RUN:  # written when a job is analysed, not at ingest: compared as analyses below
+            assert_frame_equal(tables_a[name], tables_b[name], check_exact=True)
     for home in (a, b):
         assert not any((home / "staging").iterdir()), list((home / "staging").iterdir())
     wa, wb = Warehouse(a), Warehouse(b)

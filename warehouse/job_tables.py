@@ -22,6 +22,10 @@ from .store import Store, temp_name
 
 log = logging.getLogger(__name__)
 
+#: Tables computed across a run when its job is analysed: ingest writes them empty, and recomputing a trace's
+#: derived tables keeps what an analysis stored (``staging.publish_derived``).
+PER_RUN = ("critical_path",)
+
 
 def store_critical_path(store: Store, pairs: Sequence[tuple[str, str]], path: pl.DataFrame, run: str | None,
                         ranks: int) -> None:
@@ -35,10 +39,12 @@ def store_critical_path(store: Store, pairs: Sequence[tuple[str, str]], path: pl
     try:
         for job, trace_id in pairs:  # written beside their targets first; the lock is held for the renames only
             target = store.path(tbl.name, job, trace_id)
+            mine = rows.filter(pl.col("trace_id") == trace_id).select(tbl.column_names)
+            if _unchanged(target, mine):
+                continue
             target.parent.mkdir(parents=True, exist_ok=True)
             scratch = temp_name(target)
             written.append((job, trace_id, scratch))
-            mine = rows.filter(pl.col("trace_id") == trace_id).select(tbl.column_names)
             pq.write_table(mine.to_arrow().cast(tbl.arrow_schema), scratch, compression="zstd")
         with store.write_lock() as held:
             for job, trace_id, scratch in written if held else []:
@@ -52,3 +58,12 @@ def store_critical_path(store: Store, pairs: Sequence[tuple[str, str]], path: pl
                 scratch.unlink(missing_ok=True)
             except OSError:
                 pass
+
+
+def _unchanged(target: Path, rows: pl.DataFrame) -> bool:
+    """Whether ``target`` already holds ``rows`` (a job analysed again with nothing new: nothing is written)."""
+    try:
+        held = pl.read_parquet(target)
+    except (OSError, pl.exceptions.PolarsError):
+        return False
+    return held.height == rows.height and held.equals(rows.cast(held.schema, strict=False))

@@ -31,6 +31,7 @@ from tracelake.contracts.status import IngestStatus
 from tracelake.ingest.model import ByteCallback, TraceInfo
 
 from .derived import INPUTS, write_derived
+from .job_tables import PER_RUN
 from .results import IngestResult
 from .settings import Settings
 from .store import Store, check_job
@@ -261,6 +262,8 @@ def publish_derived(store: Store, staging: Path, job: str, trace_id: str) -> Non
                 return
             for name in schema.DERIVED_TABLES:
                 target = store.path(name, job, trace_id)
+                if name in PER_RUN and target.exists():  # what the last analysis of the job stored stays
+                    continue
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(staging / f"{name}.parquet", target)
     except OSError as exc:
