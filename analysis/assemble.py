@@ -12,7 +12,9 @@ from typing import Any
 
 import polars as pl
 
-from . import collectives, critical_path, findings, memory, memory_findings, nccl, nccl_findings, nccl_join, steps
+from . import (
+    collectives, critical_path, findings, memory, memory_findings, nccl, nccl_findings, nccl_join, operators, steps,
+)
 
 
 @dataclass
@@ -69,6 +71,9 @@ class Analysis:
     #: For plots, not in :meth:`as_dict`: the memory timeline's live bytes per category over time, at most
     #: :data:`SERIES_POINTS` instants per timeline (:func:`category_series`).
     memory_category_series: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: The operators with most device time over every rank, then one ``(other operators)`` row: ``op_stats`` summed
+    #: (:func:`tracelake.analysis.operators.top_operators`; docs/analyses.md, "Operators"); empty without rows.
+    top_operators: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     def as_dict(self) -> dict[str, Any]:
         """Everything but the plotted series (``memory_series``, ``memory_category_series``) as lists of dicts."""
@@ -83,6 +88,7 @@ class Analysis:
                 "graphs": self.graphs.to_dicts(), "critical_path": self.critical_path.to_dicts(),
                 "critical_path_stretches": self.critical_path_stretches.to_dicts(), "what_if": self.what_if.to_dicts(),
                 "parallelism": self.parallelism.to_dicts(), "pipeline_bubbles": self.pipeline_bubbles.to_dicts(),
+                "top_operators": self.top_operators.to_dicts(),
                 **{name: getattr(self, name).to_dicts() for name in MEMORY_FRAMES}}
 
 
@@ -93,7 +99,7 @@ MEMORY_FRAMES = ("memory", "memory_live_at_peak", "memory_by_category", "memory_
 #: Tables :func:`compute` takes rows of (stored at ingest or parsed; small per trace).
 STORED = ("traces", "stream_idle", "launch_stats", "stream_queues", "steps", "collectives", "nccl_benchmarks",
           "flight_recorder_status", "communicators", "comm_channels", "graph_launches", "devices", "memory_events",
-          "memory_timeline")
+          "memory_timeline", "op_stats")
 #: The host calls :func:`compute` counts as allocator churn (``host_ops`` rows of these names; docs/analyses.md,
 #: "Memory"): read only where the selection has ``memory_events``.
 ALLOCATOR_CALLS = tuple(sorted(memory.SYNC_MALLOC_CALLS | memory.SYNC_FREE_CALLS | memory.ASYNC_CALLS))
@@ -108,7 +114,7 @@ def _ranks(frame: pl.DataFrame) -> int:
 def compute(
     whole: pl.DataFrame, stored: dict[str, pl.DataFrame], top_kernels: pl.DataFrame,
     link_peaks: dict[str, float] | None = None, paths: critical_path.CriticalPaths | None = None,
-    allocator_calls: pl.DataFrame | None = None,
+    allocator_calls: pl.DataFrame | None = None, top: int = 8,
 ) -> Analysis:
     """Assemble every analysis of a selection of traces, and rank the findings.
 
@@ -119,6 +125,7 @@ def compute(
     selection's critical paths and what-if answers (:func:`tracelake.analysis.critical_path.analyse`),
     whose replay then bounds the exposed-communication finding. ``allocator_calls`` are the selection's
     ``host_ops`` rows named in :data:`ALLOCATOR_CALLS` (``trace_id``, ``rank``, ``name``, ``step``, ``dur_ns``).
+    ``top`` is how many operators :attr:`Analysis.top_operators` names before the rest.
     """
     arrivals = collectives.last_arrivals(stored["collectives"])
     instances = collectives.instances(stored["collectives"])
@@ -142,6 +149,7 @@ def compute(
         slowest_collectives=collectives.slowest(instances),
         graphs=stored["graph_launches"].sort("trace_id", "rank", "launch_ns") if "graph_launches" in stored
         else pl.DataFrame(),
+        top_operators=operators.top_operators(stored.get("op_stats", pl.DataFrame()), top=top),
     )
     traces_named: tuple[str, ...] = ()
     ranks_named: tuple[int, ...] = ()

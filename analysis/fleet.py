@@ -18,6 +18,9 @@ Decisions (docs/analyses.md, "Fleet"):
   the same column, so a trace is counted in the window the listings show it in.
 - Achieved FLOP/s is per device: FLOPs / device-seconds of the rows whose FLOPs are
   known; MFU = FLOPs / (peak FLOP/s x span) over the rows where both are known.
+- Memory headroom per job (:func:`memory_headroom`): peaks are the largest allocator
+  totals over the job's accelerator devices; headroom the smallest share of a device's
+  capacity its peak reserved leaves free.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import polars as pl
 
 from . import collectives as collectives_analysis
 from .findings import MIN_SKEW_NS
+from .memory_findings import LOW_HEADROOM_PCT
 
 NS_PER_HOUR = 3.6e12
 #: The per-device time figures summed by :func:`summarise` (``<name>_ns`` in, ``<name>_hours`` out).
@@ -321,3 +325,62 @@ def slowest_collectives(collectives: pl.DataFrame, top: int = 10) -> pl.DataFram
     At most :data:`SUMMARY_TOP`.
     """
     return slowest_of(collective_summaries(collectives), top)
+
+
+#: Headroom under this share of capacity: the job runs at the edge of its device memory (as the job finding).
+EDGE_HEADROOM_PCT = LOW_HEADROOM_PCT
+#: Headroom over this share on every device: the job could take a larger batch (or fewer devices).
+ROOM_HEADROOM_PCT = 50.0
+MEMORY_COLUMNS = ("job", "ranks", "devices", "peak_allocated_bytes", "peak_reserved_bytes", "capacity_bytes",
+                  "headroom_bytes", "headroom_pct", "verdict")
+
+
+def memory_headroom(device_peaks: pl.DataFrame, capacity: pl.DataFrame | None, traces: pl.DataFrame) -> pl.DataFrame:
+    """Per job, its peak device memory and the headroom its tightest device leaves (:data:`MEMORY_COLUMNS`).
+
+    Args:
+        device_peaks: per (``trace_id``, ``rank``, ``device``) the largest ``total_allocated`` and
+            ``total_reserved`` of its ``memory_events`` (``peak_allocated_bytes``, ``peak_reserved_bytes``);
+            the CPU (device -1, or ``device_type`` ``cpu``) is left out.
+        capacity: ``devices`` rows (``trace_id``, ``rank``, ``device``, ``kind``, ``memory_bytes``).
+        traces: registry rows (``trace_id``, ``job``) of the traces to count.
+
+    Returns:
+        One row per job with memory data, by job: ``ranks`` and ``devices`` measured, the largest peaks
+        over them, ``capacity_bytes`` (the largest device's), ``headroom_bytes`` and ``headroom_pct``
+        (the smallest over the devices with a known capacity: (capacity - peak reserved) / capacity,
+        clamped to [0, 100]%; null where no capacity is known) and ``verdict``: ``edge`` under
+        :data:`EDGE_HEADROOM_PCT`, ``room`` over :data:`ROOM_HEADROOM_PCT`, else null.
+    """
+    key = ["trace_id", "rank", "device"]
+    peaks = device_peaks
+    if "device_type" in peaks.columns:
+        peaks = peaks.filter(pl.col("device_type").is_null() | (pl.col("device_type") != "cpu"))
+    peaks = (peaks.filter(pl.col("device") >= 0).with_columns(pl.col("rank").cast(pl.Int64),
+                                                              pl.col("device").cast(pl.Int64))
+             .join(traces.select("trace_id", "job"), on="trace_id", how="inner"))
+    caps = pl.DataFrame(schema={"trace_id": pl.String, "rank": pl.Int64, "device": pl.Int64,
+                                "capacity_bytes": pl.Int64})
+    if capacity is not None and not capacity.is_empty():
+        known = capacity.filter(pl.col("memory_bytes").is_not_null() & (pl.col("memory_bytes") > 0))
+        if "kind" in known.columns:
+            known = known.filter(pl.col("kind").is_null() | (pl.col("kind") != "nic"))
+        caps = known.group_by(pl.col("trace_id"), pl.col("rank").cast(pl.Int64), pl.col("device").cast(pl.Int64)).agg(
+            pl.col("memory_bytes").max().cast(pl.Int64).alias("capacity_bytes"))
+    cap, reserved = pl.col("capacity_bytes"), pl.col("peak_reserved_bytes")
+    rows = peaks.join(caps, on=key, how="left").with_columns(
+        pl.min_horizontal(pl.max_horizontal(cap - reserved.fill_null(0), 0), cap).alias("headroom_bytes"))
+    rows = rows.with_columns((100.0 * pl.col("headroom_bytes") / cap).alias("headroom_pct"))
+    headroom = pl.col("headroom_pct")
+    return (rows.group_by("job").agg(
+        pl.col("rank").n_unique().cast(pl.Int64).alias("ranks"),
+        pl.struct("trace_id", "rank", "device").n_unique().cast(pl.Int64).alias("devices"),
+        pl.col("peak_allocated_bytes").max().cast(pl.Int64),
+        reserved.max().cast(pl.Int64),
+        cap.max(),
+        pl.col("headroom_bytes").min(),
+        headroom.min(),
+    ).with_columns(
+        pl.when(headroom < EDGE_HEADROOM_PCT).then(pl.lit("edge"))
+        .when(headroom > ROOM_HEADROOM_PCT).then(pl.lit("room")).alias("verdict"),
+    ).sort("job").select(MEMORY_COLUMNS))

@@ -67,6 +67,9 @@ class Fleet:
     stragglers: pl.DataFrame
     #: The collective instances with the longest transfer time.
     slowest_collectives: pl.DataFrame
+    #: Per job with memory data in the window, its peak device memory and headroom
+    #: (:data:`tracelake.analysis.fleet.MEMORY_COLUMNS`).
+    memory: pl.DataFrame
     #: Seconds it took to read and compute.
     seconds: float = 0.0
 
@@ -92,17 +95,25 @@ def compute(
     labels: dict[str, str],
     now: dt.datetime,
     top: int = 10,
+    memory: pl.DataFrame | None = None,
+    capacity: pl.DataFrame | None = None,
 ) -> Fleet:
     """Assemble a :class:`Fleet` from frames (the pure part of :func:`tracelake.warehouse.fleet_data.read`).
 
     ``traces`` are the registry rows of the selection, including the 14 days before
     ``now`` for week-over-week; ``breakdown`` and ``devices`` their stored rows;
     ``collectives`` the per-job summaries (:func:`tracelake.analysis.fleet.collective_summaries`)
-    of the ``collectives`` rows of the traces in ``[since, until)``.
+    of the ``collectives`` rows of the traces in ``[since, until)``; ``memory`` the per-device peaks
+    of their ``memory_events`` and ``capacity`` their ``devices`` rows
+    (:func:`tracelake.analysis.fleet.memory_headroom`).
     """
     rows = fleet.device_rows(traces, breakdown, devices)
     window = rows.filter(pl.col("ingested_at") >= since) if since is not None else rows
     jobs = fleet.by_job(window)
+    in_window = traces.filter(pl.col("ingested_at") >= since) if since is not None else traces
+    peaks = memory if memory is not None else pl.DataFrame(
+        schema={"trace_id": pl.String, "rank": pl.Int64, "device": pl.Int64, "peak_allocated_bytes": pl.Int64,
+                "peak_reserved_bytes": pl.Int64})
     return Fleet(
         since=since, until=until, labels=dict(labels), now=now,
         totals=fleet.summarise(window),
@@ -116,6 +127,7 @@ def compute(
         week_over_week_by_job=fleet.week_over_week(rows, now, by=["job"]),
         stragglers=fleet.stragglers_of(collectives, top),
         slowest_collectives=fleet.slowest_of(collectives, top),
+        memory=fleet.memory_headroom(peaks, capacity, in_window),
     )
 
 

@@ -239,7 +239,7 @@ class Warehouse:
                 calls = con.sql(f"SELECT trace_id, rank, name, step, dur_ns FROM host_ops WHERE ({selection.where}) "
                                 f"AND name IN ({', '.join('?' * len(called))})",
                                 params=[*selection.params, *called]).pl()
-        return assemble.compute(whole, stored, top_kernels, self._link_peaks(), paths, calls)
+        return assemble.compute(whole, stored, top_kernels, self._link_peaks(), paths, calls, top=top)
 
     def _link_peaks(self) -> dict[str, float]:
         try:

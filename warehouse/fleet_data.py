@@ -3,7 +3,8 @@
 :meth:`Warehouse.fleet` returns a :class:`~tracelake.analysis.fleet_view.Fleet`, assembled
 by :func:`tracelake.analysis.fleet_view.compute` from what this module reads. Everything
 comes from the in-memory registry of traces and the small per-trace files of the stored
-``breakdown`` (and of ``devices`` and ``collectives`` where they matter), read straight
+``breakdown`` (and of ``devices``, ``collectives`` and, aggregated in the scan,
+``memory_events`` where they matter), read straight
 from the selected traces' Parquet files: no whole-warehouse view scan, which would read
 the footer of every file of every table.
 """
@@ -65,7 +66,8 @@ def read(
     """The :class:`Fleet` of the traces in ``registry`` with all ``labels``, ingested in ``[since, until)``.
 
     Uses the whole-trace ``breakdown`` rows of the selected traces, the ``devices`` rows of
-    those with a FLOPs utilisation and the ``collectives`` rows of those with collectives:
+    those with a FLOPs utilisation (or memory events), the ``collectives`` rows of those with collectives
+    and, per rank and device, the largest allocator totals of their ``memory_events`` (aggregated in the scan):
     from ``rows`` (kept between calls) when given, else read from the selected traces' files.
     """
     started = time.perf_counter()
@@ -86,8 +88,11 @@ def read(
     in_window = selected.filter(pl.col("ingested_at") >= since) if since is not None else selected
     with_collectives = in_window.filter(pl.col("collective_count").fill_null(0) > 0)
     collectives = _collective_summaries(store, with_collectives, rows)
+    memory = _memory_peaks(store, in_window)
+    measured = in_window.filter(pl.col("trace_id").is_in(memory["trace_id"].unique().to_list()))
+    capacity = _read(store, "devices", measured, ["trace_id", "rank", "device", "kind", "memory_bytes"])
     result = compute(selected, breakdown, devices, collectives, since=since, until=until, labels=labels, now=now,
-                     top=top)
+                     top=top, memory=memory, capacity=capacity)
     result.seconds = time.perf_counter() - started
     log.debug("fleet of %d traces in %.3f s", selected.height, result.seconds)
     return result
@@ -114,6 +119,25 @@ def _collective_summaries(store: Store, traces: pl.DataFrame, rows: FleetRows | 
                                                                         on="trace_id", how="inner")
     made = fleet.collective_summaries(read)
     return pl.concat([summaries, made], how="vertical") if summaries is not None and summaries.height else made
+
+
+def _memory_peaks(store: Store, traces: pl.DataFrame) -> pl.DataFrame:
+    """Per (trace, rank, device) of ``traces``, the largest allocator totals of its ``memory_events``.
+
+    Aggregated while scanning the files (only three columns of them are read), never loaded whole:
+    a trace profiled with memory holds an event per allocation.
+    """
+    scan = store.scan("memory_events", zip(traces["job"].to_list(), traces["trace_id"].to_list()))
+    if scan is None:
+        return pl.DataFrame(schema={"trace_id": pl.String, "rank": pl.Int64, "device": pl.Int64,
+                                    "device_type": pl.String, "peak_allocated_bytes": pl.Int64,
+                                    "peak_reserved_bytes": pl.Int64})
+    return (scan.filter(pl.col("total_allocated").is_not_null() | pl.col("total_reserved").is_not_null())
+            .group_by(pl.col("trace_id"), pl.col("rank").cast(pl.Int64), pl.col("device").cast(pl.Int64))
+            .agg(pl.col("device_type").drop_nulls().first(),
+                 pl.col("total_allocated").max().cast(pl.Int64).alias("peak_allocated_bytes"),
+                 pl.col("total_reserved").max().cast(pl.Int64).alias("peak_reserved_bytes"))
+            .collect())
 
 
 def _only(frame: pl.DataFrame, traces: pl.DataFrame) -> pl.DataFrame:

@@ -153,6 +153,14 @@ class Store:
                                include_file_paths=file_paths)
         return (scan.select(*columns, *([file_paths] if file_paths else [])) if columns else scan).collect()
 
+    def scan(self, table: str, traces: Iterable[tuple[str, str]]) -> pl.LazyFrame | None:
+        """``table``'s rows of the given ``(job, trace_id)`` pairs as a lazy scan (to aggregate without loading
+        them), in the declared schema; None where none of them has a file of it."""
+        files = [str(p) for job, trace_id in traces if (p := self.path(table, job, trace_id)).exists()]
+        if not files:
+            return None
+        return pl.scan_parquet(files, schema=_polars_schema(table), missing_columns="insert", extra_columns="ignore")
+
     def registered_job(self, trace_id: str) -> str | None:
         """The job a trace is registered under, or None if it is not registered."""
         if not _TRACE_ID.match(trace_id):

@@ -17,7 +17,7 @@ from tracelake.warehouse.distributed import dask_client, warehouse_path
 
 from ..output import jsonable, to_table
 from ..user_input import parse_speedups
-from . import render, render_memory, render_paths
+from . import render, render_memory, render_ops, render_paths
 from .progress import count_bar
 from .root import (
     HomeOption,
@@ -134,6 +134,10 @@ def analyze(
         console.print()
         console.print(to_table(render.frame_result(_kernels_view(result.top_kernels)),
                                title="top kernels, all ranks (whole names: --json)"))
+    if result.top_operators.height:  # docs/analyses.md, "Operators": op_stats summed over ranks
+        console.print()
+        console.print(to_table(render.frame_result(render_ops.operators_view(result.top_operators)),
+                               title=render_ops.TITLE))
 
 
 def _nccl_view(summary: Any) -> Any:

@@ -8,6 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Annotated
 
+import polars as pl
 import typer
 
 from tracelake.warehouse import IngestResult, InvalidArgument, Settings, Warehouse
@@ -45,7 +46,10 @@ def demo(
         summary = warehouse.rank_summary(job)
         console.print()
         console.print(to_table(render.frame_result(summary), title=f"job {job}: device time per rank"))
-        print_findings(warehouse.analyze(job=job).findings)
+        analysis = warehouse.analyze(job=job)
+        if (mfu := mfu_line(analysis.breakdown)) is not None:
+            console.print(mfu, highlight=False, markup=False)
+        print_findings(analysis.findings)
     console.print()
     console.print(f"Warehouse: {warehouse.home}", highlight=False, markup=False)
     console.print(f"Explore it:  tracelake analyze --home {home} --job demo-ddp_straggler", highlight=False,
@@ -58,6 +62,16 @@ def demo(
                   highlight=False, markup=False)
     if any(not r.ok for r in results):
         raise typer.Exit(1)
+
+
+def mfu_line(breakdown: pl.DataFrame) -> str | None:
+    """The ranks' model FLOPs utilisation as one line (docs/analyses.md, "Operators"); None where it is unknown."""
+    values: list[float] = breakdown["mfu_pct"].drop_nulls().to_list() if "mfu_pct" in breakdown.columns else []
+    if not values:
+        return None
+    low, high = f"{min(values):.1f}", f"{max(values):.1f}"
+    ranks = "the rank" if breakdown.height == 1 else "per rank"
+    return f"MFU (model FLOPs / (peak x device span)), {ranks}: {low}%" + ("" if low == high else f" to {high}%")
 
 
 def _fresh_demo_home(home: Path) -> None:

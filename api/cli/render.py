@@ -72,6 +72,8 @@ def inclusive_view(whole: pl.DataFrame) -> pl.DataFrame:
         columns.append(_share("exposed_async_collective_ns", "async exposed %"))
     if "flops_utilisation_pct" in whole.columns and whole["flops_utilisation_pct"].is_not_null().any():
         columns.append(pl.col("flops_utilisation_pct").round(1).alias("FLOPs util %"))
+    if "mfu_pct" in whole.columns and whole["mfu_pct"].is_not_null().any():  # docs/analyses.md, "Operators"
+        columns.append(pl.col("mfu_pct").round(1).alias("MFU %"))
     return whole.select(columns)
 
 

@@ -1,4 +1,5 @@
-"""The fleet report: device-hours, utilisation over time, waste by job and label, and the worst offenders."""
+"""The fleet report: device-hours, utilisation over time, waste by job and label, the worst offenders and
+each job's memory headroom."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import plotly.graph_objects as go
 import polars as pl
 from plotly.subplots import make_subplots
 
+from tracelake.analysis import fleet as fleet_analysis
 from tracelake.warehouse import Fleet
 
 from .page import (
@@ -32,6 +34,10 @@ from .page import (
 
 #: Jobs drawn in the wasted-hours chart.
 CHART_JOBS = 15
+#: Bytes per GiB (memory is shown in binary units, as in docs/analyses.md, "Memory").
+GIB = 1024 ** 3
+#: Verdicts of :func:`tracelake.analysis.fleet.memory_headroom` in words, and their bar colours.
+VERDICTS = {"edge": ("at the edge", COLOURS["exposed"]), "room": ("could take a larger batch", COLOURS["compute"])}
 #: Label keys shown first, when the fleet uses them; any other key follows.
 PREFERRED_KEYS = ("team", "cluster", "model", "hardware")
 #: Label keys drawn as charts (the rest are in the table).
@@ -59,6 +65,7 @@ def render(fleet: Fleet, job_link: JobLink) -> str:
         _offenders(fleet, unit, job_link),
         _stragglers(fleet, job_link),
         _slowest(fleet, job_link),
+        _memory(fleet, job_link),
         _by_device(fleet, unit),
         _labels_table(fleet, unit),
     ]
@@ -231,6 +238,49 @@ def _slowest(fleet: Fleet, job_link: JobLink) -> Html:
                Column("arrival skew", "num"), Column("last")]
     return section("Slowest collectives", note("Transfer time = the shortest duration across ranks (the others "
                                                "include waiting)."), table(columns, rows), id_="slowest")
+
+
+def _gib(value: float | None) -> str:
+    return f"{value / GIB:,.2f}" if value is not None else ""
+
+
+def _memory(fleet: Fleet, job_link: JobLink) -> Html:
+    """Jobs at the edge of their device memory first, then those that could take a larger batch, then the rest."""
+    without = len(set(fleet.by_job.filter(pl.col("devices") > 0)["job"].to_list()) - set(fleet.memory["job"].to_list()))
+    left_out = note(f"{without:,} job{'s' if without != 1 else ''} without memory data (traces profiled without "
+                    "profile_memory=True) left out.") if without else Html("")
+    if fleet.memory.is_empty():
+        return section("Memory headroom", note("No trace in this window has memory events: profile with "
+                                               "profile_memory=True to see how close jobs run to their device "
+                                               "memory."), left_out, id_="memory")
+    rank = pl.when(pl.col("verdict") == "edge").then(0).when(pl.col("verdict") == "room").then(1).otherwise(2)
+    ordered = (fleet.memory.with_columns(rank.alias("_group"))
+               .sort(["_group", "headroom_pct", "job"], nulls_last=True).drop("_group"))
+    rows = [[link(r["job"], job_link(r["job"])), r["ranks"], r["devices"], _gib(r["peak_allocated_bytes"]),
+             _gib(r["peak_reserved_bytes"]), _gib(r["capacity_bytes"]), _gib(r["headroom_bytes"]),
+             pct(r["headroom_pct"]), VERDICTS[r["verdict"]][0] if r["verdict"] in VERDICTS else ""]
+            for r in ordered.to_dicts()]
+    columns = [Column("job"), Column("ranks", "num"), Column("devices", "num"), Column("peak allocated, GiB", "num"),
+               Column("peak reserved, GiB", "num"), Column("capacity, GiB", "num"), Column("headroom, GiB", "num"),
+               Column("headroom", "num"), Column("verdict")]
+    charted = ordered.filter(pl.col("headroom_pct").is_not_null()).head(CHART_JOBS)
+    fig = go.Figure(go.Bar(
+        y=[plot_text(job) for job in charted["job"].to_list()], x=charted["headroom_pct"].to_list(), orientation="h",
+        marker_color=[VERDICTS.get(v or "", ("", COLOURS["idle"]))[1] for v in charted["verdict"].to_list()],
+        hovertemplate="%{y}: %{x:.1f}% headroom<extra></extra>"))
+    for at in (fleet_analysis.EDGE_HEADROOM_PCT, fleet_analysis.ROOM_HEADROOM_PCT):
+        fig.add_vline(x=at, line_dash="dot", line_color="#1d2733")
+    fig.update_layout(xaxis={"title": "headroom, % of device memory", "range": [0, 100]},
+                      yaxis={"autorange": "reversed"})
+    edge = ordered.filter(pl.col("verdict") == "edge").height
+    room = ordered.filter(pl.col("verdict") == "room").height
+    return section("Memory headroom", note(
+        f"{edge:,} job{'s' if edge != 1 else ''} at the edge (headroom under "
+        f"{fleet_analysis.EDGE_HEADROOM_PCT:.0f}% on some device), {room:,} that could take a larger batch (over "
+        f"{fleet_analysis.ROOM_HEADROOM_PCT:.0f}% on every device). Headroom = (capacity - peak reserved) / "
+        "capacity on the tightest device; an upper bound, as the CUDA context and NCCL buffers are not in the "
+        "allocator's totals."), left_out, figure(fig, "memory-headroom", max(220, 80 + 26 * charted.height)),
+        table(columns, rows), id_="memory")
 
 
 def _by_device(fleet: Fleet, unit: HoursUnit) -> Html:

@@ -69,6 +69,7 @@ def render(report: JobReport) -> str:
         _idle(report),
         _stragglers(report),
         _kernels(report),
+        _operators(report),
         _bandwidth(report),
         _nccl_benchmarks(report),
         _traces(report),
@@ -298,6 +299,33 @@ def _kernels(report: JobReport) -> Html:
 def _kernel_name(name: str | None) -> Html:
     """A kernel name whole (the cell wraps it): two kernels that differ only near the end must read differently."""
     return esc(name or "")
+
+
+#: Input shapes longer than this (an optimizer's tensor lists) are cut in the operators table.
+SHAPES_CHARS = 160
+
+
+def _operators(report: JobReport) -> Html:
+    """The top operators over every rank (docs/analyses.md, "Operators"); nothing without ``op_stats`` rows."""
+    top = report.analysis.top_operators
+    if top.is_empty():
+        return Html("")
+    rows = [[esc(r["op"]), _cut(r["input_shapes"]), r["dtype"] or "", f"{r['count']:,}", ms(r["device_ns"], 2),
+             pct(r["share_pct"]), number(r["achieved_tflops"]), pct(r["pct_of_roofline"]), r["bound"] or ""]
+            for r in top.to_dicts()]
+    columns = [Column("operator", "name"), Column("input shapes", "name"), Column("dtype"), Column("calls", "num"),
+               Column("device time", "num"), Column("share", "num"), Column("TFLOP/s", "num"),
+               Column("of roofline", "num"), Column("bound")]
+    return section("Top operators", note("Device time of the kernels each PyTorch operator launched, summed over "
+                                         "every rank (\"(no operator)\": kernels no operator launched); TFLOP/s from "
+                                         "estimated FLOPs, empty where there is no estimate; % of the compute or "
+                                         "memory roofline of the device. The last row holds the rest."),
+                   table(columns, rows), id_="operators")
+
+
+def _cut(text: str | None) -> str:
+    """Input shapes text, cut to :data:`SHAPES_CHARS` with an ellipsis."""
+    return "" if text is None else text if len(text) <= SHAPES_CHARS else text[:SHAPES_CHARS - 1] + "…"
 
 
 def _bandwidth(report: JobReport) -> Html:
