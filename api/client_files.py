@@ -8,10 +8,12 @@ tests/test_client.py holds both equal to the server's.
 from __future__ import annotations
 
 import hashlib
-import re
 import zlib
 from pathlib import Path
 from typing import Any
+
+from tracelake.contracts.files import RECOGNISED_SUFFIXES, TRACE_SUFFIXES
+from tracelake.contracts.files import XLA_RENDERING as _XLA_JSON
 
 #: Hex digits of a trace id (``tracelake.ingest.ID_DIGITS``).
 ID_DIGITS = 20
@@ -20,11 +22,6 @@ CHUNK = 1 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
 #: Archives: the server gives one trace id per member, unknown here, so they are always sent.
 ARCHIVE_SUFFIXES = (".zip", ".tar.gz", ".tgz")
-# What a directory contributes, as ``tracelake ingest`` picks it (tracelake.warehouse.inputs; a test keeps
-# these equal): these endings always, and the recognised ones only when the server recognises them.
-TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz", ".xplane.pb", ".xplane.pb.gz")
-RECOGNISED_SUFFIXES = (".txt", ".log", ".out", ".pickle", ".pickle.gz", ".pkl", ".pkl.gz", ".raw.gz")
-_XLA_JSON = re.compile(r"^(?P<host>.+)\.trace\.json(\.gz)?$|^perfetto_trace\.json(\.gz)?$")
 
 
 def _decompressor() -> Any:

@@ -112,12 +112,14 @@ class JobAnalysis(BaseModel):
                     "most time on the path) and the time on the path by kind, `compute_ns`, `communication_ns`, "
                     "`memory_ns`, `host_ns`, `launch_ns`, `sync_ns`, `idle_ns` (they add up to `length_ns`).")
     critical_path_stretches: list[dict[str, Any]] = Field(
-        description="Each step's critical path, stretch by stretch in order: `step`, `position`, `rank`, `kind` "
+        description="Each step's critical path, stretch by stretch in order: `step`, `position`, `rank`, `trace_id`, `kind` "
                     "(compute, communication, memory, host, launch, sync, idle), `name`, `process_group` (a collective's), "
                     "`start_ns`, `dur_ns`.")
     what_if: list[dict[str, Any]] = Field(
         description="Each step replayed under each what-if scenario (`as_measured`, `communication_overlapped`, "
-                    "`bandwidth_x2`, `compute_x2`, `no_launch_overhead`, `slowest_rank_at_median`, `ranks_x2`): `step`, "
+                    "`bandwidth_x2`, `compute_x2`, `no_launch_overhead`, `slowest_rank_at_median`, `ranks_x2`, "
+                    "`nccl_tests_bandwidth` where the job holds nccl-tests output, and `<target> x<factor>` per "
+                    "`what_if` asked for): `step`, "
                     "`scenario`, `changed_rank`, `measured_ns`, `predicted_ns`, `saving_ns`, `saving_pct` and the predicted "
                     "path's time by kind (`compute_ns` ... `idle_ns`).")
     parallelism: list[dict[str, Any]] = Field(

@@ -129,12 +129,8 @@ class MLP(nn.Module):
         return self.fc3(h)
 
 
-def run_ddp(rank: int, world: int, out: Path) -> None:
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    torch.manual_seed(0)
-    model = DDP(MLP(slow=(rank == 1)), bucket_cap_mb=0.1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+def train_mlp(model: nn.Module, opt: torch.optim.Optimizer, rank: int, out: Path) -> None:
+    """The profiled loop of ``ddp`` and ``fsdp``: batches of 32 x 64 floats seeded ``1000 + rank``."""
     gen = torch.Generator().manual_seed(1000 + rank)
     with make_profiler(out, rank) as prof:
         for _ in range(ITERATIONS):
@@ -145,6 +141,15 @@ def run_ddp(rank: int, world: int, out: Path) -> None:
             loss.backward()
             opt.step()
             prof.step()
+
+
+def run_ddp(rank: int, world: int, out: Path) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    model = DDP(MLP(slow=(rank == 1)), bucket_cap_mb=0.1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    train_mlp(model, opt, rank, out)
 
 
 def run_pipeline(rank: int, world: int, out: Path) -> None:
@@ -185,16 +190,7 @@ def run_fsdp(rank: int, world: int, out: Path) -> None:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    gen = torch.Generator().manual_seed(1000 + rank)
-    with make_profiler(out, rank) as prof:
-        for _ in range(ITERATIONS):
-            x = torch.randn(32, 64, generator=gen)
-            y = torch.randint(0, 10, (32,), generator=gen)
-            opt.zero_grad()
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            prof.step()
+    train_mlp(model, opt, rank, out)
 
 
 def run_hybrid(rank: int, world: int, out: Path) -> None:

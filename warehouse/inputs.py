@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
 from tracelake import ingest
 from tracelake.contracts.errors import TracelakeError
+from tracelake.contracts.files import RECOGNISED_SUFFIXES as _RECOGNISED_SUFFIXES
+from tracelake.contracts.files import TRACE_SUFFIXES
+from tracelake.contracts.files import XLA_RENDERING as _XLA_JSON
 
-#: File name endings taken from a directory given to ``ingest`` (files named
-#: explicitly are always tried, whatever their name).
-TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz", ".xplane.pb", ".xplane.pb.gz")
-#: The JSON renderings XProf writes beside an ``.xplane.pb``: skipped in a directory that has the XSpace.
-_XLA_JSON = re.compile(r"^(?P<host>.+)\.trace\.json(\.gz)?$|^perfetto_trace\.json(\.gz)?$")
 
 
 def expand_inputs(paths: Iterable[str | Path]) -> list[Path]:
@@ -50,9 +47,6 @@ def _traces_in(folder: Path) -> list[Path]:
     return kept
 
 
-#: Text outputs (nccl-tests, NCCL logs), pickles (Flight Recorder dumps, allocator snapshots) and the memory
-#: timeline's ``.raw.gz`` are taken from a directory only when their content is recognised.
-_RECOGNISED_SUFFIXES = (".txt", ".log", ".out", ".pickle", ".pickle.gz", ".pkl", ".pkl.gz", ".raw.gz")
 
 
 def _looks_like_trace(path: Path) -> bool:
