@@ -13,7 +13,8 @@ from typing import Any
 import polars as pl
 
 from . import (
-    collectives, critical_path, findings, memory, memory_findings, nccl, nccl_findings, nccl_join, operators, steps,
+    allocator, collectives, critical_path, findings, memory, memory_findings, model_flops, nccl, nccl_findings,
+    nccl_join, operator_findings, operators, steps,
 )
 
 
@@ -65,6 +66,14 @@ class Analysis:
     memory_growth: pl.DataFrame = field(default_factory=pl.DataFrame)
     #: Allocations and synchronising malloc/free runtime calls per (trace, rank, step).
     allocator_churn: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: Per (trace, rank, device) of a CUDA allocator snapshot (``allocator_segments``): reserved, in use, free and
+    #: how broken up the free memory is (:func:`tracelake.analysis.allocator.snapshot_summary`).
+    allocator_snapshots: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: The snapshot's blocks in use by the frame that allocated them
+    #: (:func:`tracelake.analysis.allocator.live_by_frame`).
+    allocator_live: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: The snapshot history's out-of-memory failures against the free memory (``allocator_events``).
+    allocator_ooms: pl.DataFrame = field(default_factory=pl.DataFrame)
     #: For plots, not in :meth:`as_dict`: allocated and reserved totals over time per (trace, rank, device), at
     #: most :data:`SERIES_POINTS` rows each (:func:`memory_series`).
     memory_series: pl.DataFrame = field(default_factory=pl.DataFrame)
@@ -74,9 +83,18 @@ class Analysis:
     #: The operators with most device time over every rank, then one ``(other operators)`` row: ``op_stats`` summed
     #: (:func:`tracelake.analysis.operators.top_operators`; docs/analyses.md, "Operators"); empty without rows.
     top_operators: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: The module paths with most device time over every rank (:func:`tracelake.analysis.operators.top_modules`;
+    #: docs/analyses.md, "Module"); empty where the traces have no Python events.
+    top_modules: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: Per labelled trace and rank, 6·N·D per step against the operators' count (:func:`model_flops.cross_check`;
+    #: docs/analyses.md, "6·N·D cross-check"); empty without the labels ``params`` and ``tokens_per_step``.
+    model_flops: pl.DataFrame = field(default_factory=pl.DataFrame)
+    #: For plots, not in :meth:`as_dict`: the selection's ``op_stats`` rows (the job report's roofline).
+    op_stats: pl.DataFrame = field(default_factory=pl.DataFrame)
 
     def as_dict(self) -> dict[str, Any]:
-        """Everything but the plotted series (``memory_series``, ``memory_category_series``) as lists of dicts."""
+        """Everything but what only plots read (``memory_series``, ``memory_category_series``, ``op_stats``) as lists
+        of dicts."""
         frames = {
             name: getattr(self, name).to_dicts()
             for name in ("breakdown", "top_kernels", "idle_by_stream", "launches", "queues", "step_stats",
@@ -88,18 +106,20 @@ class Analysis:
                 "graphs": self.graphs.to_dicts(), "critical_path": self.critical_path.to_dicts(),
                 "critical_path_stretches": self.critical_path_stretches.to_dicts(), "what_if": self.what_if.to_dicts(),
                 "parallelism": self.parallelism.to_dicts(), "pipeline_bubbles": self.pipeline_bubbles.to_dicts(),
-                "top_operators": self.top_operators.to_dicts(),
+                "top_operators": self.top_operators.to_dicts(), "top_modules": self.top_modules.to_dicts(),
+                "model_flops": self.model_flops.to_dicts(),
                 **{name: getattr(self, name).to_dicts() for name in MEMORY_FRAMES}}
 
 
 #: The memory results :meth:`Analysis.as_dict` gives (docs/analyses.md, "Memory").
-MEMORY_FRAMES = ("memory", "memory_live_at_peak", "memory_by_category", "memory_growth", "allocator_churn")
+MEMORY_FRAMES = ("memory", "memory_live_at_peak", "memory_by_category", "memory_growth", "allocator_churn",
+                 "allocator_snapshots", "allocator_live", "allocator_ooms")
 
 
 #: Tables :func:`compute` takes rows of (stored at ingest or parsed; small per trace).
 STORED = ("traces", "stream_idle", "launch_stats", "stream_queues", "steps", "collectives", "nccl_benchmarks",
           "flight_recorder_status", "communicators", "comm_channels", "graph_launches", "devices", "memory_events",
-          "memory_timeline", "op_stats")
+          "memory_timeline", "op_stats", "allocator_segments", "allocator_events")
 #: The host calls :func:`compute` counts as allocator churn (``host_ops`` rows of these names; docs/analyses.md,
 #: "Memory"): read only where the selection has ``memory_events``.
 ALLOCATOR_CALLS = tuple(sorted(memory.SYNC_MALLOC_CALLS | memory.SYNC_FREE_CALLS | memory.ASYNC_CALLS))
@@ -150,6 +170,9 @@ def compute(
         graphs=stored["graph_launches"].sort("trace_id", "rank", "launch_ns") if "graph_launches" in stored
         else pl.DataFrame(),
         top_operators=operators.top_operators(stored.get("op_stats", pl.DataFrame()), top=top),
+        top_modules=operators.top_modules(stored.get("op_stats", pl.DataFrame()), top=top),
+        model_flops=model_flops.cross_check(stored["traces"], stored.get("op_stats", pl.DataFrame())),
+        op_stats=stored.get("op_stats", pl.DataFrame()),
     )
     traces_named: tuple[str, ...] = ()
     ranks_named: tuple[int, ...] = ()
@@ -173,6 +196,8 @@ def compute(
         + nccl_findings.from_unreached(result.unreached)
         + nccl_findings.from_topology(result.topology)
         + findings.from_traces(stored["traces"], whole)
+        + operator_findings.from_op_stats(result.op_stats, whole)
+        + model_flops.findings(result.model_flops)
         + memory_found,
         result.what_if, traces_named, ranks_named),
         findings.spans(whole, stored["traces"], stored["collectives"]),
@@ -189,8 +214,9 @@ def _memory(result: Analysis, stored: dict[str, pl.DataFrame],
     result.memory_by_category = categories
     if timeline.height:
         result.memory_category_series = category_series(timeline)
+    snapshot_found = _snapshots(result, stored)
     if not events.height:
-        return []
+        return snapshot_found
     capacity = stored.get("devices")
     peak_rows = memory.peaks(events, capacity)
     grown = memory.growth(events, capacity)
@@ -205,7 +231,22 @@ def _memory(result: Analysis, stored: dict[str, pl.DataFrame],
     result.memory_series = memory_series(events)
     return memory_findings.findings(peak_rows, live=live, categories=_by_rank(categories),
                                     ooms=memory.out_of_memory(events), growth_rows=grown, churn_rows=churned,
-                                    imbalance=memory.imbalance(peak_rows))
+                                    imbalance=memory.imbalance(peak_rows)) + snapshot_found
+
+
+def _snapshots(result: Analysis, stored: dict[str, pl.DataFrame]) -> list[findings.Finding]:
+    """Fill ``result``'s allocator snapshot frames; return their findings (docs/analyses.md, "Allocator snapshots")."""
+    segments = stored.get("allocator_segments", pl.DataFrame())
+    events = stored.get("allocator_events", pl.DataFrame())
+    if not segments.height and not events.height:
+        return []
+    summary = allocator.snapshot_summary(segments) if segments.height else pl.DataFrame(
+        schema={c: pl.String if c == "trace_id" else pl.Int64 for c in ("trace_id", "rank", "device", "free_bytes",
+                                                                       "largest_free_bytes")})
+    result.allocator_snapshots = summary
+    result.allocator_live = allocator.live_by_frame(segments) if segments.height else pl.DataFrame()
+    result.allocator_ooms = allocator.out_of_memory(events, summary) if events.height else pl.DataFrame()
+    return allocator.findings(summary, result.allocator_ooms)
 
 
 def _by_rank(categories: pl.DataFrame) -> pl.DataFrame:

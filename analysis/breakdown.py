@@ -12,7 +12,9 @@ Async collective windows (XLA's ``Async XLA Ops``: start to done) join the sweep
 a fourth state that is never busy: the part of them no device op covers is
 ``exposed_async_collective_ns``. FLOPs are summed per window, and with the device's
 peak (``devices.peak_tflops``) give ``flops_utilisation_pct`` over the span; the model FLOPs
-(an op's optional ``model_flops``, else its ``flops``) give ``mfu_pct`` against the same peak.
+(an op's optional ``model_flops``, else its ``flops``) give ``hfu_pct`` against the same peak, and without
+the recomputed ones (an op's optional ``recomputed_flops``: activation checkpointing) ``mfu_pct``
+(docs/analyses.md, "Operators", "HFU and MFU").
 
 :class:`BreakdownParts` takes one (trace, rank)'s ops window by window, as ingest feeds
 them; :func:`breakdown_frame` is the same for frames in memory.
@@ -34,7 +36,7 @@ COLUMNS = (
     "overlapped_communication_ns", "exposed_communication_ns", "overlap_pct",
     "compute_only_ns", "communication_only_ns", "memory_only_ns",
     "compute_communication_ns", "other_overlap_ns",
-    "async_collective_ns", "exposed_async_collective_ns", "flops", "flops_utilisation_pct", "mfu_pct",
+    "async_collective_ns", "exposed_async_collective_ns", "flops", "flops_utilisation_pct", "mfu_pct", "hfu_pct",
 )
 
 _CODES = {Category.COMPUTE: 0, Category.COMMUNICATION: 1, Category.MEMORY: 2}
@@ -170,7 +172,8 @@ def breakdown_frame(
 def rows_frame(rows: list[dict[str, object]]) -> pl.DataFrame:
     """Breakdown rows (from :meth:`BreakdownParts.rows`) as a frame of :data:`COLUMNS`, whole-trace rows first."""
     schema = {c: (pl.String if c == "trace_id" else pl.Int32 if c == "rank" else
-                  pl.Float64 if c in ("overlap_pct", "flops", "flops_utilisation_pct", "mfu_pct") else pl.Int64)
+                  pl.Float64 if c in ("overlap_pct", "flops", "flops_utilisation_pct", "mfu_pct", "hfu_pct")
+                  else pl.Int64)
               for c in COLUMNS}
     frame = pl.DataFrame(rows, schema=schema) if rows else pl.DataFrame(schema=schema)
     return frame.sort(["trace_id", "rank", pl.col("step").is_not_null(), "step"], nulls_last=False)
@@ -198,11 +201,13 @@ class _Span:
     has_flops: bool
     model_flops: float = 0.0
     has_model_flops: bool = False
+    #: Of ``model_flops``, those of recomputed forward ops (counted by HFU, not by MFU).
+    recomputed_flops: float = 0.0
 
     def merge(self, other: _Span) -> _Span:
         return _Span(min(self.first, other.first), max(self.last, other.last), self.flops + other.flops,
                      self.has_flops or other.has_flops, self.model_flops + other.model_flops,
-                     self.has_model_flops or other.has_model_flops)
+                     self.has_model_flops or other.has_model_flops, self.recomputed_flops + other.recomputed_flops)
 
 
 def _empty_sums() -> np.ndarray:
@@ -276,14 +281,17 @@ class BreakdownParts:
         model = pl.col("model_flops") if "model_flops" in ops.columns else pl.col("flops")
         aggs = (pl.col("ts_ns").min().alias("first"), end.max().alias("last"), pl.col("flops").sum().alias("flops"),
                 pl.col("flops").is_not_null().any().alias("has_flops"), model.sum().alias("model_flops"),
-                model.is_not_null().any().alias("has_model_flops"))
+                model.is_not_null().any().alias("has_model_flops"),
+                (pl.col("recomputed_flops").sum() if "recomputed_flops" in ops.columns else pl.lit(0.0))
+                .alias("recomputed_flops"))
         whole = ops.select(*aggs).with_columns(pl.lit(None, dtype=ops.schema["step"]).alias("step"))
         per_step = ops.filter(pl.col("step").is_not_null()).group_by("step").agg(*aggs)
         for row in [*whole.to_dicts(), *per_step.to_dicts()]:
             if row["first"] is None:
                 continue
             span = _Span(int(row["first"]), int(row["last"]), float(row["flops"] or 0.0), bool(row["has_flops"]),
-                         float(row["model_flops"] or 0.0), bool(row["has_model_flops"]))
+                         float(row["model_flops"] or 0.0), bool(row["has_model_flops"]),
+                         float(row["recomputed_flops"] or 0.0))
             step = None if row["step"] is None else int(row["step"])
             self.spans[step] = self.spans[step].merge(span) if step in self.spans else span
 
@@ -304,7 +312,8 @@ def _row(trace_id: str, rank: int, step: int | None, span: _Span, sums: dict[str
     """One output row from a span and its bucket sums."""
     length = span.last - span.first
     flops = span.flops if span.has_flops else None
-    model = span.model_flops if span.has_model_flops else None
+    executed = span.model_flops if span.has_model_flops else None
+    model = max(span.model_flops - span.recomputed_flops, 0.0) if executed is not None else None
     communication = sums["communication_ns"]
     return {
         "trace_id": trace_id, "rank": rank, "step": step, "span_ns": length,
@@ -324,4 +333,6 @@ def _row(trace_id: str, rank: int, step: int | None, span: _Span, sums: dict[str
         if flops is not None and peak and length > 0 else None,
         "mfu_pct": 100.0 * model / (peak * 1e12 * length / 1e9)
         if model is not None and peak and length > 0 else None,
+        "hfu_pct": 100.0 * executed / (peak * 1e12 * length / 1e9)
+        if executed is not None and peak and length > 0 else None,
     }

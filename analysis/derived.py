@@ -81,9 +81,10 @@ class DerivedTables:
         operators = OpParts(self._operators.get(trace_id))
         mine = self._async.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank))
         for low, high, ops in windows:
-            flops, model = operators.credit(ops)
+            flops, model, again = operators.credit(ops)
             ops = ops.with_columns(pl.coalesce(pl.col("flops"), pl.lit(flops)).alias("flops"),
-                                   pl.coalesce(pl.col("flops"), pl.lit(model)).alias("model_flops"))
+                                   pl.coalesce(pl.col("flops"), pl.lit(model)).alias("model_flops"),
+                                   pl.when(pl.col("flops").is_null()).then(pl.lit(again)).alias("recomputed_flops"))
             parts.add(ops, mine.filter((pl.col("ts_ns") >= low) & (pl.col("ts_ns") < high)), low, high)
             ops = ops.with_columns(launch_of(ops["correlation"], self._calls.get(trace_id)))
             launched.add(ops)

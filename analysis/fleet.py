@@ -18,6 +18,10 @@ Decisions (docs/analyses.md, "Fleet"):
   the same column, so a trace is counted in the window the listings show it in.
 - Achieved FLOP/s is per device: FLOPs / device-seconds of the rows whose FLOPs are
   known; MFU = FLOPs / (peak FLOP/s x span) over the rows where both are known.
+- Useful device-hours = device-hours x MFU (``breakdown.mfu_pct``, model FLOPs) per device,
+  at most its busy time (an MFU above the busy share means an estimate or peak is off); null,
+  not 0, where no device of a group has an MFU. Useful work lost = device-hours x (1 - MFU)
+  over the same devices, so useful <= busy <= device-hours always.
 - Memory headroom per job (:func:`memory_headroom`): peaks are the largest allocator
   totals over the job's accelerator devices; headroom the smallest share of a device's
   capacity its peak reserved leaves free.
@@ -40,12 +44,13 @@ NS_PER_HOUR = 3.6e12
 METRICS = ("span", "busy", "compute", "communication", "exposed_communication", "idle", "wasted")
 DEVICE_COLUMNS = (
     "trace_id", "job", "rank", "labels", "ingested_at", "day", "device_name",
-    *(f"{m}_ns" for m in METRICS), "flops", "peak_flops",
+    *(f"{m}_ns" for m in METRICS), "flops", "peak_flops", "mfu_pct", "useful_ns",
 )
 SUMMARY_COLUMNS = (
     "traces", "devices", "device_hours", "busy_hours", "compute_hours", "communication_hours",
     "exposed_communication_hours", "idle_hours", "wasted_hours", "utilisation_pct", "busy_pct", "wasted_pct",
-    "achieved_tflops", "mfu_pct", "flops_coverage_pct",
+    "achieved_tflops", "mfu_pct", "flops_coverage_pct", "useful_hours", "useful_lost_hours", "useful_pct",
+    "useful_coverage_pct",
 )
 _WEEK = dt.timedelta(days=7)
 
@@ -102,10 +107,15 @@ def device_rows(traces: pl.DataFrame, breakdown: pl.DataFrame, devices: pl.DataF
         peak = pl.coalesce(pl.col("device_peak"), derived)
     else:
         peak = derived
+    mfu = (pl.col("mfu_pct") if "mfu_pct" in rows.columns else pl.lit(None)).cast(pl.Float64)
+    useful = pl.min_horizontal(pl.max_horizontal(pl.col("span_ns") * pl.col("mfu_pct") / 100, 0), pl.col("busy_ns"))
     return rows.with_columns(
         pl.col("ingested_at").dt.date().alias("day"),
         (pl.col("idle_ns") + pl.col("exposed_communication_ns")).alias("wasted_ns"),
         peak.cast(pl.Float64).alias("peak_flops"),
+        mfu.alias("mfu_pct"),
+    ).with_columns(
+        pl.when(pl.col("mfu_pct").is_not_null()).then(useful).cast(pl.Float64).alias("useful_ns"),
     ).select(DEVICE_COLUMNS)
 
 
@@ -120,6 +130,9 @@ def _aggregations() -> list[pl.Expr]:
         pl.col("span_ns").filter(flops_known).sum().alias("_flops_span_ns"),
         pl.col("flops").filter(both_known).sum().alias("_peak_flops_done"),
         (pl.col("peak_flops") * pl.col("span_ns") / 1e9).filter(both_known).sum().alias("_peak_flops_possible"),
+        pl.col("useful_ns").count().alias("_useful_devices"),
+        pl.col("useful_ns").sum().alias("_useful_ns"),
+        pl.col("span_ns").filter(pl.col("useful_ns").is_not_null()).sum().cast(pl.Float64).alias("_useful_span_ns"),
     ]
 
 
@@ -138,6 +151,11 @@ def _derive(sums: pl.DataFrame) -> pl.DataFrame:
         .cast(pl.Float64).alias("achieved_tflops"),
         pct("_peak_flops_done", pl.col("_peak_flops_possible")).alias("mfu_pct"),
         pct("_flops_span_ns").alias("flops_coverage_pct"),
+        pl.when(pl.col("_useful_devices") > 0).then(pl.col("_useful_ns") / NS_PER_HOUR).alias("useful_hours"),
+        pl.when(pl.col("_useful_devices") > 0).then((pl.col("_useful_span_ns") - pl.col("_useful_ns")) / NS_PER_HOUR)
+        .alias("useful_lost_hours"),
+        pct("_useful_ns", pl.col("_useful_span_ns")).alias("useful_pct"),
+        pct("_useful_span_ns").alias("useful_coverage_pct"),
     )
 
 
@@ -207,25 +225,38 @@ def wasted_ranking(jobs: pl.DataFrame, top: int | None = None) -> pl.DataFrame:
     return ranked if top is None else ranked.head(top)
 
 
+def lost_ranking(jobs: pl.DataFrame, top: int | None = None) -> pl.DataFrame:
+    """Jobs (rows of :func:`by_job`) ranked by useful work lost (device-hours x (1 - MFU)), ``top`` first;
+    jobs without an MFU last."""
+    ranked = jobs.filter(pl.col("devices") > 0).sort(["useful_lost_hours", "job"], descending=[True, False],
+                                                     nulls_last=True)
+    return ranked if top is None else ranked.head(top)
+
+
 def week_over_week(rows: pl.DataFrame, now: dt.datetime, by: Sequence[str] = ()) -> pl.DataFrame:
     """This week (the 7 days up to ``now``) against the 7 days before, per value of ``by``.
 
-    Columns: ``by``, then for ``device_hours``, ``utilisation_pct``, ``wasted_hours`` and
-    ``wasted_pct`` this week's figure, ``previous_<figure>`` and the change: ``*_change_pct``
+    Columns: ``by``, then for ``device_hours``, ``utilisation_pct``, ``wasted_hours``,
+    ``wasted_pct``, ``useful_hours`` and ``useful_lost_hours`` this week's figure,
+    ``previous_<figure>`` and the change: ``*_change_pct``
     for hours (null when the previous week had none), ``*_change_points`` for shares.
     Without ``by``, one row. A naive ``now`` is taken as UTC.
     """
     now = now if now.tzinfo is not None else now.replace(tzinfo=dt.timezone.utc)
     at = pl.col("ingested_at")
-    figures = ["device_hours", "utilisation_pct", "wasted_hours", "wasted_pct"]
-    this = summarise(rows.filter((at >= now - _WEEK) & (at < now)), by).select(*by, *figures)
+    figures = ["device_hours", "utilisation_pct", "wasted_hours", "wasted_pct", "useful_hours", "useful_lost_hours"]
+    this = summarise(rows.filter((at >= now - _WEEK) & (at < now)), by).select(*by, *figures,
+                                                                                pl.col("devices").alias("_this"))
     before = summarise(rows.filter((at >= now - 2 * _WEEK) & (at < now - _WEEK)), by).select(
-        *by, *(pl.col(f).alias(f"previous_{f}") for f in figures))
+        *by, *(pl.col(f).alias(f"previous_{f}") for f in figures), pl.col("devices").alias("_before"))
     joined = this.join(before, on=list(by), how="full", coalesce=True) if by else pl.concat([this, before],
                                                                                              how="horizontal")
-    if by:
+    if by:  # a group with no device in a week had 0 hours then (useful ones stay null only for want of an MFU)
         hours = [f for f in figures if f.endswith("_hours")]
-        joined = joined.with_columns(pl.col(h).fill_null(0.0) for h in (*hours, *(f"previous_{h}" for h in hours)))
+        joined = joined.with_columns(
+            *(pl.when(pl.col("_this").is_null()).then(0.0).otherwise(pl.col(h)).alias(h) for h in hours),
+            *(pl.when(pl.col("_before").is_null()).then(0.0).otherwise(pl.col(f"previous_{h}")).alias(f"previous_{h}")
+              for h in hours))
 
     def change_pct(name: str) -> pl.Expr:
         previous = pl.col(f"previous_{name}")
@@ -236,7 +267,7 @@ def week_over_week(rows: pl.DataFrame, now: dt.datetime, by: Sequence[str] = ())
 
     result = joined.with_columns(
         change_pct("device_hours"), change_points("utilisation_pct"), change_pct("wasted_hours"),
-        change_points("wasted_pct"),
+        change_points("wasted_pct"), change_pct("useful_hours"), change_pct("useful_lost_hours"),
     )
     ordered = [*by]
     for f in figures:

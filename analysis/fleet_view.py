@@ -16,7 +16,7 @@ import polars as pl
 
 from tracelake.contracts.errors import InvalidArgument
 
-from . import fleet
+from . import fleet, goodput
 
 #: The times a window may name: from the Unix epoch to the last day nanosecond timestamps (``ts_ns``) reach.
 #: Outside it there is nothing to report, and date arithmetic (14 days of history) would overflow.
@@ -59,6 +59,8 @@ class Fleet:
     by_device: pl.DataFrame
     #: Jobs ranked by wasted device-hours (idle + exposed communication), the worst ``top``.
     offenders: pl.DataFrame
+    #: Jobs ranked by useful work lost (device-hours x (1 - MFU)), the worst ``top``; jobs without an MFU last.
+    lost_work: pl.DataFrame
     #: One row: the 7 days up to ``now`` against the 7 before (label filter applied, not ``since``).
     week_over_week: pl.DataFrame
     #: The same per job.
@@ -70,6 +72,9 @@ class Fleet:
     #: Per job with memory data in the window, its peak device memory and headroom
     #: (:data:`tracelake.analysis.fleet.MEMORY_COLUMNS`).
     memory: pl.DataFrame
+    #: Per job with a lifecycle file in the window, its goodput, factors and badput
+    #: (:data:`tracelake.analysis.goodput.COLUMNS`).
+    goodput: pl.DataFrame
     #: Seconds it took to read and compute.
     seconds: float = 0.0
 
@@ -97,6 +102,7 @@ def compute(
     top: int = 10,
     memory: pl.DataFrame | None = None,
     capacity: pl.DataFrame | None = None,
+    lifecycle: pl.DataFrame | None = None,
 ) -> Fleet:
     """Assemble a :class:`Fleet` from frames (the pure part of :func:`tracelake.warehouse.fleet_data.read`).
 
@@ -105,7 +111,9 @@ def compute(
     ``collectives`` the per-job summaries (:func:`tracelake.analysis.fleet.collective_summaries`)
     of the ``collectives`` rows of the traces in ``[since, until)``; ``memory`` the per-device peaks
     of their ``memory_events`` and ``capacity`` their ``devices`` rows
-    (:func:`tracelake.analysis.fleet.memory_headroom`).
+    (:func:`tracelake.analysis.fleet.memory_headroom`); ``lifecycle`` the ``job_lifecycle`` rows of the
+    lifecycle files in ``[since, until)`` with their trace's ``job`` and ``ingested_at``
+    (:func:`tracelake.analysis.goodput.per_job`, program goodput from the job's useful share).
     """
     rows = fleet.device_rows(traces, breakdown, devices)
     window = rows.filter(pl.col("ingested_at") >= since) if since is not None else rows
@@ -123,11 +131,14 @@ def compute(
         by_label=fleet.by_label(window),
         by_device=fleet.by_device(window),
         offenders=fleet.wasted_ranking(jobs, top),
+        lost_work=fleet.lost_ranking(jobs, top),
         week_over_week=fleet.week_over_week(rows, now),
         week_over_week_by_job=fleet.week_over_week(rows, now, by=["job"]),
         stragglers=fleet.stragglers_of(collectives, top),
         slowest_collectives=fleet.slowest_of(collectives, top),
         memory=fleet.memory_headroom(peaks, capacity, in_window),
+        goodput=goodput.per_job(lifecycle if lifecycle is not None else pl.DataFrame(),
+                                jobs.select("job", pl.col("useful_pct").alias("mfu_pct"))),
     )
 
 

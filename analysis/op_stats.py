@@ -21,6 +21,8 @@ from tracelake.contracts.classify import Category
 
 from .flops import counted, op_cost
 from .launches import launch_call_rows
+from .op_scope import Autograd, chains, path_name, scope_kind, scopes
+from .recompute import recompute_kind, recomputed
 from .peaks import Peaks
 
 #: The ``op`` of device ops no operator launched (no launch call, or no ``cpu_op`` around the call).
@@ -31,24 +33,29 @@ NO_OPERATOR = "(no operator)"
 MODEL_KINDS = frozenset({"matmul", "conv", "attention"})
 
 #: Output columns of :meth:`OpParts.rows`, in order.
-COLUMNS = ("trace_id", "rank", "op", "input_shapes", "dtype", "kind", "count", "host_ns", "device_ns", "kernels",
-           "flops", "bytes", "achieved_tflops", "arithmetic_intensity", "bound", "pct_of_roofline",
+COLUMNS = ("trace_id", "rank", "op", "input_shapes", "dtype", "kind", "module", "count", "host_ns", "device_ns",
+           "kernels", "flops", "bytes", "achieved_tflops", "arithmetic_intensity", "bound", "pct_of_roofline",
            "above_roofline")
 
 SCHEMA: dict[str, Any] = {
     "trace_id": pl.String, "rank": pl.Int32, "op": pl.String, "input_shapes": pl.String, "dtype": pl.String,
-    "kind": pl.String, "count": pl.Int64, "host_ns": pl.Int64, "device_ns": pl.Int64, "kernels": pl.Int64,
-    "flops": pl.Float64, "bytes": pl.Int64, "achieved_tflops": pl.Float64, "arithmetic_intensity": pl.Float64,
-    "bound": pl.String, "pct_of_roofline": pl.Float64, "above_roofline": pl.Boolean,
+    "kind": pl.String, "module": pl.String, "count": pl.Int64, "host_ns": pl.Int64, "device_ns": pl.Int64,
+    "kernels": pl.Int64, "flops": pl.Float64, "bytes": pl.Int64, "achieved_tflops": pl.Float64,
+    "arithmetic_intensity": pl.Float64, "bound": pl.String, "pct_of_roofline": pl.Float64, "above_roofline": pl.Boolean,
 }
 
 #: The host_ops columns :class:`Operators` reads.
 HOST_COLUMNS = ("event_id", "rank", "cat", "name", "ts_ns", "dur_ns", "parent_id", "correlation", "input_dims",
-                "input_types")
+                "input_types", "concrete_inputs")
 
-#: The columns of an operator call :meth:`Operators.add_calls` reads.
-_CALL_SCHEMA: dict[str, Any] = {"event_id": pl.Int64, "name": pl.String, "rank": pl.Int32, "dur_ns": pl.Int64,
-                                "input_dims": pl.String, "input_types": pl.String}
+#: The columns that tell an operator call's cost: calls alike in all three share one row of :attr:`Operators.kinds`.
+KEY_COLUMNS = ("name", "input_dims", "input_types", "concrete_inputs")
+#: A call's row of :attr:`Operators.kinds`: its cost's columns and its scope (:mod:`.op_scope`).
+GROUP_COLUMNS = (*KEY_COLUMNS, "module")
+
+#: The columns of an operator call :class:`Operators` reads from its host events.
+CALL_SCHEMA: dict[str, Any] = {"event_id": pl.Int64, "name": pl.String, "rank": pl.Int32, "dur_ns": pl.Int64,
+                               "input_dims": pl.String, "input_types": pl.String, "concrete_inputs": pl.String}
 
 _MAX_DEPTH = 4096  # deeper than any real stack: a parent chain this long is a cycle
 
@@ -72,6 +79,23 @@ def counted_mask(names: pl.Series) -> np.ndarray:
     names = names.cast(pl.String)
     known = {name: counted(name) for name in names.unique().to_list() if name}
     return names.replace_strict(known, default=False, return_dtype=pl.Boolean).fill_null(False).to_numpy()
+
+
+def _parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
+    """The position of each event's parent (-1 for none or one not among ``ids``), the first event of an id that
+    repeats. Parsers number events densely, so a table indexed by id does it without a sort; else a sort."""
+    n = len(ids)
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    low, high = int(ids.min()), int(ids.max())
+    inside = (parent_ids >= low) & (parent_ids <= high)
+    if high - low < 4 * n + 1024:
+        position = np.full(high - low + 1, -1, dtype=np.int64)
+        position[ids[::-1] - low] = np.arange(n - 1, -1, -1, dtype=np.int64)  # written last to first: the first wins
+        return np.where(inside, position[np.where(inside, parent_ids - low, 0)], -1)
+    order = np.argsort(ids, kind="stable")
+    at = np.minimum(np.searchsorted(ids[order], parent_ids), n - 1)
+    return np.where(inside & (ids[order[at]] == parent_ids), order[at], -1)
 
 
 def _owners(start: np.ndarray, parent: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray) -> np.ndarray:
@@ -104,60 +128,144 @@ class Operators:
     Args:
         host: the trace's host events, columns :data:`HOST_COLUMNS` (any order; ``input_dims`` and
             ``input_types`` are JSON text, as ``host_ops`` stores them). A caller reading a large trace uses
-            :meth:`from_arrays` and then :meth:`add_calls` with the rows of :attr:`events` only.
+            :meth:`from_arrays` and then :meth:`set_keyed` with the rows of :attr:`rows` only.
     """
 
     def __init__(self, host: pl.DataFrame) -> None:
         host = host.filter(pl.col("event_id").is_not_null())
         calls = host.select(pl.int_range(pl.len()).alias("row"), "correlation", "ts_ns", "dur_ns").filter(
             pl.col("correlation").is_not_null() & pl.col("ts_ns").is_not_null())
+        pairs = host.select("cat", "name").unique()
+        kinds = {(c, n): scope_kind(c, n) for c, n in pairs.iter_rows()}
+        kind = np.array([kinds[(c, n)] for c, n in host.select("cat", "name").iter_rows()], dtype=np.int8)
+        autograd = Autograd.empty()
+        if "sequence_number" in host.columns:
+            marks = host.select(pl.int_range(pl.len()).alias("row"), "sequence_number",
+                                (pl.col("fwd_thread_id") > 0).fill_null(False).alias("backward")
+                                if "fwd_thread_id" in host.columns else pl.lit(False).alias("backward")
+                                ).filter(pl.col("sequence_number").is_not_null())
+            autograd = Autograd(marks["row"].to_numpy().astype(np.int64),
+                                marks["sequence_number"].to_numpy().astype(np.int64), marks["backward"].to_numpy())
         self._attribute(
             host["event_id"].to_numpy().astype(np.int64), host["parent_id"].fill_null(-1).to_numpy().astype(np.int64),
             (host["cat"] == "cpu_op").fill_null(False).to_numpy(), counted_mask(host["name"]),
             calls["row"].to_numpy().astype(np.int64), calls["correlation"].to_numpy().astype(np.int64),
-            calls["ts_ns"].to_numpy().astype(np.int64), calls["dur_ns"].fill_null(0).to_numpy().astype(np.int64))
-        self.add_calls(host.filter(pl.col("event_id").is_in(pl.Series(self.events).implode())))
+            calls["ts_ns"].to_numpy().astype(np.int64), calls["dur_ns"].fill_null(0).to_numpy().astype(np.int64),
+            kind, autograd,
+            np.array([recompute_kind(n) for n in host["name"].cast(pl.String).to_list()], dtype=np.int8))
+        names = host["name"].cast(pl.String).to_list()
+        chosen = host[self.rows.tolist()]
+        self.set_calls(chosen.select(*(pl.col(c).cast(t) if c in chosen.columns else pl.lit(None, dtype=t).alias(c)
+                                       for c, t in CALL_SCHEMA.items())).with_columns(
+            pl.Series("module", [path_name([names[p] for p in self.scope_paths[r]]) if r >= 0 else None
+                                 for r in self.scope_rows.tolist()], dtype=pl.String)))
 
     @classmethod
     def from_arrays(cls, event_id: np.ndarray, parent_id: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray,
-                    call_row: np.ndarray, correlation: np.ndarray, ts_ns: np.ndarray,
-                    dur_ns: np.ndarray) -> Operators:
+                    call_row: np.ndarray, correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray,
+                    kind: np.ndarray | None = None, autograd: Autograd | None = None,
+                    recompute: np.ndarray | None = None) -> Operators:
         """From one trace's host events as arrays: every event's ``event_id``, ``parent_id`` (-1 for none), whether it
-        is a ``cpu_op`` and whether a counted one; and of the events with a correlation and a start (``call_row``:
-        their positions), the ``correlation``, ``ts_ns`` and ``dur_ns`` (0 for none). :attr:`ops` is empty until
-        :meth:`add_calls`."""
+        is a ``cpu_op`` and whether a counted one; of the events with a correlation and a start (``call_row``: their
+        positions), the ``correlation``, ``ts_ns`` and ``dur_ns`` (0 for none); every event's :func:`scope_kind` and
+        the autograd marks (:class:`~.op_scope.Autograd`), for the calls' modules (:attr:`scope_rows`); every
+        event's :func:`~.recompute.recompute_kind`, for :attr:`recomputed`. The calls have no name nor cost until
+        :meth:`set_keyed`."""
         self = cls.__new__(cls)
-        self._attribute(event_id, parent_id, is_op, is_counted, call_row, correlation, ts_ns, dur_ns)
-        self.ops = _costs(pl.DataFrame(schema=_CALL_SCHEMA))
+        self._attribute(event_id, parent_id, is_op, is_counted, call_row, correlation, ts_ns, dur_ns, kind, autograd,
+                        recompute)
+        self.set_keyed(np.zeros(0, dtype=np.int64), pl.DataFrame(schema={c: pl.String for c in GROUP_COLUMNS}),
+                       np.zeros(0, dtype=np.int64))
         return self
 
     def _attribute(self, ids: np.ndarray, parent_ids: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray,
-                   call_row: np.ndarray, correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray) -> None:
-        if len(ids) > 1 and not (ids[1:] > ids[:-1]).all():  # parsers number events in order: rarely sorts
-            order = np.argsort(ids, kind="stable")
-            ids, parent_ids, is_op, is_counted = (a[order] for a in (ids, parent_ids, is_op, is_counted))
-            call_row = np.argsort(order)[call_row]
-        parent = np.full(len(ids), -1, dtype=np.int64)
-        if len(ids):
-            at = np.minimum(np.searchsorted(ids, parent_ids), len(ids) - 1)
-            parent = np.where((parent_ids >= 0) & (ids[at] == parent_ids), at, -1)
-            del at
+                   call_row: np.ndarray, correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray,
+                   kind: np.ndarray | None, autograd: Autograd | None, recompute: np.ndarray | None) -> None:
+        parent = _parent_rows(ids, parent_ids)
         found, chosen_rows = launch_call_rows(correlation, ts_ns, dur_ns)
         target = _owners(call_row[chosen_rows], parent, is_op, is_counted) if len(chosen_rows) else \
-            np.zeros(0, np.int64)
-        #: Sorted correlation ids and the index (into :attr:`ops`) of each one's operator, -1 for none.
+            np.zeros(0, dtype=np.int64)
+        # the calls that own a launch, in input order: a mark per event and a running count (no sort)
+        marked = np.zeros(len(ids) + 1, dtype=bool)
+        marked[target[target >= 0]] = True
+        index = np.cumsum(marked) - 1
+        #: Sorted correlation ids and the index (into :attr:`rows`) of each one's operator, -1 for none.
         self.correlation = found
-        chosen = np.unique(target[target >= 0])
-        self.op_of = np.where(target >= 0, np.searchsorted(chosen, target), -1)
-        #: The ``event_id`` of each operator call that launched device ops, sorted (the rows of :attr:`ops`).
-        self.events = ids[chosen]
+        self.op_of = np.where(target >= 0, index[np.maximum(target, 0)], -1)
+        #: The input positions of the operator calls that launched device ops, ascending.
+        self.rows = np.flatnonzero(marked[:-1])
+        #: Their ``event_id`` (in the order of :attr:`rows`).
+        self.events = ids[self.rows]
+        #: The position of each call's scope event (docs/analyses.md, "Module"), -1 for none.
+        self.scope_rows = np.full(len(self.rows), -1, dtype=np.int64) if kind is None else \
+            scopes(self.rows, parent, kind, autograd or Autograd.empty(), ids)
+        #: Whether each call runs as a recomputation (docs/analyses.md, "HFU and MFU"): MFU leaves its FLOPs out.
+        self.recomputed = np.zeros(len(self.rows), dtype=bool) if recompute is None else \
+            recomputed(self.rows, parent, recompute)
+        #: Of each scope event, the scope events of its path, outermost first (:func:`.op_scope.chains`).
+        self.scope_paths = chains(np.unique(self.scope_rows[self.scope_rows >= 0]), parent, kind) \
+            if kind is not None else {}
 
-    def add_calls(self, calls: pl.DataFrame) -> None:
-        """Give the calls of :attr:`events` their name, rank, duration and shapes (``calls``: ``event_id``, ``name``,
-        ``rank``, ``dur_ns``, ``input_dims``, ``input_types`` of any events; a call missing from it has none)."""
-        calls = calls.select(*(pl.col(c).cast(t) for c, t in _CALL_SCHEMA.items())).unique("event_id", keep="first")
-        self.ops = _costs(pl.DataFrame({"event_id": self.events}, schema={"event_id": pl.Int64}).join(
-            calls, on="event_id", how="left", maintain_order="left"))
+    def set_calls(self, calls: pl.DataFrame) -> None:
+        """The calls of :attr:`rows`, in that order: ``name``, ``dur_ns``, ``input_dims``, ``input_types`` and
+        optionally ``concrete_inputs`` and ``module`` (:data:`GROUP_COLUMNS`)."""
+        shapes = calls.select(*(pl.col(c).cast(pl.String) if c in calls.columns else pl.lit(None, dtype=pl.String)
+                                .alias(c) for c in GROUP_COLUMNS))
+        distinct = shapes.unique(maintain_order=True)
+        key = shapes.with_row_index("_row").join(distinct.with_row_index("_key"), on=list(GROUP_COLUMNS),
+                                                 how="left", nulls_equal=True).sort("_row")["_key"]
+        self.set_keyed(key.to_numpy().astype(np.int64), distinct, calls["dur_ns"].fill_null(0).to_numpy())
+
+    def set_keyed(self, key: np.ndarray, distinct: pl.DataFrame, host_ns: np.ndarray) -> None:
+        """The calls of :attr:`rows`, in that order, as the index ``key`` of each one's row in ``distinct`` (columns
+        :data:`GROUP_COLUMNS`: a few hundred rows for 100,000s of calls) and its host duration ``host_ns``."""
+        #: One row per distinct (name, shapes, types, concrete inputs, module) of a call: ``op``, ``input_shapes``,
+        #: ``module`` and its cost.
+        self.kinds = _costs(distinct)
+        self._key = key.astype(np.int64, copy=False)
+        self._host_ns = host_ns.astype(np.int64, copy=False)
+        self._flops = self.kinds["flops"].to_numpy()
+        self._model = self.kinds["model_flops"].to_numpy()
+        self._dtype_names: list[str] = self.kinds["dtype"].drop_nulls().unique().sort().to_list()
+        self._dtype_code = self.kinds["dtype"].replace_strict(
+            {name: i for i, name in enumerate(self._dtype_names)}, default=-1, return_dtype=pl.Int64).to_numpy()
+
+    @property
+    def calls(self) -> int:
+        """How many operator calls launched device ops (the rows of :attr:`rows`)."""
+        return len(self._key)
+
+    def op(self, call: int) -> str | None:
+        """The name of the call ``call`` (an index into :attr:`rows`)."""
+        return self.kinds["op"][int(self._key[call])]
+
+    def totals(self, calls: np.ndarray, device_ns: np.ndarray, kernels: np.ndarray) -> pl.DataFrame:
+        """The calls ``calls`` (indices into :attr:`rows`), whose device ops took ``device_ns`` in ``kernels`` ops,
+        summed per row of :attr:`kinds` that has any: ``op``, ``input_shapes``, ``dtype``, ``kind``, ``count``,
+        ``host_ns``, ``device_ns``, ``kernels``, ``flops``, ``bytes`` (null where the call has no estimate)."""
+        key, size = self._key[calls], self.kinds.height
+
+        def total(weights: np.ndarray | None = None) -> np.ndarray:
+            return np.rint(np.bincount(key, weights=weights, minlength=size)).astype(np.int64)
+
+        count = total()
+        return self.kinds.with_columns(
+            pl.Series("count", count), pl.Series("host_ns", total(self._host_ns[calls])),
+            pl.Series("device_ns", total(device_ns)), pl.Series("kernels", total(kernels)),
+        ).filter(pl.col("count") > 0).with_columns(
+            pl.col("flops") * pl.col("count"), pl.col("bytes") * pl.col("count"),
+        ).drop("input_types", "concrete_inputs", "model_flops")
+
+    def credited(self, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float]]:
+        """The ``flops``, ``model_flops`` and recomputed model FLOPs (0 where the call is not recomputed) of the calls
+        ``chosen`` (indices into :attr:`rows`), and their positive model FLOPs summed per dtype."""
+        kinds = self._key[chosen]
+        flops, model = self._flops[kinds], self._model[kinds]
+        again = np.where(self.recomputed[chosen], model, np.where(np.isnan(model), np.nan, 0.0))
+        codes = self._dtype_code[kinds]
+        keep = (codes >= 0) & (model > 0)  # NaN compares false: calls with no estimate drop out
+        sums = np.bincount(codes[keep], weights=model[keep], minlength=len(self._dtype_names))
+        return flops, model, again, {name: float(sums[i]) for i, name in enumerate(self._dtype_names) if sums[i] > 0}
 
     def targets(self, correlation: pl.Series) -> np.ndarray:
         """The :attr:`ops` index each op's correlation is attributed to; -1 where none."""
@@ -169,21 +277,17 @@ class Operators:
         return np.where(found, self.op_of[at], -1)
 
 
-def _costs(ops: pl.DataFrame) -> pl.DataFrame:
-    """The operator calls with their cost: ``op``, ``input_shapes``, ``rank``, ``host_ns``, ``flops``, ``bytes``,
-    ``dtype``, ``kind``, ``model_flops`` (flops of :data:`MODEL_KINDS`, else 0 where estimated)."""
-    keys = ["op", "input_dims", "input_types"]
-    calls = ops.select(pl.col("name").cast(pl.String).alias("op"), "input_dims", "input_types", "rank",
-                       pl.col("dur_ns").fill_null(0).cast(pl.Int64).alias("host_ns")).with_row_index("_row")
-    distinct = calls.select(keys).unique()  # a few hundred shapes in a trace of 100,000s of calls
-    costs = [op_cost(name, _json(dims), _json(types)) if name else None for name, dims, types in distinct.iter_rows()]
-    distinct = distinct.with_columns(
+def _costs(distinct: pl.DataFrame) -> pl.DataFrame:
+    """Each distinct call (:data:`KEY_COLUMNS`) with its cost: ``op``, ``input_shapes``, ``input_types``, ``flops``,
+    ``bytes``, ``dtype``, ``kind``, ``model_flops`` (flops of :data:`MODEL_KINDS`, else 0 where estimated)."""
+    costs = [op_cost(name, _json(dims), _json(types), _json(concrete)) if name else None
+             for name, dims, types, concrete in distinct.select(KEY_COLUMNS).iter_rows()]
+    return distinct.select(pl.col("name").alias("op"), pl.col("input_dims").alias("input_shapes"), "input_types",
+                           "concrete_inputs", "module").with_columns(
         pl.Series("flops", [c.flops if c else None for c in costs], dtype=pl.Float64),
         pl.Series("bytes", [c.bytes if c else None for c in costs], dtype=pl.Float64),
         pl.Series("dtype", [c.dtype if c else None for c in costs], dtype=pl.String),
-        pl.Series("kind", [c.kind if c else None for c in costs], dtype=pl.String))
-    return calls.join(distinct, on=keys, how="left", nulls_equal=True).sort("_row").select(
-        "op", pl.col("input_dims").alias("input_shapes"), "rank", "host_ns", "flops", "bytes", "dtype", "kind",
+        pl.Series("kind", [c.kind if c else None for c in costs], dtype=pl.String),
     ).with_columns(
         pl.when(pl.col("kind").is_in(list(MODEL_KINDS))).then(pl.col("flops"))
         .otherwise(pl.when(pl.col("flops").is_not_null()).then(0.0)).alias("model_flops"))
@@ -209,42 +313,46 @@ class OpParts:
 
     def __init__(self, operators: Operators | None) -> None:
         self._operators = operators
-        n = operators.ops.height if operators is not None else 0
+        n = operators.calls if operators is not None else 0
         self._credited = np.zeros(n, dtype=bool)
         self._device_ns = np.zeros(n + 1, dtype=np.int64)  # the last slot: no operator
         self._kernels = np.zeros(n + 1, dtype=np.int64)
         self._model_by_dtype: dict[str, float] = {}
 
-    def credit(self, ops: pl.DataFrame) -> tuple[pl.Series, pl.Series]:
+    def credit(self, ops: pl.DataFrame) -> tuple[pl.Series, pl.Series, pl.Series]:
         """Add one window's ops (``category``, ``ts_ns``, ``dur_ns``, ``correlation``, ``event_id``) and return each
-        op's credited ``flops`` and ``model_flops`` (null where it is not the first device op of an estimated call)."""
+        op's credited ``flops``, ``model_flops`` and ``recomputed_flops`` (of its model FLOPs, those of a recomputed
+        call), null where it is not the first device op of an estimated call."""
         n = self._credited.size
         target = self._operators.targets(ops["correlation"]) if self._operators is not None else \
             np.full(ops.height, -1, dtype=np.int64)
         work = ops.select((pl.col("category") != Category.SYNC).fill_null(False))[:, 0].to_numpy()
         dur = ops["dur_ns"].fill_null(0).to_numpy().astype(np.int64)
         slot = np.where(target >= 0, target, n)[work]
-        np.add.at(self._device_ns, slot, dur[work])
-        np.add.at(self._kernels, slot, 1)
+        self._device_ns += np.bincount(slot, weights=dur[work], minlength=n + 1).astype(np.int64)
+        self._kernels += np.bincount(slot, minlength=n + 1)
         flops = np.full(ops.height, np.nan)
         model = np.full(ops.height, np.nan)
+        again = np.full(ops.height, np.nan)
         eligible = work & (target >= 0) & (ops["dur_ns"].fill_null(-1).to_numpy() >= 0)
         if eligible.any() and self._operators is not None:
             rows = np.flatnonzero(eligible)
             rows = rows[~self._credited[target[rows]]]
             if len(rows):
-                key = ops[rows.tolist()].select("ts_ns", "event_id").with_columns(
-                    pl.Series("row", rows), pl.Series("target", target[rows]))
-                first = key.sort("ts_ns", "event_id").unique("target", keep="first")
-                rows, chosen = first["row"].to_numpy(), first["target"].to_numpy()
+                # per call, its first device op here: by start, then event_id (nulls first, as a sort puts them)
+                low = np.iinfo(np.int64).min
+                ts = ops["ts_ns"].fill_null(low).to_numpy()[rows]
+                event = ops["event_id"].fill_null(low).to_numpy()[rows]
+                order = np.lexsort((event, ts, target[rows]))
+                calls = target[rows][order]
+                first = order[np.r_[True, calls[1:] != calls[:-1]]]
+                rows, chosen = rows[first], target[rows][first]
                 self._credited[chosen] = True
-                info = self._operators.ops
-                flops[rows] = info["flops"].to_numpy()[chosen]
-                model[rows] = info["model_flops"].to_numpy()[chosen]
-                for dtype, value in zip(info["dtype"].to_numpy()[chosen], model[rows], strict=True):
-                    if dtype is not None and value == value and value > 0:
-                        self._model_by_dtype[dtype] = self._model_by_dtype.get(dtype, 0.0) + float(value)
-        return pl.Series("flops", flops).fill_nan(None), pl.Series("model_flops", model).fill_nan(None)
+                flops[rows], model[rows], again[rows], by_dtype = self._operators.credited(chosen)
+                for dtype, value in by_dtype.items():
+                    self._model_by_dtype[dtype] = self._model_by_dtype.get(dtype, 0.0) + value
+        return (pl.Series("flops", flops).fill_nan(None), pl.Series("model_flops", model).fill_nan(None),
+                pl.Series("recomputed_flops", again).fill_nan(None))
 
     def dominant_dtype(self) -> str | None:
         """The dtype of most of the model FLOPs credited so far (the peak MFU is measured against)."""
@@ -259,10 +367,9 @@ class OpParts:
         used = np.flatnonzero(self._kernels[:n] > 0)
         parts = []
         if len(used) and self._operators is not None:
-            parts.append(self._operators.ops[used.tolist()].with_columns(
-                pl.Series("device_ns", self._device_ns[used]), pl.Series("kernels", self._kernels[used]))
-                .group_by("op", "input_shapes", "dtype", "kind").agg(
-                    pl.len().cast(pl.Int64).alias("count"), pl.col("host_ns").sum(), pl.col("device_ns").sum(),
+            parts.append(self._operators.totals(used, self._device_ns[used], self._kernels[used])
+                .group_by("op", "input_shapes", "dtype", "kind", "module").agg(
+                    pl.col("count").sum(), pl.col("host_ns").sum(), pl.col("device_ns").sum(),
                     pl.col("kernels").sum(), *(_sum_or_null(c) for c in ("flops", "bytes"))))
         if self._kernels[n]:
             parts.append(pl.DataFrame({"op": [NO_OPERATOR], "device_ns": [int(self._device_ns[n])],
@@ -272,10 +379,11 @@ class OpParts:
         frame = pl.concat(parts, how="diagonal_relaxed")
         frame = frame.with_columns(
             pl.lit(trace_id).alias("trace_id"), pl.lit(rank, dtype=pl.Int32).alias("rank"),
-            *(pl.lit(None, dtype=SCHEMA[c]).alias(c) for c in ("input_shapes", "dtype", "kind", "count", "host_ns",
-                                                                "flops", "bytes") if c not in frame.columns))
+            *(pl.lit(None, dtype=SCHEMA[c]).alias(c) for c in ("input_shapes", "dtype", "kind", "module", "count",
+                                                                "host_ns", "flops", "bytes") if c not in frame.columns))
         return roofline(frame, peaks).select(COLUMNS).cast(SCHEMA).sort(  # type: ignore[arg-type]
-            "device_ns", "op", "input_shapes", "dtype", descending=[True, False, False, False], nulls_last=True)
+            "device_ns", "op", "input_shapes", "dtype", "module", descending=[True, False, False, False, False],
+            nulls_last=True)
 
 
 def _sum_or_null(column: str) -> pl.Expr:

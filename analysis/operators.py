@@ -79,3 +79,34 @@ def top_operators(op_stats: pl.DataFrame, *, top: int = 8) -> pl.DataFrame:
     return head.with_columns(
         (100.0 * pl.col("device_ns") / total if total else pl.lit(None, pl.Float64)).alias("share_pct")
     ).select(pl.col(c).cast(t) for c, t in SCHEMA.items())
+
+
+#: The ``module`` of the row holding the modules past the top ones, and of the ops with no module.
+OTHER_MODULES = "(other modules)"
+NO_MODULE = "(no module)"
+
+#: Columns of :func:`top_modules`, in order.
+MODULE_COLUMNS = ("module", "count", "device_ns", "kernels", "flops", "achieved_tflops", "share_pct")
+
+
+def top_modules(op_stats: pl.DataFrame, *, top: int = 8) -> pl.DataFrame:
+    """The ``top`` module paths by device time (``op_stats.module``: the innermost path, so rows never overlap),
+    summed over ranks, then one :data:`OTHER_MODULES` row and one :data:`NO_MODULE` row (device ops of calls with no
+    module and of no operator); ``share_pct`` adds up to 100. Empty where no row has a module (no Python events)."""
+    if op_stats.is_empty() or "module" not in op_stats.columns or op_stats["module"].is_null().all():
+        return pl.DataFrame(schema={c: SCHEMA.get(c, pl.String) for c in MODULE_COLUMNS})
+    rows = op_stats.with_columns(pl.col(c).cast(pl.Int64) for c in ("count", "device_ns", "kernels"))
+    sums = (pl.col("count").sum(), pl.col("device_ns").sum(), pl.col("kernels").sum(), _flops_sum().alias("flops"))
+    grouped = rows.filter(pl.col("module").is_not_null()).group_by("module").agg(*sums).sort(
+        ["device_ns", "module"], descending=[True, False])
+    parts = [grouped.head(top)]
+    if grouped.height > top:
+        parts.append(grouped.slice(top).select(pl.lit(OTHER_MODULES).alias("module"), *sums))
+    unknown = rows.filter(pl.col("module").is_null())
+    if unknown.height:
+        parts.append(unknown.select(pl.lit(NO_MODULE).alias("module"), *sums))
+    total = rows["device_ns"].sum()
+    return pl.concat(parts, how="vertical_relaxed").with_columns(
+        pl.when(pl.col("device_ns") > 0).then(pl.col("flops") / pl.col("device_ns") / 1e3).alias("achieved_tflops"),
+        (100.0 * pl.col("device_ns") / total if total else pl.lit(None, pl.Float64)).alias("share_pct"),
+    ).select(pl.col(c).cast(SCHEMA.get(c, pl.String)) for c in MODULE_COLUMNS)

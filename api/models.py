@@ -139,9 +139,12 @@ class JobAnalysis(BaseModel):
                     "(capacity minus peak reserved), `fragmentation_bytes` (reserved minus allocated at the allocated "
                     "peak), `peak_ts_ns`, `peak_step`, `before_trace_bytes`, `events`, `ooms`, and the growth of what "
                     "survives each step, `slope_bytes_per_step` and `leak`. Under `analysis`: `memory_live_at_peak`, "
-                    "`memory_by_category`, `memory_growth`, `allocator_churn`.")
+                    "`memory_by_category`, `memory_growth`, `allocator_churn`, and from allocator snapshots "
+                    "`allocator_snapshots`, `allocator_live`, `allocator_ooms`.")
     analysis: dict[str, Any] = Field(description="Every other analysis: idle by stream, launches, steps, collectives, "
-                                     "memory held at the peak, by category, growth and allocator churn...")
+                                     "memory held at the peak, by category, growth and allocator churn, allocator "
+                                     "snapshots, `top_operators`, `top_modules` (docs/analyses.md, \"Module\"), the "
+                                     "6·N·D cross-check `model_flops` (docs/analyses.md, \"6·N·D cross-check\")...")
 
 
 class SqlQuery(BaseModel):
@@ -215,3 +218,31 @@ class ReportList(BaseModel):
                      "trigger": "schedule", "since": "2026-11-30T06:00:00Z", "traces": 10000, "jobs": 2500,
                      "job_reports": 10, "seconds": 3.1, "bytes": 54000000}],
         "schedule": "0 6 * * MON", "timezone": "UTC", "next_run": "2026-12-14T06:00:00Z", "last_error": None}]})
+
+
+class FleetAnswer(BaseModel):
+    """The fleet's figures, as the fleet report shows them (definitions: docs/analyses.md, "Fleet" and "Goodput")."""
+
+    since: dt.datetime | None
+    until: dt.datetime | None
+    labels: dict[str, str]
+    now: dt.datetime = Field(description="Reference time of the week-over-week comparison.")
+    totals: list[dict[str, Any]] = Field(description="One row: device-hours, busy, useful (x MFU) and wasted "
+                                         "device-hours, utilisation, MFU of the whole selection.")
+    by_job: list[dict[str, Any]]
+    by_day: list[dict[str, Any]]
+    by_week: list[dict[str, Any]]
+    by_label: list[dict[str, Any]] = Field(description="Per label key and value (`team`, `cluster`, ...).")
+    by_device: list[dict[str, Any]]
+    offenders: list[dict[str, Any]] = Field(description="Jobs ranked by wasted device-hours.")
+    lost_work: list[dict[str, Any]] = Field(description="Jobs ranked by useful work lost, device-hours x (1 - MFU); "
+                                            "`useful_hours` null where no device of the job has an MFU.")
+    week_over_week: list[dict[str, Any]]
+    week_over_week_by_job: list[dict[str, Any]]
+    stragglers: list[dict[str, Any]]
+    slowest_collectives: list[dict[str, Any]]
+    memory: list[dict[str, Any]]
+    goodput: list[dict[str, Any]] = Field(description="Per job with a lifecycle file: `goodput` = "
+                                          "`scheduling_goodput` x `runtime_goodput` x `program_goodput`, and the "
+                                          "badput buckets (`*_ns`) that add up to `wall_ns` with `goodput_ns`.")
+    seconds: float

@@ -40,7 +40,11 @@ BREAKDOWN = Table(
            "(`devices.peak_tflops`, else the known device's figure for the dtype of most model FLOPs); null "
            "without both."),
         _c("mfu_pct", "DOUBLE", "Model FLOPs utilisation: 100 x model FLOPs (matmuls, convolutions and attention "
-           "of the window's operator calls; all of `flops` for XLA) / (the same peak x span)."),
+           "of the window's operator calls; all of `flops` for XLA; without the forward ops activation checkpointing "
+           "recomputes, where the ops mark them: docs/analyses.md, \"HFU and MFU\") / (the same peak x span)."),
+        _c("hfu_pct", "DOUBLE", "Hardware FLOPs utilisation: as `mfu_pct`, counting every executed model FLOP, "
+           "forward ops recomputed by activation checkpointing included (docs/analyses.md, \"HFU and MFU\"); equal "
+           "to `mfu_pct` where nothing is recomputed."),
     ),
     (JOB,),
     derived=True,
@@ -190,6 +194,9 @@ OP_STATS = Table(
         _c("dtype", "VARCHAR", "Peak key of the estimate (`bf16`, `fp32`, ...); null without an estimate."),
         _c("kind", "VARCHAR", "Kind of the estimate: `matmul`, `conv`, `attention`, `norm`, `elementwise`, "
                               "`reduction`; null without one."),
+        _c("module", "VARCHAR", "The `nn.Module` that ran the calls (`Linear_3`; a backward call takes its forward's), "
+           "else the innermost frame of user code (`train.py(42): step`); null where the trace has no Python events "
+           "(`with_stack`/`with_modules`). docs/analyses.md, \"Module\"."),
         _c("count", "BIGINT", "Calls that launched device ops."),
         _ns("host_ns", "Summed host duration of those calls."),
         _ns("device_ns", "Summed duration of the device ops attributed to them."),

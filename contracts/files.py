@@ -1,6 +1,6 @@
 """Which files a folder given to ``tracelake ingest`` or ``tracelake push`` contributes (names only, no I/O).
 
-Declared once here for the warehouse (``warehouse/inputs.py``) and the client (``api/client_files.py``),
+Declared once here for the warehouse (``warehouse/inputs.py``) and the client (``client/files.py``),
 which must pick the same files without importing the warehouse.
 """
 

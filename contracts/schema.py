@@ -35,13 +35,14 @@ from .tables import (
     DEVICES,
     FLIGHT_RECORDER_STATUS,
     HOST_OPS,
+    JOB_LIFECYCLE,
     NCCL_BENCHMARKS,
     STEPS,
     TRACES,
 )
 
 #: Bumped whenever a table or column changes meaning or type.
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 #: Every table, in the order they are written; `traces` is last because writing
 #: its row is what makes a trace visible.
@@ -49,7 +50,8 @@ TABLES: dict[str, Table] = {
     t.name: t
     for t in (DEVICE_OPS, HOST_OPS, COLLECTIVES, STEPS, COUNTERS, MEMORY_EVENTS, MEMORY_TIMELINE, ALLOCATOR_SEGMENTS,
               ALLOCATOR_EVENTS, DEVICES, NCCL_BENCHMARKS,
-              COMMUNICATORS, COMM_CHANNELS, FLIGHT_RECORDER_STATUS, ET_NODES, BREAKDOWN, KERNEL_STATS, STREAM_IDLE,
+              COMMUNICATORS, COMM_CHANNELS, FLIGHT_RECORDER_STATUS, JOB_LIFECYCLE, ET_NODES, BREAKDOWN, KERNEL_STATS,
+              STREAM_IDLE,
               LAUNCH_STATS, STREAM_QUEUES, GRAPH_LAUNCHES, CRITICAL_PATH, OP_STATS, TRACES)
 }
 
@@ -108,6 +110,7 @@ __all__ = [
     "GRAPH_LAUNCHES",
     "HOST_OPS",
     "JOB",
+    "JOB_LIFECYCLE",
     "KERNEL_STATS",
     "LAUNCH_STATS",
     "MEMORY_EVENTS",

@@ -15,7 +15,7 @@ TRACES = Table(
     "One row per ingested trace file. A trace is visible in every other table only once its row here exists.",
     (
         TRACE_ID,
-        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON), `xla` (XSpace `.xplane.pb`), `xla_json` (trace-viewer JSON of XLA), `nccl_tests`, `nccl_inspector`, `nccl_log`, `flight_recorder`, `nccl_profiler`, `memory_timeline` (the PyTorch profiler's memory timeline export), `allocator_snapshot` (a CUDA caching allocator snapshot), `execution_trace` (a PyTorch execution trace, Chakra ET JSON)."),
+        _c("format", "VARCHAR", "Input format: `pytorch_profiler` (Kineto JSON), `xla` (XSpace `.xplane.pb`), `xla_json` (trace-viewer JSON of XLA), `nccl_tests`, `nccl_inspector`, `nccl_log`, `flight_recorder`, `nccl_profiler`, `memory_timeline` (the PyTorch profiler's memory timeline export), `allocator_snapshot` (a CUDA caching allocator snapshot), `execution_trace` (a PyTorch execution trace, Chakra ET JSON), `job_lifecycle` (a job lifecycle file)."),
         _c("source_name", "VARCHAR", "File name as given at ingest."),
         _c("source_path", "VARCHAR", "Absolute path of the file on the ingesting machine (null for uploads)."),
         _c("source_bytes", "BIGINT", "Size of the file as stored (compressed if it was)."),
@@ -105,6 +105,9 @@ HOST_OPS = Table(
         _c("input_dims", "VARCHAR", "Input shapes as JSON text, when recorded."),
         _c("input_types", "VARCHAR", "Input dtypes as JSON text, when recorded."),
         _c("flops", "DOUBLE", "Estimated FLOPs of the operator (with_flops)."),
+        _c("concrete_inputs", "VARCHAR", "The operator's `Concrete Inputs` (scalar and list arguments) as JSON text, "
+           "kept for `c10d::` collectives and the operators whose cost needs them (convolutions, attention, "
+           "reductions); null for the others."),
         STEP,
         _c("record_function_id", "BIGINT", "Kineto: the operator's `Record function id` arg, the id PyTorch "
            "execution traces (Chakra ET nodes' `rf_id`) give the same operator; null where the trace has none (Kineto "
@@ -169,11 +172,12 @@ STEPS = Table(
 
 COUNTERS = Table(
     "counters",
-    "Counter samples: memory allocator totals and other `C` (counter) events.",
+    "Counter samples: the trace's `C` (counter) events. Allocator totals of `[memory]` instants are in "
+    "`memory_events` (`total_allocated`, `total_reserved`), not here.",
     (
         TRACE_ID,
         RANK,
-        _c("name", "VARCHAR", "Counter series, e.g. `Total Allocated`."),
+        _c("name", "VARCHAR", "Counter series, as the trace names it."),
         _c("device", "INTEGER", "Device the sample is for, when known (-1 for the CPU)."),
         TS,
         _c("value", "DOUBLE", "Sample value."),
@@ -277,6 +281,34 @@ FLIGHT_RECORDER_STATUS = Table(
         _c("last_enqueued", "BIGINT", "Seq of the last collective enqueued."),
         _c("last_started", "BIGINT", "Seq of the last collective started."),
         _c("last_completed", "BIGINT", "Seq of the last collective completed."),
+    ),
+    (JOB,),
+)
+
+
+JOB_LIFECYCLE = Table(
+    "job_lifecycle",
+    "A job's life from submission to its end, from a job lifecycle file (docs/formats.md, \"Job lifecycle\"): "
+    "one row per event. Goodput is computed from it (docs/analyses.md, \"Goodput\").",
+    (
+        TRACE_ID,
+        _c("declared_job", "VARCHAR", "The job the file names (`job`); figures join on the trace's `job`, the "
+                                      "one given at ingest."),
+        _c("event", "VARCHAR", "`submitted`, `started` (resources held), `first_step`, `checkpoint`, `restart` or "
+                               "`ended`."),
+        _c("seq", "INTEGER", "Position of a `checkpoint` or `restart` in its list in the file, from 0; 0 for the "
+                             "other events."),
+        _c("at_ns", "BIGINT", "When it happened, ns since the Unix epoch (UTC); for a `restart`, when the job "
+                              "failed."),
+        _c("step", "BIGINT", "`checkpoint`: the step it saved, when given."),
+        _c("dur_ns", "BIGINT", "`checkpoint`: how long the job was blocked writing it."),
+        _c("lost_since_ns", "BIGINT", "`restart`: start of the work the failure lost (the last checkpoint, or the "
+                                      "first step), ns since the epoch."),
+        _c("resumed_ns", "BIGINT", "`restart`: when the job was making progress again, when given (else the "
+                                   "recovery is not measured)."),
+        _c("steps", "BIGINT", "`ended`: steps the job completed, when given."),
+        _c("productive_ns", "BIGINT", "`ended`: time spent in training steps, when the job measured it "
+                                      "(`productive_step_seconds`)."),
     ),
     (JOB,),
 )

@@ -1061,9 +1061,24 @@ static int device_row(Scan *s, const Event *ev, int64_t event_id, const Text *na
            col_i64(&c[15], has_graph && graph != 0, graph) ? -1 : 0;
 }
 
-/* ``Concrete Inputs`` (JSON text), kept only for ``c10d::`` ops: their peer, tag or root rank. */
+/* The operators that keep ``Concrete Inputs`` besides ``c10d::`` ones, set once by
+ * set_concrete_ops() from contracts/concrete.py before any scan (read only while scans run). */
+static char **concrete_names = NULL;
+static size_t *concrete_lens = NULL;
+static Py_ssize_t n_concrete = 0;
+
+static int keeps_concrete(const Text *name) {
+    if (!name->ok) return 0;
+    if (name->n >= 6 && memcmp(name->s, "c10d::", 6) == 0) return 1;
+    for (Py_ssize_t i = 0; i < n_concrete; i++)
+        if (concrete_lens[i] == name->n && memcmp(concrete_names[i], name->s, name->n) == 0) return 1;
+    return 0;
+}
+
+/* ``Concrete Inputs`` (JSON text), kept only where keeps_concrete(): a ``c10d::`` op's peer, tag or
+ * root rank; a convolution's stride and padding, an attention's causal flag, a reduction's dims. */
 static int concrete_col(Scan *s, Col *c, const Event *ev, const Text *name) {
-    if (name->ok && name->n >= 6 && memcmp(name->s, "c10d::", 6) == 0)
+    if (keeps_concrete(name))
         return json_col(s, c, &ev->args[A_CONCRETE_INPUTS]);
     return col_str(c, 0, "", 0);
 }
@@ -1559,6 +1574,42 @@ static PyObject *layout(PyObject *self, PyObject *noargs) {
     return out;
 }
 
+static PyObject *set_concrete_ops(PyObject *self, PyObject *arg) {
+    (void)self;
+    PyObject *seq = PySequence_Fast(arg, "set_concrete_ops() takes a sequence of str");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    char **names = calloc((size_t)(n ? n : 1), sizeof *names);
+    size_t *lens = calloc((size_t)(n ? n : 1), sizeof *lens);
+    if (names == NULL || lens == NULL) goto nomem;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t len;
+        const char *text = PyUnicode_AsUTF8AndSize(PySequence_Fast_GET_ITEM(seq, i), &len);
+        if (text == NULL) goto fail;
+        names[i] = malloc((size_t)len + 1);
+        if (names[i] == NULL) goto nomem;
+        memcpy(names[i], text, (size_t)len + 1);
+        lens[i] = (size_t)len;
+    }
+    for (Py_ssize_t i = 0; i < n_concrete; i++) free(concrete_names[i]);
+    free(concrete_names);
+    free(concrete_lens);
+    concrete_names = names;
+    concrete_lens = lens;
+    n_concrete = n;
+    Py_DECREF(seq);
+    Py_RETURN_NONE;
+nomem:
+    PyErr_NoMemory();
+fail:
+    if (names != NULL)
+        for (Py_ssize_t i = 0; i < n; i++) free(names[i]);
+    free(names);
+    free(lens);
+    Py_DECREF(seq);
+    return NULL;
+}
+
 static PyObject *constants(PyObject *self, PyObject *noargs) {
     (void)self;
     (void)noargs;
@@ -1608,6 +1659,8 @@ static PyMethodDef METHODS[] = {
      "child validity), None when ``error`` is (event index, problem, args key, event name, phase)."},
     {"layout", layout, METH_NOARGS, "The tables' columns: {table: [(name, type), ...]}."},
     {"constants", constants, METH_NOARGS, "The args keys, categories and phases the scanner knows."},
+    {"set_concrete_ops", set_concrete_ops, METH_O,
+     "set_concrete_ops(names): the operators besides c10d:: ones whose Concrete Inputs scans keep."},
     {NULL, NULL, 0, NULL},
 };
 

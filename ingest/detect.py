@@ -14,8 +14,8 @@ from pathlib import Path
 from tracelake.contracts.errors import TraceFormatError, UnknownFormatError
 
 from . import (
-    allocator_snapshot, execution_trace, flight_recorder, memory_timeline, nccl_inspector, nccl_log, nccl_profiler,
-    nccl_tests, pytorch_profiler, xla, xla_json,
+    allocator_snapshot, execution_trace, flight_recorder, lifecycle, memory_timeline, nccl_inspector, nccl_log,
+    nccl_profiler, nccl_tests, pytorch_profiler, xla, xla_json,
 )
 from .model import ParseFunction
 from .source import read_head
@@ -42,6 +42,8 @@ FORMATS: list[Format] = [
         pytorch_profiler.parse,
     ),
     Format(xla.FORMAT, "XLA profile: XSpace protobuf (.xplane.pb)", xla.sniff, xla.parse),
+    Format(lifecycle.FORMAT, 'Job lifecycle JSON (a "tracelake_lifecycle" object: submitted, started, checkpoints, '
+           "restarts, ended)", lifecycle.sniff, lifecycle.parse),
     Format(nccl_tests.FORMAT, "nccl-tests output (stdout or -J JSON)", nccl_tests.sniff, nccl_tests.parse),
     Format(nccl_inspector.FORMAT, "NCCL Inspector records (JSON lines or pretty-printed)", nccl_inspector.sniff,
            nccl_inspector.parse),

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from tracelake.contracts.concrete import CONCRETE_OPS
 from tracelake.contracts.errors import TraceFormatError
 
 _kineto: ModuleType | None
@@ -28,6 +29,8 @@ try:
     _kineto = importlib.import_module(f"{__package__}._kineto")
 except ImportError:  # not built (no compiler at install): the DuckDB path takes over
     _kineto = None
+else:
+    _kineto.set_concrete_ops(sorted(CONCRETE_OPS))  # the engines keep the same Concrete Inputs
 
 #: Whether the native scanner is built.
 AVAILABLE = _kineto is not None

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import duckdb
 
+from tracelake.contracts.concrete import CONCRETE_OPS, CONCRETE_PREFIX
 from tracelake.contracts.errors import TraceFormatError
 from tracelake.contracts.schema import sql_literal
 
@@ -168,8 +169,10 @@ DEVICE_PART = f"""
            nullif({_int_arg('graph_id')}, 0) AS graph_id
     FROM batch WHERE ph = 'X' AND lcat IN ({_DEVICE_CATS})
 """
-#: Row-local columns of host ops. ``concrete_inputs`` (``Concrete Inputs``) only of ``c10d::`` ops, for
-#: the peer or root rank of Gloo calls (:mod:`.kernel_collectives`); it stays in the parts, not in ``host_ops``.
+#: Whether an event's name keeps its ``Concrete Inputs`` (:mod:`tracelake.contracts.concrete`).
+_KEEPS_CONCRETE = (f"(starts_with(name, {sql_literal(CONCRETE_PREFIX)}) OR name IN "
+                   f"({', '.join(sql_literal(n) for n in sorted(CONCRETE_OPS))}))")
+#: Row-local columns of host ops. ``concrete_inputs`` (``Concrete Inputs``) only of the ops that keep it.
 HOST_PART = f"""
     SELECT event_id, cat, name, num_id(pid) AS pid, num_id(tid) AS tid,
            rel_ns(ts) AS ts_ns, dur_ns(dur) AS dur_ns,
@@ -177,7 +180,7 @@ HOST_PART = f"""
            {_int_arg('seq_nr')} AS sequence_number, {_int_arg('fwd_tid')} AS fwd_thread_id,
            {_arg('input_dims')} AS input_dims, {_arg('input_types')} AS input_types,
            TRY_CAST({_arg('flops')} AS DOUBLE) AS flops,
-           CASE WHEN starts_with(name, 'c10d::') THEN {_arg('concrete_inputs')} END AS concrete_inputs,
+           CASE WHEN {_KEEPS_CONCRETE} THEN {_arg('concrete_inputs')} END AS concrete_inputs,
            nullif({_int_arg('record_function_id')}, 0) AS record_function_id
     FROM batch WHERE ph = 'X' AND coalesce(lcat, '') NOT IN ({_NOT_HOST})
 """
@@ -210,12 +213,6 @@ PER_BATCH = (
               {_arg('pg_ranks')}, {_int_arg('in_nelems')}, {_int_arg('out_nelems')}, {_int_arg('group_size')},
               {_int_arg('coll_seq')}, {_int_arg('src_rank')}, {_int_arg('dst_rank')}
        FROM batch WHERE ph = 'X' AND {_arg('coll_name')} IS NOT NULL""",
-    f"""INSERT INTO counter_rows
-       SELECT 'Total Allocated', {_MEMORY_DEVICE}, rel_ns(ts), TRY_CAST({_arg('total_allocated')} AS DOUBLE)
-       FROM batch WHERE ph = 'i' AND name = '[memory]' AND {_arg('total_allocated')} IS NOT NULL AND ts IS NOT NULL
-       UNION ALL
-       SELECT 'Total Reserved', {_MEMORY_DEVICE}, rel_ns(ts), TRY_CAST({_arg('total_reserved')} AS DOUBLE)
-       FROM batch WHERE ph = 'i' AND name = '[memory]' AND {_arg('total_reserved')} IS NOT NULL AND ts IS NOT NULL""",
     "INSERT INTO facts SELECT count(*) FILTER (WHERE lcat = 'cuda_runtime' AND name LIKE 'hip%'), "
     f"count(*) FILTER (WHERE ph = 'X' AND lcat = '{MTIA_CAT}') FROM batch",
 )

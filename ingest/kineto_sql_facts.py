@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from tracelake.contracts.classify import Category, category_sql
 from tracelake.contracts.schema import sql_literal
 
-from . import kineto_scan, kineto_sql_tables
+from . import kineto_memory_ops, kineto_scan, kineto_sql_tables
 from .kineto_sql_events import DEVICE_TYPES, DTYPE_BYTES, max_object
 from .model import TraceInfo
 
@@ -259,21 +259,19 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
     """``mem_d``: the memory instants of the parts, each with its device type's name, its ``op`` and its step.
 
     The ``op`` is the innermost ``cpu_op`` on the instant's thread running at its time (start <= t < end, or t
-    = start for an op of zero length): a sweep over the starts and ends of the ``cpu_op`` events of the
-    threads that have memory instants, as :func:`nesting_sql` sweeps (at equal times ends come first, then
-    starts, longer first, then the instants, then the ends of zero-length ops). At an instant, ``open`` ops
-    run, nested; the innermost is the latest op to start before it at depth ``open - 1`` (any later op at
-    that depth would have to start inside it, and so be deeper). The step is by time, as for host events.
+    = start for an op of zero length): of the ``cpu_op`` events of the threads that have memory instants
+    holding it, the last to start, then the first to end (:func:`.kineto_memory_ops.innermost_ops`). The
+    step is by time, as for host events.
 
     Each stage goes to a file in ``parts/`` (as :func:`device_steps` does), not to a table in DuckDB's
-    memory. Nothing is made when the trace has no memory instants.
+    memory; the op lookup holds the ``cpu_op`` events of the allocating threads (times, ids and names: about
+    100 bytes each) while it runs. Nothing is made when the trace has no memory instants.
     """
     if not any(parts.glob("memory-*.parquet")):
         return
     memory = sql_literal(str(parts / "memory-*.parquet"))
     host = sql_literal(str(parts / "host-*.parquet"))
-    cpu_file, ops_file, steps_file = (sql_literal(str(parts / f"{name}.parquet"))
-                                      for name in ("mem_cpu_ops", "mem_ops", "mem_steps"))
+    ops_file, steps_file = (sql_literal(str(parts / f"{name}.parquet")) for name in ("mem_ops", "mem_steps"))
     types = " ".join(f"WHEN {number} THEN {sql_literal(name)}" for number, name in DEVICE_TYPES.items())
     con.execute(f"CREATE VIEW mem_n AS SELECT * FROM read_parquet({memory})")
     cpu_ops = (f"""SELECT h.event_id, h.pid, h.tid, h.ts_ns, h.dur_ns, h.name FROM read_parquet({host}) h
@@ -281,29 +279,14 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
                    WHERE lower(h.cat) = 'cpu_op'""" if any(parts.glob("host-*.parquet")) else
                "SELECT NULL::BIGINT AS event_id, NULL::BIGINT AS pid, NULL::BIGINT AS tid, NULL::BIGINT AS ts_ns, "
                "NULL::BIGINT AS dur_ns, NULL::VARCHAR AS name LIMIT 0")
-    con.execute(f"COPY ({cpu_ops}) TO {cpu_file} (FORMAT parquet, COMPRESSION lz4)")
-    con.execute(f"""
-        COPY (
-            WITH points AS (
-                SELECT pid, tid, ts_ns AS t, 1 AS ord, dur_ns, event_id, 1 AS delta FROM read_parquet({cpu_file})
-                UNION ALL
-                SELECT pid, tid, ts_ns + dur_ns, CASE WHEN dur_ns = 0 THEN 3 ELSE 0 END, 0, event_id, -1
-                FROM read_parquet({cpu_file})
-                UNION ALL
-                SELECT pid, tid, ts_ns, 2, 0, event_id, 0 FROM mem_n
-                WHERE ts_ns IS NOT NULL AND pid IS NOT NULL AND tid IS NOT NULL
-            ), swept AS (
-                SELECT pid, tid, ord, event_id,
-                       sum(delta) OVER w - 1 AS depth, row_number() OVER w AS pos
-                FROM points
-                WINDOW w AS (PARTITION BY pid, tid ORDER BY t, ord, dur_ns DESC, event_id ROWS UNBOUNDED PRECEDING)
-            )
-            SELECT m.event_id, s.event_id AS op_id
-            FROM (SELECT * FROM swept WHERE ord = 2) m
-            ASOF JOIN (SELECT * FROM swept WHERE ord = 1) s
-              ON m.pid = s.pid AND m.tid = s.tid AND m.depth = s.depth AND m.pos >= s.pos
-        ) TO {ops_file} (FORMAT parquet, COMPRESSION lz4)
-    """)
+    # The innermost op of each instant in numpy (kineto_memory_ops): a SQL sweep of the ops' starts and ends, and
+    # a join for their names, took most of the memory instants' cost (benchmarks/ingest_memory.py).
+    found = kineto_memory_ops.innermost_ops(
+        con.sql(cpu_ops).to_arrow_table(),
+        con.sql("SELECT event_id, pid, tid, ts_ns FROM mem_n "
+                "WHERE ts_ns IS NOT NULL AND pid IS NOT NULL AND tid IS NOT NULL").to_arrow_table())
+    pq.write_table(found, parts / "mem_ops.parquet", compression="lz4")
+    del found
     # The steps by a narrow lookup of its own: an ASOF join sorts its whole left side in memory.
     con.execute(f"""
         COPY (
@@ -320,11 +303,9 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
         con.execute(f"""
             COPY (
                 SELECT m.event_id, m.pid, m.tid, m.device, CASE m.device_type {types} END AS device_type, m.ts_ns,
-                       m.kind, m.addr, m.bytes, m.total_allocated, m.total_reserved, c.name AS op, s.step
+                       m.kind, m.addr, m.bytes, m.total_allocated, m.total_reserved, o.op, s.step
                 FROM {within(memory)} m
                 LEFT JOIN {within(ops_file)} o USING (event_id)
-                LEFT JOIN (SELECT event_id, name FROM read_parquet({cpu_file})
-                           WHERE event_id IN (SELECT op_id FROM {within(ops_file)})) c ON c.event_id = o.op_id
                 LEFT JOIN {within(steps_file)} s ON s.event_id = m.event_id
             ) TO {out} (FORMAT parquet, COMPRESSION lz4)
         """)

@@ -71,7 +71,8 @@ def write_tables(
             "ts_ns": shifted("p.ts_ns"), "dur_ns": "p.dur_ns", "depth": "d.depth", "parent_id": "d.parent_id",
             "correlation": "p.correlation", "external_id": "external_id",
             "sequence_number": "sequence_number", "fwd_thread_id": "fwd_thread_id",
-            "input_dims": "input_dims", "input_types": "input_types", "flops": "flops", "step": "d.step",
+            "input_dims": "input_dims", "input_types": "input_types", "flops": "flops",
+            "concrete_inputs": "concrete_inputs", "step": "d.step",
             "record_function_id": "record_function_id",
         }),
     }

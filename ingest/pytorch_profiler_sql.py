@@ -80,7 +80,8 @@ class Normaliser:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._cursors: list[duckdb.DuckDBPyConnection] = []
-        self._scanned: dict[str, list[pa.Table]] = {"step_marks": [], "coll_args": [], "memory": []}
+        # the scanner's "memory" rows (allocator totals) are not kept: memory_events holds them (docs/schema.md)
+        self._scanned: dict[str, list[pa.Table]] = {"step_marks": [], "coll_args": []}
         self._hip_calls = 0
         self._mtia_ops = 0
         #: Batch files holding counter (``"ph": "C"``) events, kept for :func:`kineto_sql_facts.counters`.
@@ -207,7 +208,7 @@ class Normaliser:
 
     def _insert_scanned(self, con: duckdb.DuckDBPyConnection) -> None:
         """The rows the native scanner kept for the end, into the tables the DuckDB path fills."""
-        targets = {"step_marks": "step_marks", "coll_args": "coll_args", "memory": "counter_rows"}
+        targets = {"step_marks": "step_marks", "coll_args": "coll_args"}
         for name, parts in self._scanned.items():
             if parts:
                 con.register("scanned_rows", pa.concat_tables(parts))

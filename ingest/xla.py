@@ -40,6 +40,7 @@ from .source import MAX_WHOLE_BYTES, is_gzip
 from .tables import BackgroundWriter, TableWriter, fit_int
 from .xla_gpu import MAX_NS, STREAM_LINE, StreamRows, event_stats, steps_array
 from .xla_host import HostLines
+from .xla_memory import MemoryRows
 from .xla_rows import as_float, as_int, as_str, as_uint
 from .xspace import EventBatch, Plane, Space
 
@@ -91,6 +92,7 @@ class _Parser(HostLines):
         self._op_cache: dict[tuple[int, int], _Op] = {}
         self.host_position = 0
         self.local_index: dict[int, int] = {}
+        self.memory = MemoryRows()
         #: Collective rows of the line being read, numbered when the line ends (see :meth:`_number_collectives`).
         self._line_collectives: list[dict[str, pa.Array]] = []
 
@@ -437,7 +439,10 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
             raise TraceFormatError(options.source_name, "an XSpace with no device planes and no XLA ops on the "
                                    "host (a profile of the host only?): nothing to analyse")
         parser.hostnames = space.hostnames
+        memory_warnings = parser.memory.write(staging, options.trace_id, parser.devices, parser.steps,
+                                              parser.host_position * len(parser.device_planes))
         info = parser.finish(device_ops.rows)
+        info.warnings.extend(memory_warnings)
         unknown = _unknown_stats(space)
         if unknown:
             info.warnings.append(unknown)

@@ -33,6 +33,7 @@ from tracelake.contracts.classify import classify
 from tracelake.contracts.errors import TraceFormatError
 
 from . import xla_ops
+from .xla_memory import MemoryRows
 from .tables import BackgroundWriter, ColumnValues, TableWriter, arrow_table, fit_int
 from .xla_gpu import GpuStreams, event_stats, steps_array
 from .xla_rows import DEVICE_COLUMNS, HOST_COLUMNS, Columns, as_float, as_int, as_str, as_uint, stat_ints
@@ -51,6 +52,8 @@ class HostLines(GpuStreams):
     space: Space
     host_planes: list[Plane]
     host_rank: int
+    #: Allocator events met on the host lines (:mod:`.xla_memory`), written by the parser at the end.
+    memory: MemoryRows
 
     def read_hosts(self, device_ops: BackgroundWriter) -> None:
         """Host planes: ``host_ops`` written in parts as the lines are read, XLA ops of the CPU back-end held.
@@ -175,6 +178,7 @@ class HostLines(GpuStreams):
         self.events += n
         self.next_id += n
         self._extent(int(ts.min()), int((ts + dur).max()))
+        self.memory.add_batch(plane, stats, fields.metadata_id[order], order, ts, first_id, pid, int(header.id))
         return {
             "event_id": pa.array(np.arange(first_id, first_id + n, dtype=np.int64)),
             "rank": pa.array(np.full(n, self.host_rank, dtype=np.int32)),
@@ -210,6 +214,9 @@ class HostLines(GpuStreams):
             stats = event_stats(plane, event) if event.stats else {}
             event_id = self._event_id()
             self._extent(ts, ts + dur)
+            memory_kind = self.memory.kinds(plane).get(event.metadata_id)
+            if memory_kind is not None:
+                self.memory.add(memory_kind, event_id, ts, pid, int(line.id), stats)
             if "hlo_op" in stats and "device_ordinal" in stats:
                 self._cpu_op(plane, event_id, name, ts, dur, stats, line, cpu_ops)
                 continue

@@ -37,8 +37,8 @@ OPERATIONS = [
     ("POST", "/api/v1/traces"), ("PUT", "/api/v1/traces/{name}"), ("GET", "/api/v1/traces"),
     ("GET", "/api/v1/traces/{trace_id}"), ("DELETE", "/api/v1/traces/{trace_id}"), ("GET", "/api/v1/jobs"),
     ("GET", "/api/v1/jobs/{job}"), ("GET", "/api/v1/jobs/{job}/report"), ("GET", "/api/v1/reports/fleet"),
-    ("GET", "/api/v1/reports"), ("GET", "/api/v1/reports/latest"), ("GET", "/api/v1/reports/{name}/index.html"),
-    ("GET", "/api/v1/reports/{name}/jobs/{job}.html"),
+    ("GET", "/api/v1/reports/fleet.json"), ("GET", "/api/v1/reports"), ("GET", "/api/v1/reports/latest"),
+    ("GET", "/api/v1/reports/{name}/index.html"), ("GET", "/api/v1/reports/{name}/jobs/{job}.html"),
     ("POST", "/api/v1/sql"), ("GET", "/healthz"), ("GET", "/metrics"),
 ]
 

@@ -1,4 +1,4 @@
-"""The Python client (tracelake.api.client) and ``tracelake push`` / ``nccl-env`` against a real ``tracelake serve``.
+"""The Python client (tracelake.client) and ``tracelake push`` / ``nccl-env`` against a real ``tracelake serve``.
 
 A real uvicorn on 127.0.0.1 (tests/support/server.py) with tokens: a folder uploaded twice
 sends nothing the second time (the server's own upload counter says so), ``wait`` returns
@@ -29,8 +29,8 @@ from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
 from tracelake.api.cli import app
-from tracelake.api.client import Client, Sent, ServerError, content_id, trace_files
-from tracelake.api.client_files import RECOGNISED_SUFFIXES, TRACE_SUFFIXES
+from tracelake.client import Client, Sent, ServerError, content_id, trace_files
+from tracelake.client.files import RECOGNISED_SUFFIXES, TRACE_SUFFIXES
 from tracelake.ingest import content_id as ingest_content_id
 from tracelake.warehouse import Warehouse, inputs
 from tracelake.warehouse.sql_sandbox import landlock_abi
@@ -104,10 +104,10 @@ def test_a_folder_gives_what_ingest_takes(tmp_path: Path) -> None:
 
 
 def test_importing_the_client_imports_no_server(tmp_path: Path) -> None:
-    code = ("import sys, tracelake.api.client; "
+    code = ("import sys, tracelake.client, tracelake.torch, tracelake.jax; "
             "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('duckdb', 'fastapi', 'starlette', 'uvicorn', 'polars', 'pyarrow', 'numpy') "
-            "or m.startswith(('tracelake.warehouse', 'tracelake.ingest', 'tracelake.analysis')))))")
+            "('duckdb', 'fastapi', 'starlette', 'uvicorn', 'polars', 'pyarrow', 'numpy', 'torch', 'jax', 'jaxlib') "
+            "or m.startswith(('tracelake.warehouse', 'tracelake.ingest', 'tracelake.analysis', 'tracelake.api')))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path)
     assert out.stdout.strip() == "", out.stdout
 
@@ -248,7 +248,7 @@ def _big_trace(path: Path, mb: int) -> Path:
 
 
 class _Killer:
-    """An upload's progress (:class:`tracelake.api.client.UploadProgress`) that kills the server once 8 MB are sent,
+    """An upload's progress (:class:`tracelake.client.UploadProgress`) that kills the server once 8 MB are sent,
     then starts it again on the same port a second later."""
 
     def __init__(self, launch: Callable[[], subprocess.Popen[bytes]]) -> None:

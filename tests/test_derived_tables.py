@@ -77,7 +77,7 @@ def _derive(parsed: Path, out: Path, *, sql: bool) -> dict[str, pl.DataFrame]:
 
 def _assert_same(expected: dict[str, pl.DataFrame], got: dict[str, pl.DataFrame], *, launched: bool = True) -> None:
     for name, frame in expected.items():
-        keys = [c for c in ("trace_id", "rank", "step", "name", "stream", "op", "input_shapes", "dtype")
+        keys = [c for c in ("trace_id", "rank", "step", "name", "stream", "op", "input_shapes", "dtype", "module")
                 if c in frame.columns]
         other = got[name]
         assert frame.height == other.height, name
@@ -175,7 +175,7 @@ def test_every_sample_format_gets_the_same_derived_tables_both_ways(sample: Path
     sql = _derive(parsed, tmp_path / "sql", sql=True)
     windowed = _derive(parsed, tmp_path / "windowed", sql=False)
     for name, frame in sql.items():
-        keys = [c for c in ("trace_id", "rank", "step", "name", "stream", "op", "input_shapes", "dtype")
+        keys = [c for c in ("trace_id", "rank", "step", "name", "stream", "op", "input_shapes", "dtype", "module")
                 if c in frame.columns]
         assert frame.schema == windowed[name].schema, name
         assert frame.sort(keys, nulls_last=False).equals(windowed[name].sort(keys, nulls_last=False)), name

@@ -100,7 +100,8 @@ def test_job_report_renders_in_chromium(server: str, browser: Chromium) -> None:
     tab = browser.open(url)
     assert tab.evaluate("document.title") == "Job report: ddp"
     _check_page(tab, url, {"plot-breakdown", "plot-steps", "plot-step-timeline", "plot-critical-path",
-                           "plot-what-if", "plot-idle", "plot-stragglers", "plot-bandwidth"}, "job-report-ddp.png")
+                           "plot-what-if", "plot-idle", "plot-stragglers", "plot-bandwidth", "plot-roofline"},
+                "job-report-ddp.png")
     # the straggler heat map has a row per rank and a column per collective
     shape = tab.evaluate("(() => { const d = document.getElementById('plot-stragglers').data[0];"
                          " return [d.z.length, d.z[0].length]; })()")

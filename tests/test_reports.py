@@ -110,7 +110,7 @@ def test_job_report_is_self_contained_with_findings_first(fleet_warehouse: Wareh
     assert {"breakdown", "steps", "idle", "stragglers", "kernels", "bandwidth", "traces"} <= set(sections)
     divs = {a["id"] for a in parsed.named("div") if "plotly-graph-div" in (a.get("class") or "")}
     assert divs == {"plot-breakdown", "plot-steps", "plot-step-timeline", "plot-critical-path", "plot-what-if",
-                    "plot-idle", "plot-stragglers", "plot-bandwidth"}
+                    "plot-idle", "plot-stragglers", "plot-bandwidth", "plot-roofline"}
     assert {"critical-path", "what-if"} <= set(sections)
     assert "Rank 2 arrives last at 100% of collectives" in text  # the sample's straggler, in plain words
     assert text.index('id="findings"') < text.index('id="plot-breakdown"')

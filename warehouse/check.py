@@ -2,7 +2,9 @@
 
 A trace is registered by its ``traces`` file, which holds the row count of each
 parsed table (:data:`COUNTED`); :func:`check` compares those counts with the row
-counts in the footers of the trace's files, and looks for every other table's file.
+counts in the footers of the trace's files, and looks for every other table's file,
+except those of tables newer than the schema version the trace was written under
+(``traces.schema_version``; :data:`TABLE_SINCE`), which it counts apart.
 
 What a process killed half way (SIGKILL, the out-of-memory killer, a stopped container)
 can leave behind is invisible to queries but takes space and is listed as an
@@ -78,6 +80,13 @@ ProblemKind = Literal["missing", "count", "unreadable", "duplicate", "schema", "
 OrphanKind = Literal["partial", "staging", "temp", "stray"]
 
 _REINGEST = "delete the trace and ingest it again"
+
+#: The schema version each parsed table first appeared in, for those newer than the first warehouses: a trace
+#: registered under an older version (its ``traces.schema_version``) has no file of them, and that is not a problem
+#: (counted in :attr:`CheckReport.not_in_version`). Derived tables are left out: ``--recompute`` writes them for any
+#: trace, so their absence stays a problem with that fix. Versions as found in warehouses of versions 7 and 8.
+TABLE_SINCE: dict[str, int] = {"memory_events": 8, "memory_timeline": 8, "allocator_segments": 8,
+                               "allocator_events": 8, "et_nodes": 8}
 _RECOMPUTE = "run `tracelake analyze --recompute`"
 
 
@@ -138,6 +147,8 @@ class CheckReport:
     orphans: list[Orphan] = field(default_factory=list)
     #: Staging folders and temporary files of live processes, left alone.
     in_use: int = 0
+    #: Files a registered trace lacks because its schema version predates their table (:data:`TABLE_SINCE`).
+    not_in_version: int = 0
     seconds: float = 0.0
 
     @property
@@ -163,6 +174,7 @@ class CheckReport:
             "traces": self.traces,
             "files": self.files,
             "in_use": self.in_use,
+            "not_in_version": self.not_in_version,
             "seconds": round(self.seconds, 3),
             "problems": [vars(p) for p in self.problems],
             "orphans": [{**vars(o), "path": str(o.path), "moved_to": o.moved_to and str(o.moved_to),
@@ -218,7 +230,7 @@ def _registered(layout: Layout, footers: dict[Path, Footer], report: CheckReport
     """Every registration ``(job, trace_id) -> its counts``, read from the sound ``traces`` files."""
     registered: Registrations = {}
     jobs_of: dict[str, list[str]] = defaultdict(list)
-    wanted = ["trace_id", *COUNTED.values()]
+    wanted = ["trace_id", "schema_version", *COUNTED.values()]
     for f in layout.files:
         if f.table != "traces" or footers[f.path].fault is not None:
             continue
@@ -305,6 +317,10 @@ def _check_traces(store: Store, footers: dict[Path, Footer], moved: set[Path],
             path = store.path(name, job, trace_id)
             hint = _RECOMPUTE if schema.TABLES[name].derived else _REINGEST
             footer = footers.get(path)
+            version = counts.get("schema_version")
+            if footer is None and isinstance(version, int) and version < TABLE_SINCE.get(name, 0):
+                report.not_in_version += 1  # registered before the table existed: nothing is missing
+                continue
             if footer is None or path in moved:
                 why = "was moved aside" if path in moved else "is missing"
                 report.problems.append(Problem(trace_id, job, name, "missing", f"{path} {why}", f"none: {hint}"))

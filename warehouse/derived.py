@@ -22,7 +22,9 @@ from tracelake.analysis import breakdown
 from tracelake.analysis.derived import DerivedTables, Window
 from tracelake.analysis.launches import GRAPH_CALL, LaunchCalls, launch_calls, shared_correlations
 from tracelake.analysis.flops import counted
-from tracelake.analysis.op_stats import Operators
+from tracelake.analysis.op_scope import Autograd, path_name, scope_kind
+from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators
+from tracelake.analysis.recompute import recompute_kind
 from tracelake.analysis.peaks import Peaks, lookup
 from tracelake.contracts import schema
 from tracelake.ingest.kineto_scan import release_free_memory
@@ -83,60 +85,161 @@ def _hardware(devices: Path) -> dict[tuple[str, int], Peaks]:
 def _operators(host_ops: Path) -> dict[str, Operators]:
     """Per trace, its operator calls and what each launch call is attributed to (:class:`Operators`).
 
-    Two passes a row group at a time, in Arrow and numpy: the first keeps 18 bytes per host event (the chain from
+    Two passes a row group at a time, in Arrow and numpy: the first keeps 19 bytes per host event (the chain from
     a launch call up to its operator runs through Python functions and annotations, so every event's parent is
-    needed) and 32 per launch call; the second the names and shapes of the calls that launched device ops only.
+    needed), 32 per launch call and the names of Python scope events; the second the names and shapes of the calls
+    that launched device ops only, as dictionary codes.
     """
     names = set(pq.read_schema(host_ops).names)
     # shapes repeat (a few hundred distinct in 100,000s of calls): read as dictionaries, they stay small
     file = pq.ParquetFile(host_ops, read_dictionary=[c for c in ("trace_id", "cat", "name", "input_dims",
-                                                                 "input_types") if c in names])
-    arrays: dict[str, list[list[np.ndarray]]] = {}
-    sizes: dict[str, int] = {}
-    known: dict[str, bool] = {}
+                                                                 "input_types", "concrete_inputs") if c in names])
+    autograd = [c for c in ("sequence_number", "fwd_thread_id") if c in names]
+    traces: dict[str, _Trace] = {}
+    known: dict[str, tuple[bool, int, int]] = {}
+    # (row group, trace, first position, rows, whether the group is that trace's part as it is) of each trace's part
+    spans: list[tuple[int, str, int, int, bool]] = []
     for group in range(file.num_row_groups):
         part = file.read_row_group(group, columns=["trace_id", "event_id", "parent_id", "cat", "name", "correlation",
-                                                   "ts_ns", "dur_ns"])
-        if part["trace_id"].null_count or part["event_id"].null_count:
+                                                   "ts_ns", "dur_ns", *autograd])
+        whole = not (part["trace_id"].null_count or part["event_id"].null_count)
+        if not whole:
             part = part.filter(pc.and_(pc.is_valid(part["trace_id"]), pc.is_valid(part["event_id"])))
-        traces = pc.unique(part["trace_id"]).to_pylist()
-        for trace_id in traces:
-            mine = part if len(traces) == 1 else part.filter(pc.equal(part["trace_id"], trace_id))
-            is_op = pc.fill_null(pc.equal(mine["cat"], "cpu_op"), False).to_numpy(zero_copy_only=False)
-            name = pc.dictionary_encode(mine["name"]).combine_chunks()
-            words = name.dictionary.to_pylist()
-            flags = np.array([known.setdefault(w, counted(w)) if w else False for w in words] + [False], dtype=bool)
-            codes = pc.fill_null(name.indices, len(words)).to_numpy(zero_copy_only=False)
-            calls = np.flatnonzero(pc.and_(pc.is_valid(mine["correlation"]), pc.is_valid(mine["ts_ns"]))
-                                   .to_numpy(zero_copy_only=False))
-            offset = sizes.get(str(trace_id), 0)
-            sizes[str(trace_id)] = offset + mine.num_rows
-            columns = (_ints(mine["event_id"], -1), _ints(mine["parent_id"], -1), is_op, is_op & flags[codes],
-                       calls + offset, *(_ints(mine[c], 0)[calls] for c in ("correlation", "ts_ns", "dur_ns")))
-            pieces = arrays.setdefault(str(trace_id), [[] for _ in columns])
-            for piece, column in zip(pieces, columns, strict=True):
-                piece.append(column)
+        ids = pc.unique(part["trace_id"]).to_pylist()
+        whole = whole and len(ids) == 1
+        for trace_id in ids:
+            mine = part if len(ids) == 1 else part.filter(pc.equal(part["trace_id"], trace_id))
+            trace = traces.setdefault(str(trace_id), _Trace())
+            spans.append((group, str(trace_id), trace.size, mine.num_rows, whole))
+            trace.add(mine, known)
         del part
-    found = {}
-    for trace_id in list(arrays):
-        pieces = arrays.pop(trace_id)
-        found[trace_id] = Operators.from_arrays(*(np.concatenate(piece) for piece in pieces))
-        del pieces
-    wanted = [c for c in ("trace_id", "event_id", "name", "rank", "dur_ns", "input_dims", "input_types") if c in names]
+    found = {trace_id: trace.operators() for trace_id, trace in traces.items()}
+    wanted = [c for c in ("event_id", "name", "rank", "dur_ns", *KEY_COLUMNS[1:]) if c in names]
     kept: dict[str, list[pa.Table]] = {}
-    for group in range(file.num_row_groups):
-        ids = file.read_row_group(group, columns=["trace_id", "event_id"])
-        for trace_id, operators in found.items():
-            keep = pc.fill_null(pc.and_(pc.equal(ids["trace_id"], trace_id),
-                                        pc.is_in(ids["event_id"], pa.array(operators.events))), False)
-            if pc.any(keep).as_py():
-                kept.setdefault(trace_id, []).append(file.read_row_group(group, columns=wanted).filter(keep))
-        del ids
-    for trace_id, parts in kept.items():
-        frame = pl.DataFrame(pa.concat_tables(parts))
-        found[trace_id].add_calls(frame.with_columns(*(pl.lit(None, dtype=pl.String).alias(c) for c in
-                                                       ("input_dims", "input_types") if c not in frame.columns)))
+    taken = dict.fromkeys(found, 0)  # per trace, how many of its calls' rows are read
+    for group, trace_id, first, count, whole in spans:
+        rows = found[trace_id].rows
+        stop = int(np.searchsorted(rows, first + count))
+        if stop > taken[trace_id]:
+            part = file.read_row_group(group, columns=wanted if whole else ["trace_id", *wanted])
+            if not whole:
+                part = part.filter(pc.and_(pc.equal(part["trace_id"], trace_id), pc.is_valid(part["event_id"])))
+            kept.setdefault(trace_id, []).append(part.take(rows[taken[trace_id]:stop] - first).select(wanted))
+            taken[trace_id] = stop
+    for trace_id, operators in found.items():
+        parts = kept.get(trace_id)
+        table = pa.concat_tables(parts).unify_dictionaries() if parts else pa.table({})
+        key, distinct = _keyed(table, table.num_rows, traces[trace_id].modules(operators.scope_rows,
+                                                                               operators.scope_paths))
+        operators.set_keyed(key, distinct, _ints(table["dur_ns"], 0) if "dur_ns" in table.column_names
+                            else np.zeros(table.num_rows, dtype=np.int64))
     return found
+
+
+class _Trace:
+    """What the first pass keeps of one trace's host events (:func:`_operators`)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.pieces: list[list[np.ndarray]] = [[] for _ in range(10)]
+        self.marks: list[list[np.ndarray]] = [[], [], []]  # autograd: positions, sequence numbers, backward
+        self.scope_rows: list[np.ndarray] = []
+        self.scope_names: list[pa.Array] = []
+
+    def add(self, part: pa.Table, known: dict[str, tuple[bool, int, int]]) -> None:
+        """The next rows of the trace (a row group, or the trace's rows of one)."""
+        offset, rows = self.size, part.num_rows
+        self.size += rows
+        cat = pc.dictionary_encode(part["cat"]).combine_chunks()  # a handful of categories: test each once
+        cats = cat.dictionary.to_pylist()
+        cat_codes = pc.fill_null(cat.indices, len(cats)).to_numpy(zero_copy_only=False)
+        is_op = np.array([c == "cpu_op" for c in cats] + [False])[cat_codes]
+        is_py = np.array([c == "python_function" for c in cats] + [False])[cat_codes]
+        name = pc.dictionary_encode(part["name"]).combine_chunks()
+        words = name.dictionary.to_pylist()
+        flags = [known.setdefault(w, (counted(w), scope_kind("python_function", w), recompute_kind(w))) if w else
+                 (False, 0, 0) for w in words] + [(False, 0, 0)]
+        codes = pc.fill_null(name.indices, len(words)).to_numpy(zero_copy_only=False)
+        kind = np.where(is_py, np.array([f[1] for f in flags], dtype=np.int8)[codes], 0).astype(np.int8)
+        calls = np.flatnonzero(pc.and_(pc.is_valid(part["correlation"]), pc.is_valid(part["ts_ns"]))
+                               .to_numpy(zero_copy_only=False))
+        columns = (_ints(part["event_id"], -1), _ints(part["parent_id"], -1), is_op,
+                   is_op & np.array([f[0] for f in flags], dtype=bool)[codes], calls + offset,
+                   *(_ints(part[c], 0)[calls] for c in ("correlation", "ts_ns", "dur_ns")), kind,
+                   np.array([f[2] for f in flags], dtype=np.int8)[codes])
+        for piece, column in zip(self.pieces, columns, strict=True):
+            piece.append(column)
+        scoped = np.flatnonzero(kind)
+        self.scope_rows.append(scoped + offset)
+        self.scope_names.append(name.take(pa.array(scoped)))
+        if "sequence_number" in part.column_names:
+            marked = np.flatnonzero(part["sequence_number"].is_valid().to_numpy(zero_copy_only=False))
+            backward = (_ints(part["fwd_thread_id"], 0) > 0)[marked] if "fwd_thread_id" in part.column_names else \
+                np.zeros(len(marked), dtype=bool)
+            for piece, column in zip(self.marks, (marked + offset, _ints(part["sequence_number"], 0)[marked],
+                                                  backward), strict=True):
+                piece.append(column)
+
+    def operators(self) -> Operators:
+        arrays = [np.concatenate(piece) for piece in self.pieces]
+        self.pieces = []
+        marks = Autograd(*(np.concatenate(piece) for piece in self.marks)) if self.marks[0] else Autograd.empty()
+        ids, parents, is_op, is_counted, call_row, correlation, ts_ns, dur_ns, kind, recompute = arrays
+        return Operators.from_arrays(ids, parents, is_op, is_counted, call_row, correlation, ts_ns, dur_ns,
+                                     kind=kind, autograd=marks, recompute=recompute)
+
+    def modules(self, scope_rows: np.ndarray, paths: dict[int, tuple[int, ...]]) -> tuple[np.ndarray, list[str | None]]:
+        """For the positions ``scope_rows`` (-1: none) and each one's path of scope events, a code each into the
+        returned names (the last: none)."""
+        code = np.zeros(len(scope_rows), dtype=np.int64)
+        if not self.scope_names or not paths:
+            return code, [None]
+        rows = np.concatenate(self.scope_rows)
+        members = np.unique(np.fromiter((p for path in paths.values() for p in path), dtype=np.int64))
+        at = np.minimum(np.searchsorted(rows, members), len(rows) - 1)
+        fetched = pa.chunked_array(self.scope_names).take(pa.array(at)).cast(pa.string()).to_pylist()
+        name = {int(p): n if rows[a] == p else None for p, a, n in zip(members, at, fetched, strict=True)}
+        shown = {start: path_name([name[p] for p in path]) for start, path in paths.items()}
+        distinct = sorted({n for n in shown.values() if n is not None})
+        index = {n: i for i, n in enumerate(distinct)}
+        starts = np.array(sorted(shown), dtype=np.int64)
+        codes = np.array([index[t] if (t := shown[int(p)]) is not None else len(distinct) for p in starts] +
+                         [len(distinct)], dtype=np.int64)
+        at = np.minimum(np.searchsorted(starts, scope_rows), len(starts) - 1)
+        code[:] = codes[np.where((scope_rows >= 0) & (starts[at] == scope_rows), at, len(starts))]
+        return code, [*distinct, None]
+
+
+def _keyed(table: pa.Table, rows: int, module: tuple[np.ndarray, list[str | None]]) -> tuple[np.ndarray, pl.DataFrame]:
+    """Each row's index into the distinct (name, input_dims, input_types, concrete_inputs, module) of ``table``
+    (columns read as dictionaries, one dictionary per column; ``module``: codes and their names), and those distinct
+    rows: from the dictionaries' codes, no string is copied per row."""
+    codes: list[np.ndarray] = []
+    words: list[list[str | None]] = []
+    for column in KEY_COLUMNS:
+        values = table[column] if column in table.column_names else None
+        if values is None or not values.num_chunks:
+            codes.append(np.zeros(rows, dtype=np.int64))
+            words.append([None])
+            continue
+        if not pa.types.is_dictionary(values.type):
+            values = pc.dictionary_encode(values)
+        known = values.chunk(0).dictionary.to_pylist()
+        codes.append(np.concatenate([pc.fill_null(chunk.indices, len(known)).to_numpy(zero_copy_only=False)
+                                     for chunk in values.chunks]).astype(np.int64))
+        words.append([*known, None])
+    codes.append(module[0])
+    words.append(module[1])
+    combined = np.zeros(rows, dtype=np.int64)
+    for code, known in zip(codes, words, strict=True):
+        combined = combined * len(known) + code
+    distinct, key = np.unique(combined, return_inverse=True)
+    columns: dict[str, list[str | None]] = {}
+    for column, known in zip(reversed(GROUP_COLUMNS), reversed(words), strict=True):
+        columns[column] = [known[i] for i in (distinct % len(known)).tolist()]
+        distinct = distinct // len(known)
+    return key.reshape(-1), pl.DataFrame({c: columns[c] for c in GROUP_COLUMNS},
+                                         schema={c: pl.String for c in GROUP_COLUMNS})
 
 
 def _ints(column: pa.ChunkedArray, missing: int) -> np.ndarray:

@@ -30,8 +30,10 @@ log = logging.getLogger(__name__)
 _HISTORY = dt.timedelta(days=14)
 _BREAKDOWN_COLUMNS = [
     "trace_id", "rank", "step", "span_ns", "busy_ns", "idle_ns", "compute_ns", "communication_ns",
-    "exposed_communication_ns", "flops", "flops_utilisation_pct",
+    "exposed_communication_ns", "flops", "flops_utilisation_pct", "mfu_pct",
 ]
+_LIFECYCLE_COLUMNS = ["trace_id", "event", "seq", "at_ns", "dur_ns", "lost_since_ns", "resumed_ns", "steps",
+                      "productive_ns"]
 _COLLECTIVE_COLUMNS = ["trace_id", "rank", "process_group", "seq", "collective", "ts_ns", "dur_ns", "message_bytes"]
 
 
@@ -67,7 +69,8 @@ def read(
 
     Uses the whole-trace ``breakdown`` rows of the selected traces, the ``devices`` rows of
     those with a FLOPs utilisation (or memory events), the ``collectives`` rows of those with collectives
-    and, per rank and device, the largest allocator totals of their ``memory_events`` (aggregated in the scan):
+    and, per rank and device, the largest allocator totals of their ``memory_events`` (aggregated in the scan),
+    and the ``job_lifecycle`` rows of the lifecycle files in the window (for goodput):
     from ``rows`` (kept between calls) when given, else read from the selected traces' files.
     """
     started = time.perf_counter()
@@ -91,8 +94,11 @@ def read(
     memory = _memory_peaks(store, in_window)
     measured = in_window.filter(pl.col("trace_id").is_in(memory["trace_id"].unique().to_list()))
     capacity = _read(store, "devices", measured, ["trace_id", "rank", "device", "kind", "memory_bytes"])
+    lifecycles = in_window.filter(pl.col("format") == "job_lifecycle")
+    lifecycle = _read(store, "job_lifecycle", lifecycles, _LIFECYCLE_COLUMNS).join(
+        lifecycles.select("trace_id", "job", "ingested_at"), on="trace_id", how="inner")
     result = compute(selected, breakdown, devices, collectives, since=since, until=until, labels=labels, now=now,
-                     top=top, memory=memory, capacity=capacity)
+                     top=top, memory=memory, capacity=capacity, lifecycle=lifecycle)
     result.seconds = time.perf_counter() - started
     log.debug("fleet of %d traces in %.3f s", selected.height, result.seconds)
     return result

@@ -61,9 +61,14 @@ def check(
                       f"{f' ({sum(p.fixed for p in report.problems)} put right)' if repair else ''}, "
                       f"{len(report.orphans)} leftovers"
                       f"{f' ({sum(o.removed for o in report.orphans)} removed or moved aside)' if repair else ''}, "
-                      f"{report.in_use} in use{hint}", highlight=False, soft_wrap=True)
+                      f"{report.in_use} in use{_newer(report.not_in_version)}{hint}", highlight=False, soft_wrap=True)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _newer(count: int) -> str:
+    """The check's count of tables newer than their trace's schema version, when there are any."""
+    return f", {count} table files newer than their trace (not missing)" if count else ""
 
 
 @app.command()

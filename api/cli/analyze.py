@@ -138,6 +138,12 @@ def analyze(
         console.print()
         console.print(to_table(render.frame_result(render_ops.operators_view(result.top_operators)),
                                title=render_ops.TITLE))
+    if result.top_modules.height:  # docs/analyses.md, "Module"
+        console.print()
+        console.print(to_table(render.frame_result(render_ops.modules_view(result.top_modules)),
+                               title=render_ops.MODULES_TITLE))
+    for line in render_ops.model_flops_lines(result.model_flops):  # docs/analyses.md, "6·N·D cross-check"
+        console.print(line, highlight=False, markup=False)
 
 
 def _nccl_view(summary: Any) -> Any:
@@ -192,6 +198,8 @@ def print_memory(result: Any) -> None:
         console.print(to_table(render.frame_result(render_memory.memory_view(result.memory)),
                                title=render_memory.TITLE))
     for line in render_memory.holders_lines(result.memory_live_at_peak, result.memory_by_category):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    for line in render_memory.snapshot_lines(result.allocator_snapshots, result.allocator_live):
         console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 

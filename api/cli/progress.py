@@ -94,10 +94,10 @@ def count_bar(description: str, total: int, enabled: bool) -> Iterator[Callable[
 
 
 class UploadBar(BarProgress):
-    """The bar of ``tracelake push``: bytes and files sent (:class:`tracelake.api.client.UploadProgress`); failures are
+    """The bar of ``tracelake push``: bytes and files sent (:class:`tracelake.client.UploadProgress`); failures are
     printed when it is gone."""
 
-    def file_done(self, item: Any) -> None:  # a tracelake.api.client.Sent
+    def file_done(self, item: Any) -> None:  # a tracelake.client.Sent
         self.done_files += 1
         if self.task is not None:
             self.progress.update(self.task, files=f"{self.done_files}/{self.total_files} files")

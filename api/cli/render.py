@@ -74,6 +74,8 @@ def inclusive_view(whole: pl.DataFrame) -> pl.DataFrame:
         columns.append(pl.col("flops_utilisation_pct").round(1).alias("FLOPs util %"))
     if "mfu_pct" in whole.columns and whole["mfu_pct"].is_not_null().any():  # docs/analyses.md, "Operators"
         columns.append(pl.col("mfu_pct").round(1).alias("MFU %"))
+    if "hfu_pct" in whole.columns and (whole["hfu_pct"] - whole["mfu_pct"]).abs().fill_null(0).max() or 0:
+        columns.append(pl.col("hfu_pct").round(1).alias("HFU %"))  # only where recomputation is visible
     return whole.select(columns)
 
 

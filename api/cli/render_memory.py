@@ -71,3 +71,21 @@ def holders_lines(live: pl.DataFrame, categories: pl.DataFrame) -> list[str]:
                          + ", ".join(f"{r['category']} {size(r['bytes'])} ({r['share_pct']:.0f}%)"
                                      for r in top.to_dicts()))
     return lines
+
+
+def snapshot_lines(snapshots: pl.DataFrame, live: pl.DataFrame) -> list[str]:
+    """A line per CUDA allocator snapshot (``Analysis.allocator_snapshots``): what its segments hold, in use and
+    free, the largest free block, and the frames holding the most (``Analysis.allocator_live``)."""
+    lines = []
+    for row in snapshots.to_dicts():
+        mine = live.filter(*(pl.col(c) == row[c] for c in ("trace_id", "rank", "device") if c in live.columns)) \
+            if live.height else live
+        holders = ", ".join(f"{r['frame']} {size(r['bytes'])} ({r['share_pct']:.0f}%)"
+                            for r in mine.head(HOLDERS).to_dicts())
+        run = f"{row['run']} " if row.get("run") else ""
+        largest = f", the largest {size(row['largest_free_bytes'])}" if row["largest_free_bytes"] is not None else ""
+        lines.append(f"{run}rank {row['rank']}, device {row['device']}: allocator snapshot: {row['segments']} segments "
+                     f"hold {size(row['reserved_bytes'])}, {size(row['allocated_bytes'])} in use, "
+                     f"{size(row['free_bytes'])} free in {row['free_blocks']} blocks{largest}"
+                     + (f"; in use by: {holders}" if holders else ""))
+    return lines

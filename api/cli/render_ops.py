@@ -48,3 +48,30 @@ def operators_view(top: pl.DataFrame) -> pl.DataFrame:
         pl.col("share_pct").round(1).alias("share %"), pl.col("achieved_tflops").round(1).alias("TFLOP/s"),
         pl.col("pct_of_roofline").round(1).alias("% of roofline"), "bound",
     )
+
+
+#: The module table's title.
+MODULES_TITLE = "top modules, all ranks: device time of the kernels their operators launched (innermost module path)"
+
+
+def modules_view(top: pl.DataFrame) -> pl.DataFrame:
+    """The top module paths as the terminal shows them: module, calls, ms, share, TFLOP/s."""
+    return top.select(
+        *(["run"] if "run" in top.columns else []), "module", pl.col("count").alias("calls"),
+        (pl.col("device_ns") / 1e6).round(2).alias("device ms"), pl.col("share_pct").round(1).alias("share %"),
+        pl.col("achieved_tflops").round(1).alias("TFLOP/s"))
+
+
+def model_flops_lines(checked: pl.DataFrame) -> list[str]:
+    """The 6·N·D cross-check (``Analysis.model_flops``) as one line per labelled rank; none without labels.
+
+    docs/analyses.md, "6·N·D cross-check": ``model FLOPs per step: counted 4.84e+12, 6ND 4.12e+12 (1.18x), rank 0``.
+    """
+    lines = []
+    for r in checked.to_dicts():
+        expected = r["model_flops_6nd"] + (r["attention_flops"] or 0.0)
+        name = "6ND + attention" if r["attention_flops"] is not None else "6ND"
+        counted = f"{r['model_flops_counted']:.3g}" if r["model_flops_counted"] is not None else "unknown (no steps)"
+        ratio = f" ({r['ratio']:.2f}x)" if r["ratio"] is not None else ""
+        lines.append(f"model FLOPs per step, rank {r['rank']}: counted {counted}, {name} {expected:.3g}{ratio}")
+    return lines

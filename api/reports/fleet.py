@@ -1,5 +1,5 @@
-"""The fleet report: device-hours, utilisation over time, waste by job and label, the worst offenders and
-each job's memory headroom."""
+"""The fleet report: device-hours, utilisation over time, waste by job and label, the worst offenders, useful
+work and goodput (:mod:`.fleet_goodput`) and each job's memory headroom."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from plotly.subplots import make_subplots
 from tracelake.analysis import fleet as fleet_analysis
 from tracelake.warehouse import Fleet
 
+from . import fleet_goodput
 from .page import (
     COLOURS,
     Column,
@@ -56,6 +57,8 @@ def render(fleet: Fleet, job_link: JobLink) -> str:
         body: list[object] = [section("No device time in this window",
                                       note("No trace with device operations was ingested in it: widen --since "
                                            "or drop a --label filter."))]
+        if not fleet.goodput.is_empty():  # lifecycle files alone still have their scheduling and runtime goodput
+            body.append(fleet_goodput.goodput(fleet, job_link))
         return page("Fleet report", meta, body)
     body = [
         _headline(fleet, unit),
@@ -63,6 +66,8 @@ def render(fleet: Fleet, job_link: JobLink) -> str:
         _wasted_by_job(fleet, unit),
         _wasted_by_label(fleet, unit),
         _offenders(fleet, unit, job_link),
+        fleet_goodput.useful_work(fleet, unit, job_link),
+        fleet_goodput.goodput(fleet, job_link),
         _stragglers(fleet, job_link),
         _slowest(fleet, job_link),
         _memory(fleet, job_link),
@@ -101,6 +106,10 @@ def _headline(fleet: Fleet, unit: HoursUnit) -> Html:
         card(unit.format(t["wasted_hours"]), f"wasted {unit.name} (idle + exposed communication)",
              signed(wow["wasted_hours_change_pct"])),
         card(pct(t["wasted_pct"]), "wasted share", signed(wow["wasted_change_points"], " pts")),
+        card(unit.format(t["busy_hours"]), f"busy {unit.name}"),
+        card(fleet_goodput.NO_MFU if t["useful_hours"] is None else unit.format(t["useful_hours"]),
+             f"useful {unit.name} (x MFU, {pct(t['useful_coverage_pct'], 0)} of device time has one)",
+             signed(wow["useful_hours_change_pct"])),
     ]
     if t["mfu_pct"] is not None:
         cards.append(card(pct(t["mfu_pct"]), f"MFU where FLOPs and peak are known "

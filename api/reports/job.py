@@ -12,6 +12,7 @@ from tracelake.warehouse import JobReport
 
 from .critical import critical_path_section, what_if_section
 from .memory import memory_section
+from .roofline import roofline_section
 from .page import (
     COLOURS,
     Column,
@@ -70,6 +71,7 @@ def render(report: JobReport) -> str:
         _stragglers(report),
         _kernels(report),
         _operators(report),
+        roofline_section(report),
         _bandwidth(report),
         _nccl_benchmarks(report),
         _traces(report),

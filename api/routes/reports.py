@@ -1,4 +1,5 @@
-"""Reports as HTML pages: ``/api/v1/jobs/{job}/report``, ``/api/v1/reports/fleet`` and the history.
+"""Reports as HTML pages: ``/api/v1/jobs/{job}/report``, ``/api/v1/reports/fleet`` and the history; the fleet's
+figures as JSON at ``/api/v1/reports/fleet.json``.
 
 Each page is self-contained (plotly.js inline, nothing fetched), the same page
 ``tracelake report`` writes, gzip-compressed for clients that accept it; the fleet
@@ -9,6 +10,7 @@ fleet reports kept in ``$TRACELAKE_HOME/reports/`` and serves them.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path as PathParam, Query, Request
@@ -17,7 +19,8 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from tracelake.contracts.errors import NotFound
 
 from ..deps import Read, State
-from ..models import JOB, ArchivedReportInfo, ErrorAnswer, ReportList
+from ..models import JOB, ArchivedReportInfo, ErrorAnswer, FleetAnswer, ReportList
+from ..output import jsonable
 from ..reports import fleet_report, job_report
 from ..reports.archive import NAME
 from ..responses import html_page
@@ -70,6 +73,27 @@ def get_fleet_report(
                                   labels=parse_labels(label), top=top, now=now)
     page = fleet_report(fleet, lambda job: request.url_for("get_job_report", job=job).path)
     return html_page(page, accept_encoding)
+
+
+@router.get(
+    "/api/v1/reports/fleet.json", summary="The fleet's figures (JSON)",
+    responses={200: {"model": FleetAnswer}, 400: {"model": ErrorAnswer, "description": "A bad time or label."}},
+)
+def get_fleet_figures(
+    state: State,
+    since: Annotated[str | None, Query(max_length=64, description=f"Traces ingested since: {_WHEN}.")] = None,
+    until: Annotated[str | None, Query(max_length=64, description=f"Traces ingested before: {_WHEN}.")] = None,
+    label: Annotated[list[str] | None, Query(description="key=value; every label given must match")] = None,
+    top: Annotated[int, Query(ge=1, le=100, description="Offenders, stragglers and collectives to list.")] = 10,
+) -> Response:
+    """What the fleet report shows, as JSON: device-hours, busy, useful (x MFU) and wasted per job, day, week,
+    label and accelerator, jobs ranked by waste and by useful work lost, week over week, and per job with a
+    lifecycle file its goodput with its scheduling, runtime and program factors."""
+    now = dt.datetime.now(dt.timezone.utc)
+    fleet = state.warehouse.fleet(since=parse_when(since, now) if since else None,
+                                  until=parse_when(until, now) if until else None,
+                                  labels=parse_labels(label), top=top, now=now)
+    return Response(json.dumps(jsonable(fleet.as_dict())), media_type="application/json")
 
 
 @router.get("/api/v1/reports", summary="The history of scheduled fleet reports")

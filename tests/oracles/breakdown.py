@@ -13,7 +13,7 @@ NO_DEVICES = "(SELECT NULL::VARCHAR AS trace_id, NULL::INTEGER AS rank, NULL::DO
 
 
 def breakdown_sql(device_ops: str, async_windows: str = NO_ASYNC, devices: str = NO_DEVICES,
-                  model_flops: str = "flops") -> str:
+                  model_flops: str = "flops", recomputed_flops: str = "0.0") -> str:
     """SQL computing the breakdown of ``device_ops`` (a table, view or parenthesised query).
 
     ``device_ops`` needs ``trace_id``, ``rank``, ``step``, ``category``, ``ts_ns``,
@@ -21,25 +21,27 @@ def breakdown_sql(device_ops: str, async_windows: str = NO_ASYNC, devices: str =
     ``ts_ns``, ``dur_ns``) are async collective spans; ``devices`` gives ``peak_tflops``
     per (``trace_id``, ``rank``). One row per (trace, rank) with ``step`` NULL for the
     whole trace, plus one row per (trace, rank, step). ``model_flops`` names the column of
-    ``device_ops`` holding each op's model FLOPs (``mfu_pct``); by default its ``flops``.
+    ``device_ops`` holding each op's model FLOPs (``hfu_pct``); by default its ``flops``; ``recomputed_flops``
+    the part of them a recomputation ran again (left out of ``mfu_pct``).
     """
     return f"""
     WITH ops AS (
         SELECT trace_id, rank, step, category, ts_ns, ts_ns + dur_ns AS end_ns, flops,
-               {model_flops} AS model_flops
+               {model_flops} AS model_flops, {recomputed_flops} AS recomputed_flops
         FROM {device_ops} WHERE category <> '{Category.SYNC}' AND dur_ns >= 0
         UNION ALL
-        SELECT trace_id, rank, step, 'async', ts_ns, ts_ns + dur_ns, NULL, NULL
+        SELECT trace_id, rank, step, 'async', ts_ns, ts_ns + dur_ns, NULL, NULL, NULL
         FROM {async_windows} WHERE dur_ns >= 0
     ), windows AS (
-        SELECT trace_id, rank, NULL::BIGINT AS step, category, ts_ns, end_ns, flops, model_flops, FALSE AS per_step
+        SELECT trace_id, rank, NULL::BIGINT AS step, category, ts_ns, end_ns, flops, model_flops, recomputed_flops,
+               FALSE AS per_step
         FROM ops
         UNION ALL
-        SELECT trace_id, rank, step, category, ts_ns, end_ns, flops, model_flops, TRUE FROM ops
+        SELECT trace_id, rank, step, category, ts_ns, end_ns, flops, model_flops, recomputed_flops, TRUE FROM ops
         WHERE step IS NOT NULL
     ), spans AS (
         SELECT trace_id, rank, step, per_step, min(ts_ns) AS first_ns, max(end_ns) AS last_ns,
-               sum(flops) AS flops, sum(model_flops) AS model_flops
+               sum(flops) AS flops, sum(model_flops) AS model_flops, sum(recomputed_flops) AS recomputed_flops
         FROM windows WHERE category <> 'async' GROUP BY ALL
     ), points AS (
         SELECT trace_id, rank, step, per_step, ts_ns AS t,
@@ -102,8 +104,12 @@ def breakdown_sql(device_ops: str, async_windows: str = NO_ASYNC, devices: str =
                 THEN 100.0 * sp.flops / (d.peak_tflops * 1e12 * (sp.last_ns - sp.first_ns) / 1e9) END
              AS flops_utilisation_pct,
            CASE WHEN sp.model_flops IS NOT NULL AND d.peak_tflops > 0 AND sp.last_ns > sp.first_ns
+                THEN 100.0 * greatest(sp.model_flops - coalesce(sp.recomputed_flops, 0.0), 0.0)
+                     / (d.peak_tflops * 1e12 * (sp.last_ns - sp.first_ns) / 1e9) END
+             AS mfu_pct,
+           CASE WHEN sp.model_flops IS NOT NULL AND d.peak_tflops > 0 AND sp.last_ns > sp.first_ns
                 THEN 100.0 * sp.model_flops / (d.peak_tflops * 1e12 * (sp.last_ns - sp.first_ns) / 1e9) END
-             AS mfu_pct
+             AS hfu_pct
     FROM spans sp LEFT JOIN sums s
       ON s.trace_id = sp.trace_id AND s.rank = sp.rank AND s.per_step = sp.per_step
      AND s.step IS NOT DISTINCT FROM sp.step

@@ -30,10 +30,12 @@ def write_derived_sql(parsed: Path, out_dir: Path) -> None:
         register(con)
         con.execute(f"CREATE TABLE attributed AS {attribution_sql('device_ops', 'host_ops')}")
         credited = ("(SELECT * REPLACE (coalesce(flops, credit_flops) AS flops), "
-                    "coalesce(flops, credit_model_flops) AS model_flops FROM attributed)")
+                    "coalesce(flops, credit_model_flops) AS model_flops, "
+                    "CASE WHEN flops IS NULL THEN credit_recomputed_flops END AS recomputed_flops FROM attributed)")
         peaks = f"({peaks_sql('attributed')})"
-        _copy(con, schema.BREAKDOWN, f"({breakdown_sql(credited, async_windows, peaks, model_flops='model_flops')})",
-              out_dir)
+        breakdown = breakdown_sql(credited, async_windows, peaks, model_flops="model_flops",
+                                  recomputed_flops="recomputed_flops")
+        _copy(con, schema.BREAKDOWN, f"({breakdown})", out_dir)
         _copy(con, schema.OP_STATS, f"({op_stats_sql('attributed', 'host_ops')})", out_dir)
         _copy(con, schema.KERNEL_STATS, f"({KERNEL_STATS_SQL})", out_dir)
         _copy(con, schema.STREAM_IDLE, f"({idle_sql('device_ops', 'host_ops')})", out_dir)

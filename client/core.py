@@ -1,10 +1,10 @@
-"""A Python client of the tracelake server: upload traces, follow them, read a job's analyses and run SQL.
+"""The client of a tracelake server (:class:`Client`): upload traces, follow them, read a job's analyses and run SQL.
 
 It imports only the standard library and :mod:`tracelake.contracts.errors` (polars inside the
 methods that answer frames, ISA-L when it is there), never the server, DuckDB or the warehouse,
 so a training job or a CI step can import it cheaply::
 
-    from tracelake.api.client import Client
+    from tracelake.client import Client
 
     client = Client()                       # TRACELAKE_URL, TRACELAKE_TOKEN
     report = client.upload("runs/42/", job="llama-70b", labels={"team": "infra"}, wait=True)
@@ -35,7 +35,7 @@ from urllib.parse import quote, urlencode, urlsplit
 
 from tracelake.contracts.errors import ServerError
 
-from .client_files import ARCHIVE_SUFFIXES, CHUNK, content_id, trace_files
+from .files import ARCHIVE_SUFFIXES, CHUNK, content_id, trace_files
 
 if TYPE_CHECKING:
     import polars as pl
@@ -177,7 +177,7 @@ class Client:
 
     def upload(self, paths: str | Path | Iterable[str | Path], *, job: str = "default",
                labels: Mapping[str, str] | None = None, wait: bool = False, wait_timeout: float = 600.0,
-               progress: UploadProgress | None = None) -> UploadReport:
+               progress: UploadProgress | None = None, ask_first: bool = True) -> UploadReport:
         """Upload trace files, and the trace files under folders, to ``job``; each file once.
 
         A file whose trace id the server knows (ingested, queued or ingesting) is not sent; one
@@ -190,6 +190,8 @@ class Client:
             labels: ``key=value`` labels for the traces.
             wait: Return once every trace is ingested or failed (at most ``wait_timeout`` seconds).
             progress: Told about files and bytes as they go.
+            ask_first: Compute each file's trace id and ask the server for it before sending (False: send
+                at once, for a file just made that the server cannot have; it still ingests nothing twice).
 
         Returns:
             One :class:`Sent` per file; a file that cannot be read, or that the server refuses,
@@ -214,7 +216,7 @@ class Client:
         for (path, named), (_, size) in zip(items, sizes, strict=True):
             if progress is not None:
                 progress.file_started(path)
-            item = self._upload_one(path, named, size, query, progress)
+            item = self._upload_one(path, named, size, query, progress, ask_first)
             if item is not None:
                 report.items.append(item)
                 if progress is not None:
@@ -226,10 +228,10 @@ class Client:
         return report
 
     def _upload_one(self, path: Path, named: bool, size: int, query: list[tuple[str, str]],
-                    progress: UploadProgress | None) -> Sent | None:
+                    progress: UploadProgress | None, ask_first: bool) -> Sent | None:
         archive = path.name.lower().endswith(ARCHIVE_SUFFIXES)
         trace_id = None
-        if not archive:
+        if not archive and ask_first:
             try:
                 trace_id = content_id(path)
             except (OSError, ValueError) as exc:

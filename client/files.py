@@ -1,6 +1,6 @@
 """What the client sends: the trace files under a path, and each file's trace id, computed as the server does.
 
-Standard library only (ISA-L when it is there), like :mod:`tracelake.api.client`. The id rule is in
+Standard library only (ISA-L when it is there), like the rest of :mod:`tracelake.client`. The id rule is in
 docs/formats.md ("Trace ids"); which files a folder holds follows ``warehouse/inputs.py``, and
 tests/test_client.py holds both equal to the server's.
 """
