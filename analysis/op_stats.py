@@ -21,7 +21,7 @@ from tracelake.contracts.classify import Category
 
 from .flops import counted, op_cost
 from .launches import launch_call_rows
-from .op_scope import Autograd, chains, path_name, scope_kind, scopes
+from .op_scope import Autograd, chains, nearest, path_name, scope_kind, scopes
 from .recompute import recompute_kind, recomputed
 from .peaks import Peaks
 
@@ -57,7 +57,6 @@ GROUP_COLUMNS = (*KEY_COLUMNS, "module")
 CALL_SCHEMA: dict[str, Any] = {"event_id": pl.Int64, "name": pl.String, "rank": pl.Int32, "dur_ns": pl.Int64,
                                "input_dims": pl.String, "input_types": pl.String, "concrete_inputs": pl.String}
 
-_MAX_DEPTH = 4096  # deeper than any real stack: a parent chain this long is a cycle
 
 
 def peak_for(peaks: Peaks | None, dtype: str | None, kind: str | None) -> float | None:
@@ -100,26 +99,10 @@ def _parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
 
 def _owners(start: np.ndarray, parent: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray) -> np.ndarray:
     """For each start event (an index), the nearest event on its parent chain (itself included) that is a counted
-    operator, else the nearest operator; -1 for none. Walks up from the starts only, one level a round, over the
-    chains not yet settled: memory follows the launch calls, not every host event."""
-    innermost = np.full(len(start), -1, dtype=np.int64)
-    owner = np.full(len(start), -1, dtype=np.int64)
-    at = start.astype(np.int64)
-    live = np.flatnonzero(at >= 0)
-    for _ in range(_MAX_DEPTH):
-        if not len(live):
-            break
-        here = at[live]
-        op = is_op[here]
-        first = op & (innermost[live] < 0)
-        innermost[live[first]] = here[first]
-        hit = op & is_counted[here]
-        owner[live[hit]] = here[hit]
-        up = parent[here]
-        keep = ~hit & (up >= 0)
-        at[live] = up
-        live = live[keep]
-    return np.where(owner >= 0, owner, innermost)
+    operator, else the nearest operator; -1 for none. Walks up from the starts only (:func:`.op_scope.nearest`):
+    memory follows the launch calls, not every host event."""
+    counted_op = nearest(start, parent, is_op & is_counted)
+    return np.where(counted_op >= 0, counted_op, nearest(start, parent, is_op))
 
 
 class Operators:

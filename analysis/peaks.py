@@ -158,3 +158,56 @@ def with_overrides(peaks: Peaks | None, overrides: Mapping[str, float]) -> Peaks
     flops = {**base.flops, **{k: float(v) for k, v in overrides.items() if k != "hbm"}}
     hbm = float(overrides["hbm"]) if "hbm" in overrides else base.hbm
     return replace(base, flops=flops, hbm=hbm)
+
+
+@dataclass(frozen=True)
+class Override:
+    """Peaks given by a person (``TRACELAKE_DEVICE_PEAKS``): for the devices whose name matches ``pattern`` (a
+    case-insensitive regular expression; None: every device), ``figures`` in FLOP/s and bytes/s (key ``hbm``)."""
+
+    pattern: str | None
+    figures: dict[str, float]
+
+
+def parse_overrides(text: str | None) -> tuple[Override, ...]:
+    """``H100 PCIe: bf16=756, hbm=2.0; fp8=1979`` -> the overrides: entries split by ``;``, each an optional device
+    name pattern and ``:``, then ``key=value`` pairs, dtypes (:data:`DTYPES`) in TFLOP/s and ``hbm`` in TB/s.
+
+    Raises:
+        InvalidArgument: an entry that is not of that form, an unknown key, a figure that is not positive, or a
+            pattern that is not a regular expression.
+    """
+    found = []
+    for entry in filter(None, (part.strip() for part in (text or "").split(";"))):
+        pattern, colon, pairs = entry.rpartition(":")
+        if not colon:
+            pattern, pairs = "", entry
+        if pattern.strip():
+            try:
+                re.compile(pattern.strip())
+            except re.error as exc:
+                raise InvalidArgument(f"device peaks {entry!r}: {pattern.strip()!r} is not a pattern ({exc})") from None
+        figures: dict[str, float] = {}
+        for pair in filter(None, (p.strip() for p in pairs.split(","))):
+            key, _, value = pair.partition("=")
+            try:
+                number = float(value)
+            except ValueError:
+                raise InvalidArgument(f"device peaks {entry!r}: {pair!r} is not key=number (e.g. bf16=989 TFLOP/s, "
+                                      "hbm=4.8 TB/s)") from None
+            figures[key.strip().lower()] = number * (T if key.strip().lower() != "hbm" else 1e12)
+        if not figures:
+            raise InvalidArgument(f"device peaks {entry!r}: no key=number in it (e.g. `H100 PCIe: bf16=756`)")
+        with_overrides(None, figures)  # the keys and figures, checked
+        found.append(Override(pattern.strip() or None, figures))
+    return tuple(found)
+
+
+def resolve(name: str | None, sms: int | None, memory_bytes: int | None,
+            overrides: tuple[Override, ...] = ()) -> Peaks | None:
+    """:func:`lookup`, then the figures of every override whose pattern matches ``name`` (later ones win)."""
+    figures: dict[str, float] = {}
+    for override in overrides:
+        if override.pattern is None or re.search(override.pattern, name or "", re.IGNORECASE):
+            figures.update(override.figures)
+    return with_overrides(lookup(name, sms, memory_bytes), figures)

@@ -16,6 +16,8 @@ import re
 import numpy as np
 import polars as pl
 
+from .op_scope import nearest
+
 #: A checkpoint marker: the backward node of a checkpoint, or an annotation naming a recomputation.
 MARKER = re.compile(r"checkpoint\w*backward|recompute", re.IGNORECASE)
 #: A backward node (autograd's ``*Backward0`` nodes and the engine's ``evaluate_function: ...Backward0``).
@@ -36,18 +38,8 @@ def recomputed(calls: np.ndarray, parent: np.ndarray, kind: np.ndarray) -> np.nd
     """Whether each call (positions into ``parent``/``kind``, every event's parent position and
     :func:`recompute_kind`) runs as a recomputation: it is neither kind itself and the nearest marker-or-backward
     ancestor is a marker."""
-    found = np.full(len(calls), -1, dtype=np.int64)
-    at = parent[calls] if len(calls) else np.zeros(0, dtype=np.int64)
-    live = np.flatnonzero(at >= 0)
-    for _ in range(_MAX_DEPTH):
-        if not len(live):
-            break
-        here = at[live]
-        hit = kind[here] != _NONE
-        found[live[hit]] = here[hit]
-        up = parent[here]
-        at[live] = up
-        live = live[~hit & (up >= 0)]
+    above = parent[calls] if len(calls) else np.zeros(0, dtype=np.int64)
+    found = nearest(above, parent, kind != _NONE)
     return (kind[calls] == _NONE) & (found >= 0) & (kind[np.maximum(found, 0)] == _MARKER)
 
 

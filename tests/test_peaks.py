@@ -136,3 +136,44 @@ def test_overrides() -> None:
         with_overrides(base, {"bfloat": 1e12})
     with pytest.raises(InvalidArgument, match="positive"):
         with_overrides(base, {"hbm": -1})
+
+
+def test_device_peaks_from_settings_change_the_stored_mfu(tmp_path: Path) -> None:
+    """TRACELAKE_DEVICE_PEAKS halving the H200's bf16 peak doubles every MFU of the GPT capture, exactly."""
+    import polars as pl
+
+    from tracelake.warehouse import Warehouse
+    from tracelake.warehouse.settings import Settings
+
+    train = Path(__file__).resolve().parents[1] / "sample_traces" / "gpu_h200" / "train" / "train.pt.trace.json.gz"
+    mfu = {}
+    for name, text in (("table", ""), ("override", "H200: bf16=494.75; NVIDIA B200: bf16=1")):
+        wh = Warehouse(settings=Settings.from_env({}, home=tmp_path / name, device_peaks=text))
+        assert all(r.ok for r in wh.ingest([train], job="gpt").results)
+        mfu[name] = pl.DataFrame(wh.query("SELECT step, mfu_pct FROM breakdown ORDER BY step NULLS FIRST").rows,
+                                 schema=["step", "mfu"], orient="row")["mfu"].to_list()
+    assert mfu["table"] and all(m is not None and m > 0 for m in mfu["table"])
+    assert mfu["override"] == pytest.approx([2 * m for m in mfu["table"]], rel=1e-9)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("bf16", "is not key=number"), ("H100: bfloat=3", "unknown peak"), ("H100: bf16=-1", "positive"),
+    ("(: bf16=1", "is not a pattern"), ("H100:", "no key=number"),
+])
+def test_bad_device_peaks_are_refused_when_read(text: str, message: str) -> None:
+    from tracelake.warehouse.settings import Settings
+
+    with pytest.raises(InvalidArgument, match=message) as caught:
+        Settings.from_env({"TRACELAKE_DEVICE_PEAKS": text})
+    assert "TRACELAKE_DEVICE_PEAKS" in str(caught.value)
+
+
+def test_device_peak_overrides_apply_by_pattern() -> None:
+    from tracelake.analysis.peaks import parse_overrides, resolve
+
+    overrides = parse_overrides("H100 PCIe: bf16=756, hbm=2.0; fp8=1979")
+    h100 = resolve("NVIDIA H100 PCIe", 114, 80 * 2**30, overrides)
+    assert h100 is not None and h100.flops_for("bf16") == 756e12 and h100.hbm == 2.0e12
+    assert h100.flops_for("fp8") == 1979e12
+    h200 = resolve("NVIDIA H200", 132, 141 * 2**30, overrides)
+    assert h200 is not None and h200.flops_for("fp8") == 1979e12 and h200.flops_for("bf16") == 989.5e12

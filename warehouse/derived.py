@@ -25,7 +25,7 @@ from tracelake.analysis.flops import counted
 from tracelake.analysis.op_scope import Autograd, path_name, scope_kind
 from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators
 from tracelake.analysis.recompute import recompute_kind
-from tracelake.analysis.peaks import Peaks, lookup
+from tracelake.analysis.peaks import Override, Peaks, resolve
 from tracelake.contracts import schema
 from tracelake.ingest.kineto_scan import release_free_memory
 
@@ -33,12 +33,13 @@ from tracelake.ingest.kineto_scan import release_free_memory
 INPUTS = ("device_ops", "host_ops", "collectives", "devices")
 
 
-def write_derived(parsed: Path, out_dir: Path) -> None:
+def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, ...] = ()) -> None:
     """Compute every derived table of one trace from its parsed tables in ``parsed`` into ``out_dir``.
 
     ``parsed`` holds ``<table>.parquet`` for each table in :data:`INPUTS` (a staging
     directory, or a folder of links to a stored trace's files); writes
-    ``<table>.parquet`` for each table in :data:`schema.DERIVED_TABLES`.
+    ``<table>.parquet`` for each table in :data:`schema.DERIVED_TABLES`. ``peak_overrides``: the device peaks a
+    person gave (``TRACELAKE_DEVICE_PEAKS``, :func:`tracelake.analysis.peaks.parse_overrides`).
 
     Rank by rank in windows of :data:`CHUNK_ROWS` ops: memory follows the window, plus the host
     launch calls (25 bytes each), the distinct (name, duration) pairs of a rank and what
@@ -52,7 +53,8 @@ def write_derived(parsed: Path, out_dir: Path) -> None:
     operators = _operators(parsed / "host_ops.parquet")
     release_free_memory()  # the operators' passes freed their row groups: hand them back before the windows
     launches, graph_calls = _launch_times(parsed / "host_ops.parquet", parsed / "device_ops.parquet")
-    tables = DerivedTables(launches, graph_calls, windows, peaks, operators, _hardware(parsed / "devices.parquet"))
+    hardware = _hardware(parsed / "devices.parquet", peak_overrides)
+    tables = DerivedTables(launches, graph_calls, windows, peaks, operators, hardware)
     for trace_id, rank in _keys(parsed / "device_ops.parquet"):
         tables.add_rank(trace_id, rank, _windows(parsed / "device_ops.parquet", trace_id, rank, CHUNK_ROWS))
     computed = tables.tables()
@@ -67,7 +69,7 @@ def write_derived(parsed: Path, out_dir: Path) -> None:
         pq.write_table(arrow.cast(tbl.arrow_schema), out_dir / f"{name}.parquet", compression="zstd")
 
 
-def _hardware(devices: Path) -> dict[tuple[str, int], Peaks]:
+def _hardware(devices: Path, overrides: tuple[Override, ...] = ()) -> dict[tuple[str, int], Peaks]:
     """Per (trace, rank), the peaks of its accelerator (the lowest device index that the table of known devices
     matches by name, SM count and memory: :func:`tracelake.analysis.peaks.lookup`)."""
     frame = pl.read_parquet(devices, columns=["trace_id", "rank", "device", "kind", "name", "core_count",
@@ -77,7 +79,7 @@ def _hardware(devices: Path) -> dict[tuple[str, int], Peaks]:
             pl.col("trace_id").is_not_null() & pl.col("rank").is_not_null() & (pl.col("kind") != "nic")).sort(
             "trace_id", "rank", "device", nulls_last=True).iter_rows():
         key = (str(trace_id), int(rank))
-        if key not in found and (peaks := lookup(name, cores, memory)) is not None:
+        if key not in found and (peaks := resolve(name, cores, memory, overrides)) is not None:
             found[key] = peaks
     return found
 

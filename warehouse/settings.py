@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Self
 
+from tracelake.analysis import peaks
 from tracelake.contracts.errors import InvalidArgument
 
 
@@ -33,6 +34,8 @@ class Settings:
     kineto_engine: str = "auto"
     #: Bus bandwidth a link carries at best, GB/s per rank, by link or family: ``nvlink3=260,ib=400``.
     link_peaks: str = ""
+    #: Device peaks over the built-in table: ``H100 PCIe: bf16=756, hbm=2.0; fp8=1979`` (TFLOP/s, TB/s).
+    device_peaks: str = ""
     #: Most bytes an uploaded archive or gzip file may expand to, in all.
     max_expanded_bytes: int = 32 << 30
     #: Most an uploaded archive or gzip file may expand relative to its size (zip and gzip bombs).
@@ -73,6 +76,10 @@ class Settings:
         sandbox = values.get("sql_os_sandbox", "required")
         if sandbox not in OS_SANDBOX:
             raise InvalidArgument(f"TRACELAKE_SQL_OS_SANDBOX={sandbox!r}: choose one of {', '.join(OS_SANDBOX)}")
+        try:  # a mistake is an error now, not at the first ingest
+            peaks.parse_overrides(str(values.get("device_peaks", "")))
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"TRACELAKE_DEVICE_PEAKS: {exc}") from None
         if "home" in values:
             values["home"] = Path(str(values["home"]))
         return cls(**values)  # type: ignore[arg-type]
@@ -118,6 +125,10 @@ SETTINGS_DOC: dict[str, str] = {
     "(fail where it is not built) or `duckdb` (the reference reader, about half the speed).",
     "link_peaks": "Bus bandwidth per rank, GB/s, by link (`nvlink3=260`) or family (`nvlink`, `pcie`, `xgmi`, `ib`, "
                   "`roce`, `efa`, `socket`), over the per-GPU table of docs/analyses.md (\"Link peaks\").",
+    "device_peaks": "Dense peaks of a device over the built-in table (docs/analyses.md, \"Hardware peaks\"): "
+                    "entries split by `;`, each an optional device-name pattern and `:`, then dtypes in TFLOP/s "
+                    "and `hbm` in TB/s, e.g. `H100 PCIe: bf16=756, hbm=2.0`. Applied at ingest; `tracelake analyze "
+                    "--recompute` applies a change to stored traces.",
     "max_expanded_bytes": "Most bytes an uploaded archive or gzip file may expand to (default 32 GiB).",
     "max_expansion_ratio": "Most an uploaded archive or gzip file may expand per byte uploaded (default 200).",
     "sql_timeout_seconds": "Seconds an API SQL query may run before it is cancelled (default 30).",

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracelake import ingest
+from tracelake.analysis import peaks
 from tracelake.contracts import schema
 from tracelake.contracts.errors import NotFound, TraceFormatError, TracelakeError, WarehouseError
 from tracelake.contracts.status import IngestStatus
@@ -126,7 +127,7 @@ def _stage(
             max_expanded_bytes=settings.max_expanded_bytes,
         )
         fmt, info = ingest.parse_into(path, staging, options)
-        write_derived(staging, staging)
+        write_derived(staging, staging, peaks.parse_overrides(settings.device_peaks))
         rows = {name: pq.read_metadata(staging / f"{name}.parquet").num_rows for name in schema.DATA_TABLES}
         row = traces_row(path, source_name, trace_id, labels, fmt.name, info, rows, started)
         pq.write_table(pa.Table.from_pylist([row], schema=schema.TRACES.arrow_schema),
@@ -237,7 +238,7 @@ def stage_derived(
                 os.symlink(stored, staging / f"{name}.parquet")
             else:  # a trace ingested before the table existed
                 pq.write_table(schema.table(name).arrow_schema.empty_table(), staging / f"{name}.parquet")
-        write_derived(staging, staging)
+        write_derived(staging, staging, peaks.parse_overrides(settings.device_peaks))
     except (duckdb.Error, OSError) as exc:
         store.discard(staging)
         raise WarehouseError(f"cannot recompute trace {trace_id}: {exc}") from exc
