@@ -118,6 +118,14 @@ def shapes_text(text: str | None, width: int = SHAPES_CHARS) -> str:
     return short if len(short) <= width else short[:width - 1] + "…"
 
 
+def _attainable(r: dict[str, Any]) -> str:
+    """What running as close to its roof as the best operator of its kind here would give back (the ranked gain)."""
+    if r["attainable_saving_ns"] > 0:
+        return (f"as close to its roof as the best {r['kind']} here ({r['attainable_pct']:.0f}%), "
+                f"{r['attainable_saving_ns'] / 1e6:.1f} ms shorter")
+    return f"no {r['kind']} here runs closer to its roof"
+
+
 def from_op_stats(op_stats: pl.DataFrame, whole: pl.DataFrame, top: int = TOP) -> list[Finding]:
     """The ``top`` operators (op, shapes, dtype) whose run at their roofline would shorten a rank's timeline most.
 
@@ -144,8 +152,7 @@ def from_op_stats(op_stats: pl.DataFrame, whole: pl.DataFrame, top: int = TOP) -
             f"{label} takes {r['share_pct']:.0f}% of device time at {r['pct_of_roofline']:.0f}% of its roofline",
             f"on rank {r['rank']} ({r['bound'] or 'unknown'}-bound{rate}): at the roofline the step would be "
             f"{r['step_shorter_pct']:.0f}% shorter{mfu} (an upper bound: it assumes all of the op's time is on "
-            f"the rank's critical path); at the {r['attainable_pct']:.0f}% of its roofline the best {r['kind']} here "
-            f"reaches, {r['attainable_saving_ns'] / 1e6:.1f} ms shorter, the gain ranked",
+            f"the rank's critical path); {_attainable(r)}",
             int(r["attainable_saving_ns"]),
             traces=(str(r["trace_id"]),), ranks=(int(r["rank"]),),
         ))
