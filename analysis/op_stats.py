@@ -86,15 +86,19 @@ def _parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
     n = len(ids)
     if not n:
         return np.zeros(0, dtype=np.int64)
+    kind = np.int32 if n < 2**31 else np.int64  # positions: half the memory of the largest arrays here
     low, high = int(ids.min()), int(ids.max())
     inside = (parent_ids >= low) & (parent_ids <= high)
     if high - low < 4 * n + 1024:
-        position = np.full(high - low + 1, -1, dtype=np.int64)
-        position[ids[::-1] - low] = np.arange(n - 1, -1, -1, dtype=np.int64)  # written last to first: the first wins
-        return np.where(inside, position[np.where(inside, parent_ids - low, 0)], -1)
-    order = np.argsort(ids, kind="stable")
+        position = np.full(high - low + 1, -1, dtype=kind)
+        position[ids[::-1] - low] = np.arange(n - 1, -1, -1, dtype=kind)  # written last to first: the first wins
+        found = position[np.where(inside, parent_ids - low, 0)]
+        del position
+        found[~inside] = -1
+        return found
+    order = np.argsort(ids, kind="stable").astype(kind)
     at = np.minimum(np.searchsorted(ids[order], parent_ids), n - 1)
-    return np.where(inside & (ids[order[at]] == parent_ids), order[at], -1)
+    return np.where(inside & (ids[order[at]] == parent_ids), order[at], -1).astype(kind)
 
 
 def _owners(start: np.ndarray, parent: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray) -> np.ndarray:
@@ -171,7 +175,7 @@ class Operators:
         # the calls that own a launch, in input order: a mark per event and a running count (no sort)
         marked = np.zeros(len(ids) + 1, dtype=bool)
         marked[target[target >= 0]] = True
-        index = np.cumsum(marked) - 1
+        index = np.cumsum(marked, dtype=np.int32 if len(marked) < 2**31 else np.int64) - 1
         #: Sorted correlation ids and the index (into :attr:`rows`) of each one's operator, -1 for none.
         self.correlation = found
         self.op_of = np.where(target >= 0, index[np.maximum(target, 0)], -1)

@@ -10,6 +10,7 @@ Tests and benchmarks are users of the package and may import any layer.
 from __future__ import annotations
 
 import ast
+import os
 import tomllib
 from pathlib import Path
 
@@ -124,3 +125,22 @@ def test_a_planted_violation_is_caught(tmp_path: Path) -> None:
     assert "contracts/errors.py:2: tracelake.contracts.errors imports tracelake.warehouse;" in text
     assert "ingest/parse.py:1: tracelake.ingest.parse imports tracelake.analysis;" in text
     assert "analysis/steps.py:1: tracelake.analysis.steps imports tracelake.api.app; nothing below the API" in text
+
+
+def test_the_entry_points_set_polars_allocator_before_polars_loads() -> None:
+    """docs/architecture.md, "Memory": importing the facade or the faces sets jemalloc's decays before polars is
+    loaded (it reads them once); a value the user set is kept."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys\nimport tracelake.{module}\n"
+            "print(os.environ.get('_RJEM_MALLOC_CONF'), 'polars' in sys.modules)")
+    for module in ("warehouse", "api"):
+        env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+        out = subprocess.run([sys.executable, "-c", code.format(module=module)], env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+        assert out == ["dirty_decay_ms:0,muzzy_decay_ms:0", "False"], module
+        env["_RJEM_MALLOC_CONF"] = "narenas:1"
+        out = subprocess.run([sys.executable, "-c", code.format(module=module)], env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+        assert out[0] == "narenas:1", module

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from tracelake.contracts.allocators import return_freed_memory_promptly
 from tracelake.contracts.errors import (
     Forbidden,
     InvalidArgument,
@@ -27,6 +28,8 @@ from tracelake.contracts.errors import (
     UnknownFormatError,
     WarehouseError,
 )
+
+return_freed_memory_promptly()  # before anything loads polars (its allocator reads the setting once)
 
 from .settings import Settings
 

@@ -115,6 +115,7 @@ def _operators(host_ops: Path) -> dict[str, Operators]:
             spans.append((group, str(trace_id), trace.size, mine.num_rows, whole))
             trace.add(mine, known)
         del part
+        release_free_memory()  # each row group's Arrow buffers back before the next (mimalloc keeps them)
     found = {trace_id: trace.operators() for trace_id, trace in traces.items()}
     wanted = [c for c in ("event_id", "name", "rank", "dur_ns", *KEY_COLUMNS[1:]) if c in names]
     kept: dict[str, list[pa.Table]] = {}
@@ -183,8 +184,9 @@ class _Trace:
                 piece.append(column)
 
     def operators(self) -> Operators:
-        arrays = [np.concatenate(piece) for piece in self.pieces]
-        self.pieces = []
+        arrays = []
+        while self.pieces:  # column by column, each one's pieces let go as it is joined: one copy at a time
+            arrays.append(np.concatenate(self.pieces.pop(0)))
         marks = Autograd(*(np.concatenate(piece) for piece in self.marks)) if self.marks[0] else Autograd.empty()
         ids, parents, is_op, is_counted, call_row, correlation, ts_ns, dur_ns, kind, recompute = arrays
         return Operators.from_arrays(ids, parents, is_op, is_counted, call_row, correlation, ts_ns, dur_ns,
