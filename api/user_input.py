@@ -13,7 +13,7 @@ import re
 from tracelake.analysis.fleet_view import EARLIEST, LATEST, in_range
 from tracelake.contracts.critical import SPEEDUP_CATEGORIES, Speedup
 from tracelake.contracts.errors import InvalidArgument
-from tracelake.warehouse.store import LABEL_KEY
+from tracelake.contracts.names import LABEL_KEY
 
 __all__ = ["EARLIEST", "LATEST", "parse_labels", "parse_speedups", "parse_when"]
 

@@ -34,6 +34,7 @@ from typing import IO, TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, urlencode, urlsplit
 
 from tracelake.contracts.errors import ServerError
+from tracelake.contracts.names import check_job, check_labels
 
 from .files import ARCHIVE_SUFFIXES, CHUNK, content_id, trace_files
 
@@ -199,8 +200,11 @@ class Client:
             found in a folder that the server recognises as no trace (a stray ``.log``) is left out.
 
         Raises:
+            InvalidArgument: ``job`` is not a job name, or a label key is not one (nothing is sent).
             ServerError: the server cannot be reached (after the retries), or refuses the token.
         """
+        check_job(job)  # refused here, before a byte is read or sent (contracts/names.py)
+        labels = check_labels(labels or {})
         started = time.monotonic()
         items, seen = [], set()
         for raw in [paths] if isinstance(paths, str | Path) else paths:

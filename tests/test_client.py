@@ -309,3 +309,22 @@ def test_a_server_restarted_mid_upload_gets_the_file(tmp_path: Path) -> None:
             os.killpg(killer.process.pid, signal.SIGTERM)
             killer.process.wait(30)
         log.close()
+
+
+def test_bad_names_are_refused_before_anything_is_sent(tmp_path: Path) -> None:
+    """contracts/names.py, the rule the server applies: the client and the hooks refuse a bad job or label key
+    at once, with no server (the URL would not answer) and nothing spooled."""
+    from tracelake.client import Client
+    from tracelake.contracts.errors import InvalidArgument
+
+    trace = tmp_path / "rank-0.json"
+    trace.write_text('{"traceEvents": []}')
+    client = Client("http://127.0.0.1:9", token="t")
+    with pytest.raises(InvalidArgument, match="invalid label key 'bad key'"):
+        client.upload(trace, job="ok", labels={"bad key": "x"})
+    with pytest.raises(InvalidArgument, match="invalid job name"):
+        client.upload(trace, job="../etc")
+    torch_hook = pytest.importorskip("tracelake.torch")
+    with pytest.raises(InvalidArgument, match="invalid label key"):
+        torch_hook.upload(job="ok", labels={"1team": "x"}, url="http://127.0.0.1:9", spool=tmp_path / "spool")
+    assert not (tmp_path / "spool").exists() or not any((tmp_path / "spool").iterdir())

@@ -43,22 +43,19 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from tracelake.contracts import schema
-from tracelake.contracts.errors import InvalidArgument
+from tracelake.contracts.names import JOB_NAME, RESERVED_JOB, check_job  # check_job: the warehouse's too
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - Windows: no advisory locks, single writer assumed
     fcntl = None  # type: ignore[assignment]
 
-SCHEMA_JOB = "_schema"
+SCHEMA_JOB = RESERVED_JOB
 #: The lock file that publishing, removing and repairing hold (under the warehouse home).
 WRITE_LOCK = ".write.lock"
 #: How temporary files are named: ``.<name>.<pid>-<random>.tmp`` (the pid tells a dead writer's from a live one's).
 TEMP_FILE = re.compile(r"^\..+\.(?P<pid>[0-9]+)(?:-[0-9a-f]+)?\.tmp(?:\.wal)?$")
-_JOB = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TRACE_ID = re.compile(r"^[0-9a-f]{1,64}$")
-#: What a label key may be (docs/architecture.md: the faces parse ``key=value`` text into labels).
-LABEL_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
 def _has_schema(path: Path, expected: pa.Schema) -> bool:
@@ -73,16 +70,6 @@ def _has_schema(path: Path, expected: pa.Schema) -> bool:
 def is_warehouse(home: Path) -> bool:
     """Whether ``home`` holds a tracelake warehouse (its catalog or its tables), so a reader need not create one."""
     return (home / "tracelake.duckdb").is_file() or (home / "tables").is_dir()
-
-
-def check_job(job: str) -> str:
-    """Return ``job`` if it is a valid job name, else raise :class:`InvalidArgument`."""
-    if not _JOB.match(job) or job == SCHEMA_JOB:
-        raise InvalidArgument(
-            f"invalid job name {job!r}: use letters, digits, '.', '_' or '-' "
-            "(up to 128 characters, starting with a letter or digit)"
-        )
-    return job
 
 
 class Store:
@@ -115,7 +102,7 @@ class Store:
 
     def job_traces(self, job: str) -> list[str]:
         """The ids of the traces registered under ``job``, sorted (none for an unknown or invalid job)."""
-        if not _JOB.match(job) or job == SCHEMA_JOB:
+        if not JOB_NAME.match(job) or job == SCHEMA_JOB:
             return []
         return sorted(p.stem for p in (self.tables / "traces" / f"job={job}").glob("*.parquet"))
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from tracelake.client.uploader import flush, shared_uploader
 from tracelake.contracts.errors import NotFound
+from tracelake.contracts.names import check_job, check_labels
 
 __all__ = ["flush", "newest_run", "trace", "upload_profile"]
 
@@ -51,6 +52,8 @@ def trace(log_dir: str | Path | None = None, *, job: str = "default", labels: Ma
     """
     import jax
 
+    check_job(job)  # a bad name fails before profiling, not in the upload after it
+    check_labels(labels or {})
     own = log_dir is None
     folder = Path(tempfile.mkdtemp(prefix="tracelake-jax-")) if log_dir is None else Path(log_dir)
     try:
@@ -80,7 +83,10 @@ def upload_profile(log_dir: str | Path, *, job: str = "default", labels: Mapping
 
     Raises:
         NotFound: ``log_dir`` holds no profile run with an ``.xplane.pb``.
+        InvalidArgument: ``job`` or a label key is not valid (contracts/names.py).
     """
+    check_job(job)
+    labels = check_labels(labels or {})
     run = newest_run(log_dir)
     host = socket.gethostname()
     files = sorted(run.glob(f"{host}.xplane.pb")) or sorted(run.glob("*.xplane.pb"))

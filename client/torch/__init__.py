@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tracelake.client.uploader import BackgroundUploader, flush, shared_uploader
+from tracelake.contracts.names import check_job, check_labels
 
 __all__ = ["TraceUploader", "flush", "upload"]
 
@@ -79,10 +80,14 @@ def upload(job: str = "default", labels: Mapping[str, str] | None = None, *, url
             ``~/.cache/tracelake/spool``); ``tracelake push --spool`` sends them later.
         retries: Tries again per request before a trace is spooled.
 
+    Raises:
+        InvalidArgument: ``job`` or a label key is not valid (contracts/names.py): at setup, not at the upload.
+
     Returns:
         The callback; its ``flush(timeout)`` waits for the traces handed over (at exit this happens by itself).
     """
-    return TraceUploader(shared_uploader(url, token, spool, retries), job, labels or {})
+    check_job(job)  # a bad name fails here, when the profiler is set up, not as spooled traces later
+    return TraceUploader(shared_uploader(url, token, spool, retries), job, check_labels(labels or {}))
 
 
 def process_rank() -> tuple[int, int]:
