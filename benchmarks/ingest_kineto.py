@@ -48,6 +48,7 @@ HERE = Path(__file__).resolve().parent
 HTA_VENV = HERE / ".venv-hta"
 HTA_REQUIREMENTS = ["HolisticTraceAnalysis==0.5.0", "pandas<3"]  # HTA 0.5.0 breaks on pandas 3
 MB = 1e6
+DEFAULT_REAL_SOURCE = HERE.parent / "sample_traces" / "gpu_h200" / "train" / "train.pt.trace.json.gz"
 
 # Child programs: argv = [inputs..., result.json]; each writes its figures there as JSON.
 TRACELAKE_CHILD = """
@@ -89,6 +90,23 @@ scenario = SCENARIOS["ddp_straggler"]
 scenario = dataclasses.replace(scenario, layers=layers or layers_for_steps(scenario, target_bytes, steps))
 written = write_trace(trace, scenario, 0, target_bytes=int(target_bytes))
 json.dump({"written": written, "layers": scenario.layers}, open(out, "w"))
+"""
+REAL_SHAPED_CHILD = """
+import gzip, json, os, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from real_shaped import write_real_shaped
+trace, target_bytes, source, out = Path(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4]), sys.argv[5]
+trace.parent.mkdir(parents=True, exist_ok=True)
+plain = trace.with_suffix("") if trace.suffix == ".gz" else trace
+facts = write_real_shaped(plain, int(target_bytes), source)
+if plain != trace:
+    with open(plain, "rb") as src, gzip.open(trace, "wb", compresslevel=6) as dst:
+        while block := src.read(8 << 20):
+            dst.write(block)
+    plain.unlink()
+facts["file_bytes"] = os.path.getsize(trace)
+json.dump({"written": facts, "layers": None}, open(out, "w"))
 """
 
 
@@ -266,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(the scenario's own 16 gives ~10 steps per MB)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per child run (default 3600)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--real", nargs="?", type=Path, const=DEFAULT_REAL_SOURCE, metavar="TRACE",
+                        help="a real-shaped trace instead: this real capture (default: the H200 GPT of "
+                        "sample_traces/gpu_h200/train) repeated with shifted times and ids to --size-mb "
+                        "(benchmarks/real_shaped.py); --steps and --layers do not apply")
     args = parser.parse_args(argv)
 
     if args.workdir:
@@ -273,11 +295,16 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="tracelake-bench-", dir=args.workdir))
     try:
         trace_dir = workdir / "trace"  # HTA takes a directory: this one holds only the trace
-        trace = trace_dir / f"ddp_straggler-rank0.json{'.gz' if args.gzip else ''}"
+        stem = f"real-{args.real.name.split('.')[0]}" if args.real else "ddp_straggler"
+        trace = trace_dir / f"{stem}-rank0.json{'.gz' if args.gzip else ''}"
         started, source_id = time.perf_counter(), tracelake_source_id()
         generated = workdir / "generated.json"
-        subprocess.run([sys.executable, "-c", GENERATE_CHILD, str(HERE), str(trace), str(args.size_mb * MB),
-                        str(args.steps), str(args.layers or 0), str(generated)], check=True)
+        if args.real:
+            subprocess.run([sys.executable, "-c", REAL_SHAPED_CHILD, str(HERE), str(trace), str(args.size_mb * MB),
+                            str(args.real), str(generated)], check=True)
+        else:
+            subprocess.run([sys.executable, "-c", GENERATE_CHILD, str(HERE), str(trace), str(args.size_mb * MB),
+                            str(args.steps), str(args.layers or 0), str(generated)], check=True)
         made = json.loads(generated.read_text())
         written, layers = made["written"], made["layers"]
         trace_bytes = int(written["bytes"])
@@ -296,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"run {run}: HTA {figs[1].seconds[-1]:.2f} s", flush=True)
         rows = report(figs if not args.skip_hta else figs[:1], trace_bytes, figs[0].events)
         if args.json:
-            meta = {"size_mb": args.size_mb, "gzip": args.gzip, "runs": args.runs, "layers": layers,
+            meta = {"size_mb": args.size_mb, "gzip": args.gzip, "runs": args.runs, "layers": layers, "real": str(args.real) if args.real else None,
                     "trace_bytes": trace_bytes, "file_bytes": written["file_bytes"], "generator": written,
                     "tracelake_sources": source_id, "python": sys.version, "cpus": os.cpu_count(),
                     "hta_requirements": HTA_REQUIREMENTS}

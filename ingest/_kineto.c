@@ -150,7 +150,6 @@ static const ColSpec COLL_COLS[] = {
     {"pg_desc", T_STR}, {"pg_ranks", T_STR}, {"in_nelems", T_I64}, {"out_nelems", T_I64},
     {"group_size", T_I64}, {"coll_seq", T_I64}, {"src_rank", T_I64}, {"dst_rank", T_I64},
 };
-static const ColSpec MEMORY_COLS[] = {{"name", T_STR}, {"device", T_I32}, {"ts_ns", T_I64}, {"value", T_F64}};
 /* One row per ``[memory]`` or ``[OutOfMemory]`` instant (MEMORY_PART in kineto_sql_events). */
 static const ColSpec MEMORY_EVENT_COLS[] = {
     {"event_id", T_I64}, {"pid", T_I64}, {"tid", T_I64}, {"device", T_I32}, {"device_type", T_I64},
@@ -158,14 +157,14 @@ static const ColSpec MEMORY_EVENT_COLS[] = {
     {"total_reserved", T_I64},
 };
 
-enum { TB_DEVICE, TB_HOST, TB_STEPS, TB_COLL, TB_MEMORY, TB_MEMORY_EVENTS, N_TABLES };
-static const char *TABLE_NAMES[N_TABLES] = {"device", "host", "step_marks", "coll_args", "memory", "memory_events"};
-static const ColSpec *TABLE_SPECS[N_TABLES] = {DEVICE_COLS, HOST_COLS, STEP_COLS, COLL_COLS, MEMORY_COLS,
-                                               MEMORY_EVENT_COLS};
+/* (A table of the allocator totals per instant, kept for ``counters``, is gone: ``memory_events`` holds them.) */
+enum { TB_DEVICE, TB_HOST, TB_STEPS, TB_COLL, TB_MEMORY_EVENTS, N_TABLES };
+static const char *TABLE_NAMES[N_TABLES] = {"device", "host", "step_marks", "coll_args", "memory_events"};
+static const ColSpec *TABLE_SPECS[N_TABLES] = {DEVICE_COLS, HOST_COLS, STEP_COLS, COLL_COLS, MEMORY_EVENT_COLS};
 static const int TABLE_NCOLS[N_TABLES] = {
     sizeof DEVICE_COLS / sizeof *DEVICE_COLS, sizeof HOST_COLS / sizeof *HOST_COLS,
     sizeof STEP_COLS / sizeof *STEP_COLS, sizeof COLL_COLS / sizeof *COLL_COLS,
-    sizeof MEMORY_COLS / sizeof *MEMORY_COLS, sizeof MEMORY_EVENT_COLS / sizeof *MEMORY_EVENT_COLS,
+    sizeof MEMORY_EVENT_COLS / sizeof *MEMORY_EVENT_COLS,
 };
 
 /* The ``args`` keys read, by the name the SQL path uses (ARGS and MEMORY_ARGS in kineto_sql_events). */
@@ -1140,26 +1139,6 @@ static int memory_device(Scan *s, const Event *ev, int *device_ok, int64_t *devi
     return 0;
 }
 
-/* The memory counters of a ``[memory]`` instant: allocated and reserved bytes, where given. */
-static int memory_rows(Scan *s, const Event *ev, int64_t ts) {
-    static const int KEYS[2] = {A_TOTAL_ALLOCATED, A_TOTAL_RESERVED};
-    static const char *NAMES[2] = {"Total Allocated", "Total Reserved"};
-    int rc, device_ok;
-    int64_t device;
-    if (memory_device(s, ev, &device_ok, &device)) return -1;
-    Col *c = s->tables[TB_MEMORY].cols;
-    for (int k = 0; k < 2; k++) {
-        const Ref *r = &ev->args[KEYS[k]];
-        if (r->type == V_NONE || r->type == V_NULL) continue;
-        double v = 0;
-        int has_value = double_of(s, r, &v, &rc);
-        CONVERT(rc);
-        TRY(col_str(&c[0], 1, NAMES[k], strlen(NAMES[k])) || col_i32(&c[1], device_ok, (int32_t)device) ||
-            col_i64(&c[2], 1, ts) || col_f64(&c[3], has_value, v));
-    }
-    return 0;
-}
-
 /* The row of a ``[memory]`` or (``oom``) ``[OutOfMemory]`` instant: an allocator event (MEMORY_PART). */
 static int memory_event_row(Scan *s, const Event *ev, int64_t event_id, int oom, int has_ts, int64_t ts) {
     int device_ok;
@@ -1229,8 +1208,7 @@ static int emit(Scan *s, Event *ev, int64_t event_id) {
     if (phase == 'i') {
         int oom = text_eq(&name, "[OutOfMemory]");
         if (!oom && !text_eq(&name, "[memory]")) return 0;
-        if (memory_event_row(s, ev, event_id, oom, has_ts, ts)) return -1;
-        return !oom && has_ts ? memory_rows(s, ev, ts) : 0;
+        return memory_event_row(s, ev, event_id, oom, has_ts, ts) ? -1 : 0;
     }
     if (phase != 'X') return 0;
     const char *kind = NULL;
@@ -1452,42 +1430,82 @@ done:
  * only after the starts at its time. The depth is the number of events open at
  * the start (a min-heap of end keys), and the parent the latest event to start
  * one level up. Returns int32 depths and int64 parents (-1: none).
+ *
+ * With ``kind`` (uint8: 0 a host event, 1 a host ``cpu_op``, 2 a memory instant) and ``op_end_key``
+ * (the end key of each cpu_op with a negative length taken as 0), it also returns, for each memory
+ * instant, the event id of its op (docs/formats.md, "Memory instants"): of the cpu_ops holding its
+ * time, the last to start, then the first to end, then the larger id, which in this order is the
+ * last to arrive. The cpu_ops that arrived wait on a stack; an instant pops those ended before its
+ * time (times only grow within a thread, so they stay ended) and takes the top. Instants must come
+ * after the host events of their time, and change neither depths nor parents.
  */
 typedef struct {
     PyObject_HEAD
     int64_t *heap, *last; /* open events' end keys; the latest event id to start at each depth */
     Py_ssize_t size, cap;
+    int64_t *op_end, *op_id; /* the cpu_ops that arrived and may still hold a later instant */
+    Py_ssize_t op_size, op_cap;
 } Nester;
 
 static void nester_dealloc(Nester *self) {
     free(self->heap);
     free(self->last);
+    free(self->op_end);
+    free(self->op_id);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyObject *nester_nest(Nester *self, PyObject *args) {
-    Py_buffer b_new, b_ts, b_end, b_id;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*", &b_new, &b_ts, &b_end, &b_id)) return NULL;
-    PyObject *result = NULL, *depth_obj = NULL, *parent_obj = NULL;
+    Py_buffer b_new, b_ts, b_end, b_id, b_kind = {0}, b_op_end = {0};
+    if (!PyArg_ParseTuple(args, "y*y*y*y*|y*y*", &b_new, &b_ts, &b_end, &b_id, &b_kind, &b_op_end)) return NULL;
+    PyObject *result = NULL, *depth_obj = NULL, *parent_obj = NULL, *op_obj = NULL;
     Py_ssize_t n = b_new.len;
-    if (b_ts.len != n * 8 || b_end.len != n * 8 || b_id.len != n * 8) {
+    int with_ops = b_kind.obj != NULL;
+    if (b_ts.len != n * 8 || b_end.len != n * 8 || b_id.len != n * 8 ||
+        (with_ops && (b_kind.len != n || b_op_end.obj == NULL || b_op_end.len != n * 8))) {
         PyErr_SetString(PyExc_ValueError, "nest(): arrays of different lengths");
         goto done;
     }
     depth_obj = PyBytes_FromStringAndSize(NULL, n * 4);
     parent_obj = PyBytes_FromStringAndSize(NULL, n * 8);
-    if (!depth_obj || !parent_obj) goto done;
-    const unsigned char *fresh = b_new.buf;
-    const int64_t *ts = b_ts.buf, *end = b_end.buf, *ids = b_id.buf;
+    op_obj = PyBytes_FromStringAndSize(NULL, with_ops ? n * 8 : 0);
+    if (!depth_obj || !parent_obj || !op_obj) goto done;
+    const unsigned char *fresh = b_new.buf, *kind = with_ops ? b_kind.buf : NULL;
+    const int64_t *ts = b_ts.buf, *end = b_end.buf, *ids = b_id.buf, *op_end_key = with_ops ? b_op_end.buf : NULL;
     int32_t *depth = (int32_t *)PyBytes_AS_STRING(depth_obj);
     int64_t *parent = (int64_t *)PyBytes_AS_STRING(parent_obj);
+    int64_t *op = with_ops ? (int64_t *)PyBytes_AS_STRING(op_obj) : NULL;
     int nomem = 0;
     Py_BEGIN_ALLOW_THREADS
     int64_t *heap = self->heap, *last = self->last;
     Py_ssize_t size = self->size, cap = self->cap;
+    int64_t *op_end = self->op_end, *op_id = self->op_id;
+    Py_ssize_t op_size = self->op_size, op_cap = self->op_cap;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (fresh[i]) size = 0;
+        if (fresh[i]) size = op_size = 0;
         int64_t open_from = 2 * ts[i] + 1;
+        if (with_ops) {
+            op[i] = -1;
+            if (kind[i] == 2) { /* a memory instant: the latest cpu_op to arrive that still holds it */
+                while (op_size > 0 && op_end[op_size - 1] < open_from) op_size--;
+                if (op_size > 0) op[i] = op_id[op_size - 1];
+                depth[i] = 0;
+                parent[i] = -1;
+                continue;
+            }
+            if (kind[i] == 1) {
+                if (op_size >= op_cap) {
+                    Py_ssize_t grown = op_cap ? 2 * op_cap : 64;
+                    int64_t *e = realloc(op_end, (size_t)grown * 8), *d = e ? realloc(op_id, (size_t)grown * 8) : NULL;
+                    if (e) op_end = e;
+                    if (d) op_id = d;
+                    if (!e || !d) { nomem = 1; break; }
+                    op_cap = grown;
+                }
+                op_end[op_size] = op_end_key[i];
+                op_id[op_size++] = ids[i];
+            }
+        }
         while (size > 0 && heap[0] < open_from) {
             /* pop the smallest end key */
             int64_t x = heap[--size];
@@ -1525,25 +1543,34 @@ static PyObject *nester_nest(Nester *self, PyObject *args) {
     self->last = last;
     self->size = size;
     self->cap = cap;
+    self->op_end = op_end;
+    self->op_id = op_id;
+    self->op_size = op_size;
+    self->op_cap = op_cap;
     Py_END_ALLOW_THREADS
     if (nomem) {
         PyErr_NoMemory();
         goto done;
     }
-    result = Py_BuildValue("(OO)", depth_obj, parent_obj);
+    result = with_ops ? Py_BuildValue("(OOO)", depth_obj, parent_obj, op_obj)
+                      : Py_BuildValue("(OO)", depth_obj, parent_obj);
 done:
     Py_XDECREF(depth_obj);
     Py_XDECREF(parent_obj);
+    Py_XDECREF(op_obj);
     PyBuffer_Release(&b_new);
     PyBuffer_Release(&b_ts);
     PyBuffer_Release(&b_end);
     PyBuffer_Release(&b_id);
+    if (b_kind.obj) PyBuffer_Release(&b_kind);
+    if (b_op_end.obj) PyBuffer_Release(&b_op_end);
     return result;
 }
 
 static PyMethodDef NESTER_METHODS[] = {
     {"nest", (PyCFunction)nester_nest, METH_VARARGS,
-     "nest(new_thread, ts, end_key, event_id) -> (depth, parent): the next sorted host events' nesting."},
+     "nest(new_thread, ts, end_key, event_id[, kind, op_end_key]) -> (depth, parent[, op]): the next sorted\n"
+     "host events' nesting; with ``kind``, also each memory instant's op (event id, -1: none)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1651,7 +1678,12 @@ fail:
     return NULL;
 }
 
+PyObject *tracelake_json_array_length(PyObject *self, PyObject *arg); /* _json_check.c */
+
 static PyMethodDef METHODS[] = {
+    {"json_array_length", tracelake_json_array_length, METH_O,
+     "json_array_length(data) -> int | None: the elements of the JSON array ``data`` is, where a strict\n"
+     "check (GIL released) vouches for its syntax; None where msgspec must judge it."},
     {"scan", scan, METH_VARARGS,
      "scan(batch, first) -> (tables, events, hip_calls, mtia_ops, counter_events, error)\n\n"
      "Scan a JSON array of trace events whose first has index ``first``. ``tables`` maps each table to its\n"

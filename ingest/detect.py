@@ -29,6 +29,9 @@ class Format:
     description: str
     sniff: Callable[[bytes, str], bool]
     parse: ParseFunction
+    #: Its parser needs the trace id only at the end (``ParseOptions.final_trace_id``), so the warehouse hashes
+    #: the file while it parses instead of before.
+    late_id: bool = False
 
 
 #: Formats in the order they are tried; the most specific first.
@@ -40,6 +43,7 @@ FORMATS: list[Format] = [
         "PyTorch profiler / Kineto Chrome-trace JSON (.json, .json.gz)",
         pytorch_profiler.sniff,
         pytorch_profiler.parse,
+        late_id=True,
     ),
     Format(xla.FORMAT, "XLA profile: XSpace protobuf (.xplane.pb)", xla.sniff, xla.parse),
     Format(lifecycle.FORMAT, 'Job lifecycle JSON (a "tracelake_lifecycle" object: submitted, started, checkpoints, '

@@ -43,6 +43,13 @@ def _native() -> ModuleType:
     return _kineto
 
 
+def json_array_length(data: bytes) -> int | None:
+    """The number of elements of the JSON array ``data``, where the native strict check vouches for its syntax
+    (without the GIL); None where it does not (msgspec then judges, and names any error)."""
+    count: int | None = _native().json_array_length(data)
+    return count
+
+
 _PRIMITIVE: dict[str, pa.DataType] = {"int64": pa.int64(), "int32": pa.int32(), "float64": pa.float64()}
 
 
@@ -196,6 +203,25 @@ class HostNesting:
 
     def add(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """The nesting of the next sorted batch."""
+        return self._nest(batch, None)[0]
+
+    def add_with_instants(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, pa.RecordBatch]:
+        """The next sorted batch of host events and memory instants together, told apart by ``kind`` (0 a host
+        event, 1 a host ``cpu_op``, 2 a memory instant; instants after the host events of their time).
+
+        Returns the host events' nesting, as :meth:`add` does, and each instant's ``event_id`` with ``op_id``,
+        the event id of its op (null: none), by the rule of :mod:`.kineto_memory_ops`.
+        """
+        kind = batch.column("kind").to_numpy(zero_copy_only=False).astype(np.uint8)
+        nested, op = self._nest(batch, kind)
+        host, instants = np.flatnonzero(kind != 2), np.flatnonzero(kind == 2)
+        assert op is not None
+        found = op[instants]
+        return (nested.drop_columns(["kind"]).take(pa.array(host)),
+                pa.RecordBatch.from_arrays([batch.column("event_id").take(pa.array(instants)),
+                                            pa.array(found, mask=found < 0)], names=["event_id", "op_id"]))
+
+    def _nest(self, batch: pa.RecordBatch, kind: np.ndarray | None) -> tuple[pa.RecordBatch, np.ndarray | None]:
         rows = batch.num_rows
         new_thread = np.zeros(rows, dtype=np.uint8)
         thread: list[np.ndarray] = []
@@ -216,9 +242,16 @@ class HostNesting:
         if rows:
             self._last_ts = int(ts[-1])
         end_key = 2 * (ts + dur) + np.where(dur == 0, 2, 0)
-        depth_bytes, parent_bytes = self._nester.nest(
-            new_thread, np.ascontiguousarray(ts, dtype=np.int64), end_key.astype(np.int64),
-            np.ascontiguousarray(batch.column("event_id").fill_null(-1).to_numpy(), dtype=np.int64))
+        arrays = [new_thread, np.ascontiguousarray(ts, dtype=np.int64), end_key.astype(np.int64),
+                  np.ascontiguousarray(batch.column("event_id").fill_null(-1).to_numpy(), dtype=np.int64)]
+        op: np.ndarray | None = None
+        if kind is None:
+            depth_bytes, parent_bytes = self._nester.nest(*arrays)
+        else:
+            length = np.maximum(dur, 0)
+            op_end_key = (2 * (ts + length) + np.where(length == 0, 2, 0)).astype(np.int64)
+            depth_bytes, parent_bytes, op_bytes = self._nester.nest(*arrays, np.ascontiguousarray(kind), op_end_key)
+            op = np.frombuffer(op_bytes, dtype=np.int64)
         depth = np.frombuffer(depth_bytes, dtype=np.int32)
         parent = np.frombuffer(parent_bytes, dtype=np.int64)
         at = np.searchsorted(self._step_ts, ts, side="right") - 1
@@ -230,7 +263,7 @@ class HostNesting:
             step = pa.nulls(rows, pa.int64())
         return pa.RecordBatch.from_arrays(
             [*batch.columns, pa.array(depth), step, pa.array(parent, mask=parent < 0)],
-            names=[*batch.schema.names, "depth", "step", "parent_id"])
+            names=[*batch.schema.names, "depth", "step", "parent_id"]), op
 
 
 def release_free_memory() -> None:

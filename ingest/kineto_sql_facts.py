@@ -80,6 +80,10 @@ def nesting(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) -> Non
     if native:
         ts_max, dur_max = con.execute(
             "SELECT max(abs(CAST(ts_ns AS HUGEINT))), max(dur_ns) FROM host_n").fetchall()[0]
+        if any(parts.glob("memory-*.parquet")):  # the memory instants ride the sweep too
+            instant_max = con.execute("SELECT max(abs(CAST(ts_ns AS HUGEINT))) FROM "
+                                      f"read_parquet({sql_literal(str(parts / 'memory-*.parquet'))})").fetchall()[0][0]
+            ts_max = max(ts_max or 0, instant_max or 0)
         if (ts_max or 0) + (dur_max or 0) < kineto_scan.NEST_LIMIT:
             _nesting_native(con, parts / "nesting.parquet")
             return
@@ -87,19 +91,51 @@ def nesting(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) -> Non
 
 
 def _nesting_native(con: duckdb.DuckDBPyConnection, out: Path) -> None:
-    """The native sweep over host events sorted by DuckDB (out of core), a batch at a time, into ``out``."""
+    """The native sweep over host events sorted by DuckDB (out of core), a batch at a time, into ``out``.
+
+    Where the trace has memory instants, they ride the same sweep (after the host events of their time) and
+    each instant's op is found on the way, into ``mem_op_ids.parquet`` beside ``out``
+    (:meth:`.kineto_scan.HostNesting.add_with_instants`): no second sort of the host events.
+    """
     steps = con.sql("SELECT step, ts_ns, dur_ns FROM steps ORDER BY ts_ns, step").to_arrow_table()
     nesting = kineto_scan.HostNesting(steps)
-    reader = con.sql("""
-        SELECT event_id, pid, tid, ts_ns, dur_ns, correlation FROM host_n
-        ORDER BY pid, tid, ts_ns, dur_ns DESC, event_id
-    """).to_arrow_reader(_NEST_BATCH_ROWS)
-    schema = reader.schema.append(pa.field("depth", pa.int32())).append(pa.field("step", pa.int64())).append(
-        pa.field("parent_id", pa.int64()))
-    with pq.ParquetWriter(out, schema, compression="lz4", use_dictionary=False) as writer:
-        for batch in reader:
-            writer.write_batch(nesting.add(batch))
+    memory = sorted(out.parent.glob("memory-*.parquet"))
+    if not memory:
+        reader = con.sql("""
+            SELECT event_id, pid, tid, ts_ns, dur_ns, correlation FROM host_n
+            ORDER BY pid, tid, ts_ns, dur_ns DESC, event_id
+        """).to_arrow_reader(_NEST_BATCH_ROWS)
+        with _writer(out, reader.schema) as writer:
+            for batch in reader:
+                writer.write_batch(nesting.add(batch))
+    else:
+        host_parts = sorted(out.parent.glob("host-*.parquet"))
+        kind = "CASE WHEN lower(cat) = 'cpu_op' THEN 1 ELSE 0 END" if host_parts else "0"
+        source = f"read_parquet({sql_literal(str(out.parent / 'host-*.parquet'))})" if host_parts else "host_n"
+        reader = con.sql(f"""
+            SELECT event_id, pid, tid, ts_ns, dur_ns, correlation, CAST({kind} AS UTINYINT) AS kind
+            FROM {source}
+            UNION ALL
+            SELECT event_id, pid, tid, ts_ns, NULL, NULL, CAST(2 AS UTINYINT)
+            FROM read_parquet({sql_literal(str(out.parent / "memory-*.parquet"))})
+            WHERE ts_ns IS NOT NULL AND pid IS NOT NULL AND tid IS NOT NULL
+            ORDER BY pid, tid, ts_ns, kind = 2, dur_ns DESC, event_id
+        """).to_arrow_reader(_NEST_BATCH_ROWS)
+        ids_schema = pa.schema([("event_id", pa.int64()), ("op_id", pa.int64())])
+        with _writer(out, reader.schema.remove(reader.schema.get_field_index("kind"))) as writer, \
+                pq.ParquetWriter(out.parent / "mem_op_ids.parquet", ids_schema, compression="lz4",
+                                 use_dictionary=False) as ids:
+            for batch in reader:
+                host, instants = nesting.add_with_instants(batch)
+                writer.write_batch(host)
+                ids.write_batch(instants.cast(ids_schema))
     con.execute(f"CREATE VIEW host_d AS SELECT * FROM read_parquet({sql_literal(str(out))})")
+
+
+def _writer(out: Path, schema: pa.Schema) -> pq.ParquetWriter:
+    nested = schema.append(pa.field("depth", pa.int32())).append(pa.field("step", pa.int64())).append(
+        pa.field("parent_id", pa.int64()))
+    return pq.ParquetWriter(out, nested, compression="lz4", use_dictionary=False)
 
 
 #: Host events nested per batch.
@@ -279,14 +315,27 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
                    WHERE lower(h.cat) = 'cpu_op'""" if any(parts.glob("host-*.parquet")) else
                "SELECT NULL::BIGINT AS event_id, NULL::BIGINT AS pid, NULL::BIGINT AS tid, NULL::BIGINT AS ts_ns, "
                "NULL::BIGINT AS dur_ns, NULL::VARCHAR AS name LIMIT 0")
-    # The innermost op of each instant in numpy (kineto_memory_ops): a SQL sweep of the ops' starts and ends, and
-    # a join for their names, took most of the memory instants' cost (benchmarks/ingest_memory.py).
-    found = kineto_memory_ops.innermost_ops(
-        con.sql(cpu_ops).to_arrow_table(),
-        con.sql("SELECT event_id, pid, tid, ts_ns FROM mem_n "
-                "WHERE ts_ns IS NOT NULL AND pid IS NOT NULL AND tid IS NOT NULL").to_arrow_table())
-    pq.write_table(found, parts / "mem_ops.parquet", compression="lz4")
-    del found
+    op_ids = parts / "mem_op_ids.parquet"
+    if op_ids.exists():
+        # The native nesting found each instant's op on its sweep (_nesting_native): only the names are wanted,
+        # of the ops the instants name (a semi join keeps the hash table to those).
+        ids = f"read_parquet({sql_literal(str(op_ids))})"
+        con.execute(f"""
+            COPY (
+                SELECT i.event_id, n.name AS op FROM {ids} i
+                LEFT JOIN (SELECT h.event_id, h.name FROM read_parquet({host}) h
+                           SEMI JOIN {ids} o ON h.event_id = o.op_id) n ON n.event_id = i.op_id
+            ) TO {ops_file} (FORMAT parquet, COMPRESSION lz4)
+        """)
+    else:
+        # The innermost op of each instant in numpy (kineto_memory_ops): a SQL sweep of the ops' starts and ends,
+        # and a join for their names, took most of the memory instants' cost (benchmarks/ingest_memory.py).
+        found = kineto_memory_ops.innermost_ops(
+            con.sql(cpu_ops).to_arrow_table(),
+            con.sql("SELECT event_id, pid, tid, ts_ns FROM mem_n "
+                    "WHERE ts_ns IS NOT NULL AND pid IS NOT NULL AND tid IS NOT NULL").to_arrow_table())
+        pq.write_table(found, parts / "mem_ops.parquet", compression="lz4")
+        del found
     # The steps by a narrow lookup of its own: an ASOF join sorts its whole left side in memory.
     con.execute(f"""
         COPY (

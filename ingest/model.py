@@ -41,6 +41,14 @@ class ParseOptions:
     #: and ``TRACELAKE_MAX_EXPANDED_BYTES``.
     max_expansion_ratio: int = 200
     max_expanded_bytes: int = 32 << 30
+    #: Where the warehouse hashes the file while a format that takes its id late parses it (``Format.late_id``):
+    #: waits for the id (``trace_id`` is then empty). See :meth:`final_trace_id`.
+    pending_trace_id: Callable[[], str] | None = None
+
+    def final_trace_id(self) -> str:
+        """The trace id, waiting for it where it is still being computed; parsers that write it only once they
+        have read the whole trace ask here, the others read ``trace_id``."""
+        return self.pending_trace_id() if self.pending_trace_id is not None else self.trace_id
 
     def expansion_limit(self, size: int) -> int:
         """Most bytes of rows an input of ``size`` bytes may make (:func:`expansion_limit`)."""

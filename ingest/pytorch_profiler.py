@@ -146,7 +146,8 @@ def _cut_and_load(
     """
     chunks = read_ahead(iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name))
     reader: ChromeTraceReader[msgspec.Raw] = ChromeTraceReader(
-        chunks, msgspec.Raw, options.source_name, batch_bytes=options.batch_bytes
+        chunks, msgspec.Raw, options.source_name, batch_bytes=options.batch_bytes,
+        count_events=kineto_scan.json_array_length if kineto_scan.AVAILABLE else None,
     )
     if normaliser.native:
         scanner: _Loader[tuple[int, bytes]] = _Loader(lambda n, item: normaliser.scan(n, *item))
@@ -305,11 +306,11 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
             info = _trace_info(options, top, reader.event_count, reader.json_bytes)
             normaliser.finish(
                 info,
-                trace_id=options.trace_id,
+                trace_id=options.final_trace_id,  # asked for when the final tables are written, not before
                 base_ns=_base_time_ns(top, options.source_name),
                 pg_config=_pg_config(top),
             )
-            write_table(staging, "devices", _devices(top, info.rank), trace_id=options.trace_id)
+            write_table(staging, "devices", _devices(top, info.rank), trace_id=options.final_trace_id())
         except pytorch_profiler_sql.UnreadableValue as exc:
             locate_error(source, options)  # raises with the event index when it finds the culprit
             raise TraceFormatError(options.source_name, f"unexpected value in an event ({exc})") from None

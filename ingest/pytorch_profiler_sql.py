@@ -19,6 +19,7 @@ DuckDB spills past its limit.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 import logging
 import threading
 import time
@@ -80,7 +81,6 @@ class Normaliser:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._cursors: list[duckdb.DuckDBPyConnection] = []
-        # the scanner's "memory" rows (allocator totals) are not kept: memory_events holds them (docs/schema.md)
         self._scanned: dict[str, list[pa.Table]] = {"step_marks": [], "coll_args": []}
         self._hip_calls = 0
         self._mtia_ops = 0
@@ -181,9 +181,10 @@ class Normaliser:
         con.execute(f"COPY (WITH mem_batch AS ({kineto_sql_events.memory_batch(files, object_bytes)}) "
                     f"{kineto_sql_events.MEMORY_PART}) TO {memory_part} (FORMAT parquet, COMPRESSION lz4)")
 
-    def finish(self, info: TraceInfo, *, trace_id: str, base_ns: int, pg_config: object = None) -> None:
+    def finish(self, info: TraceInfo, *, trace_id: Callable[[], str], base_ns: int, pg_config: object = None) -> None:
         """Derive the cross-event facts and write ``<table>.parquet`` for every data table; fill ``info``.
 
+        ``trace_id`` gives the id when the final tables are written (the file may still be hashed until then).
         ``pg_config``: ``distributedInfo.pg_config`` (process groups), for collectives derived from kernels.
         """
         started = time.perf_counter()
@@ -199,7 +200,7 @@ class Normaliser:
             kineto_sql_facts.counters(con, sorted(self.counter_batches))
             kineto_sql_facts.memory_events(con, self.parts)
             kineto_sql_facts.fill_info(con, info, base_ns)
-            kineto_sql_tables.write_tables(con, self.staging, self.parts, trace_id, info.rank, base_ns)
+            kineto_sql_tables.write_tables(con, self.staging, self.parts, trace_id(), info.rank, base_ns)
         except duckdb.Error as exc:
             raise _translate(exc, self.source) from exc
         except UnicodeDecodeError as exc:  # DuckDB cut its message, quoting a value, inside a UTF-8 sequence

@@ -351,7 +351,7 @@ def test_the_scanner_knows_what_the_sql_reads() -> None:
     assert tuple(known["phases"]) == kineto_sql_events.PHASES
     assert tuple(known["checked"]) == kineto_sql_events.CHECKED_INT_ARGS
     layout = kineto_scan.layout()
-    assert set(layout) == {"device", "host", "step_marks", "coll_args", "memory", "memory_events"}
+    assert set(layout) == {"device", "host", "step_marks", "coll_args", "memory_events"}
 
 
 def nested(host: pa.Table, steps: pa.Table, *, native: bool, batch_rows: int = 1000) -> list[dict[str, object]]:
