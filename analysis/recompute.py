@@ -23,7 +23,6 @@ MARKER = re.compile(r"checkpoint\w*backward|recompute", re.IGNORECASE)
 #: A backward node (autograd's ``*Backward0`` nodes and the engine's ``evaluate_function: ...Backward0``).
 BACKWARD = re.compile(r"backward", re.IGNORECASE)
 
-_MAX_DEPTH = 4096  # deeper than any real stack: a parent chain this long is a cycle
 _NONE, _MARKER, _BACKWARD = 0, 1, 2
 KIND_NONE, KIND_MARKER, KIND_BACKWARD = _NONE, _MARKER, _BACKWARD  # what a host event is, for the rule
 
@@ -70,18 +69,8 @@ def recomputed_mask(event_id: np.ndarray, parent_id: np.ndarray, names: pl.Serie
     ids = event_id[order]
     at = np.minimum(np.searchsorted(ids, parent_id), n - 1)
     parent = np.where((parent_id >= 0) & (ids[at] == parent_id), order[at], -1)
-    settled = np.zeros(n, dtype=np.int8)
-    here = parent.copy()
-    live = np.flatnonzero(here >= 0)
-    for _ in range(_MAX_DEPTH):
-        if not len(live):
-            break
-        k = kind[here[live]]
-        hit = k != _NONE
-        settled[live[hit]] = k[hit]
-        live = live[~hit]
-        here[live] = parent[here[live]]
-        live = live[here[live] >= 0]
+    owner = nearest(parent, parent, kind != _NONE)  # the nearest marker-or-backward ancestor, itself excluded
+    settled = np.where(owner >= 0, kind[np.maximum(owner, 0)], _NONE)
     return (settled == _MARKER) & (kind == _NONE)  # a marker or backward node is not itself recomputed work
 
 
