@@ -2,7 +2,8 @@
 
 From the bottom: ``contracts`` imports nothing of tracelake; ``ingest`` and ``analysis`` stand
 side by side on it and never import each other; ``warehouse`` sits on those three; ``api`` (HTTP,
-CLI, reports) may import anything, and nothing but ``api`` imports it. The imports are read with
+CLI, reports) may import anything, and nothing but ``api`` imports it. Beside them, what runs in a
+training job (``client``, and the ``torch`` and ``jax`` hooks on it) imports only ``contracts``. The imports are read with
 ``ast``, not by importing, so imports inside functions and under ``TYPE_CHECKING`` count too.
 Tests and benchmarks are users of the package and may import any layer.
 """
@@ -23,6 +24,11 @@ ALLOWED: dict[str, frozenset[str]] = {
     "analysis": frozenset({"contracts", "analysis"}),
     "warehouse": frozenset({"contracts", "ingest", "analysis", "warehouse"}),
     "sample_traces": frozenset({"contracts", "ingest", "analysis", "warehouse", "sample_traces"}),
+    # What runs inside a training job: the client and the profiler hooks load contracts, never the warehouse
+    # (its engines cost the job memory and start-up time; tests/test_hooks.py measures the footprint).
+    "client": frozenset({"contracts", "client"}),
+    "torch": frozenset({"contracts", "client", "torch"}),
+    "jax": frozenset({"contracts", "client", "jax"}),
 }
 
 #: ``(importing module, imported module)`` pairs that break the rules and are still to be fixed (issue #21).
@@ -144,3 +150,13 @@ def test_the_entry_points_set_polars_allocator_before_polars_loads() -> None:
         out = subprocess.run([sys.executable, "-c", code.format(module=module)], env=env, capture_output=True,
                              text=True, check=True).stdout.split()
         assert out[0] == "narenas:1", module
+
+
+def test_a_client_importing_the_warehouse_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.setuptools.package-dir]\n"tracelake.client" = "client"\n"tracelake.torch" = "client/torch"\n')
+    (tmp_path / "client" / "torch").mkdir(parents=True)
+    (tmp_path / "client" / "__init__.py").write_text("from tracelake.contracts import errors\n")
+    (tmp_path / "client" / "torch" / "__init__.py").write_text("def f() -> None:\n    import tracelake.warehouse\n")
+    found = violations(tmp_path)
+    assert len(found) == 1 and "tracelake.torch imports tracelake.warehouse;" in found[0], found
