@@ -104,7 +104,8 @@ ROWS: tuple[_Row, ...] = (
                                     int8=181.05), sms=104),
     # Google Cloud TPU system architecture pages, per chip: v6e (Trillium) bf16 918, int8 1836, 1,640 GB/s;
     # v5p bf16 459, int8 918, 2,765 GB/s; v5e bf16 197, int8 394, 819 GB/s; v4 bf16 275, 1,200 GB/s.
-    # XLA profiles also carry the chip's own peak (devices.peak_tflops), which the breakdown prefers.
+    # XLA profiles also carry the chip's own peak (devices.peak_tflops), which the breakdown prefers unless
+    # TRACELAKE_DEVICE_PEAKS gives the device's FLOP/s.
     _Row(r"TPU v6", _p("TPU v6e", 1.64, bf16=918, int8=1836)),
     _Row(r"TPU v5 ?lite|TPU v5e", _p("TPU v5e", 0.819, bf16=197, int8=394)),
     _Row(r"TPU v5", _p("TPU v5p", 2.765, bf16=459, int8=918)),
@@ -203,11 +204,16 @@ def parse_overrides(text: str | None) -> tuple[Override, ...]:
     return tuple(found)
 
 
+def matches(override: Override, name: str | None) -> bool:
+    """Whether ``override`` applies to the device named ``name`` (no pattern: every device)."""
+    return override.pattern is None or re.search(override.pattern, name or "", re.IGNORECASE) is not None
+
+
 def resolve(name: str | None, sms: int | None, memory_bytes: int | None,
             overrides: tuple[Override, ...] = ()) -> Peaks | None:
     """:func:`lookup`, then the figures of every override whose pattern matches ``name`` (later ones win)."""
     figures: dict[str, float] = {}
     for override in overrides:
-        if override.pattern is None or re.search(override.pattern, name or "", re.IGNORECASE):
+        if matches(override, name):
             figures.update(override.figures)
     return with_overrides(lookup(name, sms, memory_bytes), figures)

@@ -177,3 +177,24 @@ def test_device_peak_overrides_apply_by_pattern() -> None:
     assert h100.flops_for("fp8") == 1979e12
     h200 = resolve("NVIDIA H200", 132, 141 * 2**30, overrides)
     assert h200 is not None and h200.flops_for("fp8") == 1979e12 and h200.flops_for("bf16") == 989.5e12
+
+
+def test_device_peaks_from_settings_win_over_the_profiles_own(tmp_path: Path) -> None:
+    """An XLA profile states its chip's peak, which the breakdown prefers; a FLOP/s figure a person gave for the
+    device wins over it (half the peak: twice every MFU), and one giving only the memory bandwidth does not."""
+    import polars as pl
+
+    from tracelake.sample_traces.generate_xla import PEAK_TFLOPS
+    from tracelake.warehouse import Warehouse
+    from tracelake.warehouse.settings import Settings
+
+    tpu = sorted((ROOT / "sample_traces" / "xla" / "tpu_allreduce").glob("*.xplane.pb"))[0]
+    mfu = {}
+    for name, text in (("profile", ""), ("flops", f"TPU: bf16={PEAK_TFLOPS / 2}"), ("hbm", "TPU: hbm=1.0")):
+        wh = Warehouse(settings=Settings.from_env({}, home=tmp_path / name, device_peaks=text))
+        assert all(r.ok for r in wh.ingest([tpu], job="tpu").results)
+        mfu[name] = pl.DataFrame(wh.query("SELECT step, mfu_pct FROM breakdown ORDER BY step NULLS FIRST").rows,
+                                 schema=["step", "mfu"], orient="row")["mfu"].to_list()
+    assert mfu["profile"] and all(m is not None and m > 0 for m in mfu["profile"])
+    assert mfu["flops"] == pytest.approx([2 * m for m in mfu["profile"]], rel=1e-9)
+    assert mfu["hbm"] == mfu["profile"]

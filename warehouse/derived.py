@@ -25,12 +25,16 @@ from tracelake.analysis.flops import counted
 from tracelake.analysis.op_scope import Autograd, path_name, scope_kind
 from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators
 from tracelake.analysis.recompute import recompute_kind
-from tracelake.analysis.peaks import Override, Peaks, resolve
+from tracelake.analysis.peaks import Override, Peaks, matches, resolve
 from tracelake.contracts import schema
 from tracelake.ingest.kineto_scan import release_free_memory
 
 #: The parsed tables the derived ones are computed from.
 INPUTS = ("device_ops", "host_ops", "collectives", "devices")
+
+
+#: The dtype of the peak an XLA profile states for its chip (TPUs and GPUs state their bf16 matrix peak).
+PROFILE_PEAK_DTYPE = "bf16"
 
 
 def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, ...] = ()) -> None:
@@ -48,12 +52,20 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
     windows = pl.read_parquet(parsed / "collectives.parquet", columns=["trace_id", "rank", "step", "ts_ns",
                                                                       "dur_ns", "is_async"])
     windows = windows.filter(pl.col("is_async").fill_null(False)).drop("is_async").sort("ts_ns")
-    devices = pl.read_parquet(parsed / "devices.parquet", columns=["trace_id", "rank", "peak_tflops"])
-    peaks = {(str(t), int(r)): float(p) for t, r, p in devices.drop_nulls().iter_rows()}
+    hardware = _hardware(parsed / "devices.parquet", peak_overrides)
+    devices = pl.read_parquet(parsed / "devices.parquet", columns=["trace_id", "rank", "peak_tflops", "name"])
+    # The chip's own peak (XLA; its bf16 matrix peak) is preferred, unless a person gave the device's FLOP/s in
+    # the settings: then theirs (docs/analyses.md, "Peaks").
+    given = [o for o in peak_overrides if set(o.figures) - {"hbm"}]
+    peaks: dict[tuple[str, int], float] = {}
+    for t, r, p, name in devices.drop_nulls(["trace_id", "rank", "peak_tflops"]).iter_rows():
+        key = (str(t), int(r))
+        mine = hardware.get(key) if any(matches(o, name) for o in given) else None
+        figure = mine.flops_for(PROFILE_PEAK_DTYPE) if mine is not None else None
+        peaks[key] = figure / 1e12 if figure else float(p)
     operators = _operators(parsed / "host_ops.parquet")
     release_free_memory()  # the operators' passes freed their row groups: hand them back before the windows
     launches, graph_calls = _launch_times(parsed / "host_ops.parquet", parsed / "device_ops.parquet")
-    hardware = _hardware(parsed / "devices.parquet", peak_overrides)
     tables = DerivedTables(launches, graph_calls, windows, peaks, operators, hardware)
     for trace_id, rank in _keys(parsed / "device_ops.parquet"):
         tables.add_rank(trace_id, rank, _windows(parsed / "device_ops.parquet", trace_id, rank, CHUNK_ROWS))
