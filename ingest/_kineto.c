@@ -1455,6 +1455,19 @@ static void nester_dealloc(Nester *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* Doubles the capacity of two int64 arrays of the same length; -1 (both unchanged) where memory runs out. */
+static int grow_pair(int64_t **a, int64_t **b, Py_ssize_t *cap) {
+    Py_ssize_t grown = *cap ? 2 * *cap : 64;
+    int64_t *x = realloc(*a, (size_t)grown * 8);
+    if (x == NULL) return -1;
+    *a = x;
+    int64_t *y = realloc(*b, (size_t)grown * 8);
+    if (y == NULL) return -1;
+    *b = y;
+    *cap = grown;
+    return 0;
+}
+
 static PyObject *nester_nest(Nester *self, PyObject *args) {
     Py_buffer b_new, b_ts, b_end, b_id, b_kind = {0}, b_op_end = {0};
     if (!PyArg_ParseTuple(args, "y*y*y*y*|y*y*", &b_new, &b_ts, &b_end, &b_id, &b_kind, &b_op_end)) return NULL;
@@ -1494,14 +1507,7 @@ static PyObject *nester_nest(Nester *self, PyObject *args) {
                 continue;
             }
             if (kind[i] == 1) {
-                if (op_size >= op_cap) {
-                    Py_ssize_t grown = op_cap ? 2 * op_cap : 64;
-                    int64_t *e = realloc(op_end, (size_t)grown * 8), *d = e ? realloc(op_id, (size_t)grown * 8) : NULL;
-                    if (e) op_end = e;
-                    if (d) op_id = d;
-                    if (!e || !d) { nomem = 1; break; }
-                    op_cap = grown;
-                }
+                if (op_size >= op_cap && grow_pair(&op_end, &op_id, &op_cap)) { nomem = 1; break; }
                 op_end[op_size] = op_end_key[i];
                 op_id[op_size++] = ids[i];
             }
@@ -1520,14 +1526,7 @@ static PyObject *nester_nest(Nester *self, PyObject *args) {
             }
             if (size > 0) heap[at] = x;
         }
-        if (size >= cap) {
-            Py_ssize_t grown = cap ? 2 * cap : 64;
-            int64_t *h = realloc(heap, (size_t)grown * 8), *l = h ? realloc(last, (size_t)grown * 8) : NULL;
-            if (h) heap = h;
-            if (l) last = l;
-            if (!h || !l) { nomem = 1; break; }
-            cap = grown;
-        }
+        if (size >= cap && grow_pair(&heap, &last, &cap)) { nomem = 1; break; }
         depth[i] = (int32_t)size;
         parent[i] = size > 0 ? last[size - 1] : -1;
         last[size] = ids[i];

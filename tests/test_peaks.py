@@ -140,18 +140,9 @@ def test_overrides() -> None:
 
 def test_device_peaks_from_settings_change_the_stored_mfu(tmp_path: Path) -> None:
     """TRACELAKE_DEVICE_PEAKS halving the H200's bf16 peak doubles every MFU of the GPT capture, exactly."""
-    import polars as pl
-
-    from tracelake.warehouse import Warehouse
-    from tracelake.warehouse.settings import Settings
-
     train = Path(__file__).resolve().parents[1] / "sample_traces" / "gpu_h200" / "train" / "train.pt.trace.json.gz"
-    mfu = {}
-    for name, text in (("table", ""), ("override", "H200: bf16=494.75; NVIDIA B200: bf16=1")):
-        wh = Warehouse(settings=Settings.from_env({}, home=tmp_path / name, device_peaks=text))
-        assert all(r.ok for r in wh.ingest([train], job="gpt").results)
-        mfu[name] = pl.DataFrame(wh.query("SELECT step, mfu_pct FROM breakdown ORDER BY step NULLS FIRST").rows,
-                                 schema=["step", "mfu"], orient="row")["mfu"].to_list()
+    mfu = {name: _stored_mfu(tmp_path / name, train, text)
+           for name, text in (("table", ""), ("override", "H200: bf16=494.75; NVIDIA B200: bf16=1"))}
     assert mfu["table"] and all(m is not None and m > 0 for m in mfu["table"])
     assert mfu["override"] == pytest.approx([2 * m for m in mfu["table"]], rel=1e-9)
 
@@ -182,19 +173,21 @@ def test_device_peak_overrides_apply_by_pattern() -> None:
 def test_device_peaks_from_settings_win_over_the_profiles_own(tmp_path: Path) -> None:
     """An XLA profile states its chip's peak, which the breakdown prefers; a FLOP/s figure a person gave for the
     device wins over it (half the peak: twice every MFU), and one giving only the memory bandwidth does not."""
-    import polars as pl
-
     from tracelake.sample_traces.generate_xla import PEAK_TFLOPS
-    from tracelake.warehouse import Warehouse
-    from tracelake.warehouse.settings import Settings
 
     tpu = sorted((ROOT / "sample_traces" / "xla" / "tpu_allreduce").glob("*.xplane.pb"))[0]
-    mfu = {}
-    for name, text in (("profile", ""), ("flops", f"TPU: bf16={PEAK_TFLOPS / 2}"), ("hbm", "TPU: hbm=1.0")):
-        wh = Warehouse(settings=Settings.from_env({}, home=tmp_path / name, device_peaks=text))
-        assert all(r.ok for r in wh.ingest([tpu], job="tpu").results)
-        mfu[name] = pl.DataFrame(wh.query("SELECT step, mfu_pct FROM breakdown ORDER BY step NULLS FIRST").rows,
-                                 schema=["step", "mfu"], orient="row")["mfu"].to_list()
+    mfu = {name: _stored_mfu(tmp_path / name, tpu, text)
+           for name, text in (("profile", ""), ("flops", f"TPU: bf16={PEAK_TFLOPS / 2}"), ("hbm", "TPU: hbm=1.0"))}
     assert mfu["profile"] and all(m is not None and m > 0 for m in mfu["profile"])
     assert mfu["flops"] == pytest.approx([2 * m for m in mfu["profile"]], rel=1e-9)
     assert mfu["hbm"] == mfu["profile"]
+
+
+def _stored_mfu(home: Path, trace: Path, peaks_setting: str) -> list[float | None]:
+    """The breakdown's MFU per step (whole trace first) of ``trace`` ingested with ``TRACELAKE_DEVICE_PEAKS``."""
+    from tracelake.warehouse import Warehouse
+    from tracelake.warehouse.settings import Settings
+
+    wh = Warehouse(settings=Settings.from_env({}, home=home, device_peaks=peaks_setting))
+    assert all(r.ok for r in wh.ingest([trace], job="j").results)
+    return [row[1] for row in wh.query("SELECT step, mfu_pct FROM breakdown ORDER BY step NULLS FIRST").rows]
