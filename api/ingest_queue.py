@@ -164,7 +164,8 @@ class IngestQueue:
         if self._executor is None:
             raise RuntimeError("the ingest queue is not started")
         # a dead worker's broken pool is replaced by the executor (PoolExecutor.submit)
-        return self._executor.submit(IngestTask(item.path, job, labels, item.name))
+        # hashed as it arrived: the worker does not hash it again
+        return self._executor.submit(IngestTask(item.path, job, labels, item.name, item.trace_id))
 
     def _release(self, folder: Path) -> None:
         """One file of ``folder`` is done; remove the folder with its last one."""

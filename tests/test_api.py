@@ -489,3 +489,21 @@ def test_queue_depth_is_the_count_of_queued_tasks(client: TestClient) -> None:
     assert queue.wait(ids, 120)
     assert queue.recount() == (0, 0)
     assert client.get("/healthz").json()["queue_depth"] == 0
+
+
+def test_an_upload_is_hashed_once(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server hashes an upload as it arrives; its ingest takes that id and reads the file only to parse it."""
+    import tracelake.warehouse.staging as staging
+
+    calls: list[Path] = []
+    original = ingest.content_id
+    monkeypatch.setattr(staging.ingest, "content_id", lambda path, name=None: calls.append(path) or original(path, name))
+    path = DDP / "rank-1.json.gz"
+    with TestClient(create_app(_settings(home))) as c:
+        body = _upload(c, path).json()
+        trace_id = body["traces"][0]["trace_id"]
+        assert c.app.state.tracelake.queue.wait([trace_id], 60)  # type: ignore[attr-defined]
+        assert c.get(body["traces"][0]["url"]).json()["status"] == "done"
+    assert calls == []
+    assert trace_id == original(path)
+    assert Warehouse(home).query("SELECT DISTINCT trace_id FROM host_ops").rows == [(trace_id,)]

@@ -124,10 +124,15 @@ class Warehouse:
         labels: dict[str, str] | None = None,
         source_name: str | None = None,
         on_bytes: ByteCallback | None = None,
+        trace_id: str | None = None,
     ) -> IngestResult:
-        """Ingest one file; failures are returned in the result, never raised."""
+        """Ingest one file; failures are returned in the result, never raised.
+
+        ``trace_id``: the file's content id (``ingest.content_id``) where the caller computed it already (the
+        server, as an upload arrives); the file is then not hashed again.
+        """
         staged = staging.stage_file(self.store, self.settings, path, job=job, labels=labels,
-                                    source_name=source_name, on_bytes=on_bytes)
+                                    source_name=source_name, on_bytes=on_bytes, trace_id=trace_id)
         result = staging.publish_staged(self.store, staged)
         if result.error:
             log.info("ingest failed: %s", result.error)

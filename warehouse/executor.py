@@ -47,6 +47,9 @@ class IngestTask:
     labels: dict[str, str] | None = None
     #: The name recorded in the warehouse instead of the path (the server's uploads).
     source_name: str | None = None
+    #: The file's content id where the caller hashed it already (the server hashes uploads as they arrive):
+    #: it must be ``ingest.content_id`` of the file; the file is then not hashed again.
+    trace_id: str | None = None
 
 
 class IngestExecutor(Protocol):
@@ -68,12 +71,14 @@ class IngestExecutor(Protocol):
 
 
 def ingest_in_process(
-    settings: Settings, path: Path, job: str, labels: dict[str, str] | None, source_name: str | None = None
+    settings: Settings, path: Path, job: str, labels: dict[str, str] | None, source_name: str | None = None,
+    trace_id: str | None = None,
 ) -> IngestResult:
     """Ingest one file with a warehouse opened from ``settings`` (a picklable entry point for worker processes)."""
     from .core import Warehouse  # the facade imports this module
 
-    return Warehouse(settings=settings).ingest_file(path, job=job, labels=labels, source_name=source_name)
+    return Warehouse(settings=settings).ingest_file(path, job=job, labels=labels, source_name=source_name,
+                                                    trace_id=trace_id)
 
 
 def ingest_all(
@@ -123,7 +128,8 @@ class InlineExecutor:
                 progress.file_started(task.path)
             on_bytes = progress.advance if progress is not None else None
             result = self.warehouse.ingest_file(task.path, job=task.job, labels=task.labels,
-                                                source_name=task.source_name, on_bytes=on_bytes)
+                                                source_name=task.source_name, on_bytes=on_bytes,
+                                                trace_id=task.trace_id)
             if progress is not None:
                 progress.file_done(result)
             yield task, result
@@ -145,7 +151,7 @@ class PoolExecutor:
 
     def submit(self, task: IngestTask) -> Future[IngestResult]:
         """Start ``task``; its future holds the result, or the exception of a worker that died."""
-        args = (self.settings, task.path, task.job, task.labels, task.source_name)
+        args = (self.settings, task.path, task.job, task.labels, task.source_name, task.trace_id)
         try:
             return self._pool.submit(ingest_in_process, *args)
         except BrokenExecutor:  # a worker died (killed, out of memory): start a fresh pool

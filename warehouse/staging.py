@@ -62,6 +62,7 @@ def stage_file(
     source_name: str | None = None,
     on_bytes: ByteCallback | None = None,
     staging_root: Path | None = None,
+    trace_id: str | None = None,
 ) -> StagedTrace:
     """Parse one file into a private staging directory, ready to publish; failures are in the result, never raised.
 
@@ -73,6 +74,8 @@ def stage_file(
         on_bytes: Called as source bytes are read.
         staging_root: Where the staging directory goes (default: the warehouse's ``staging/``);
             it must be on the warehouse's file system, so that publishing is a rename.
+        trace_id: The file's content id where the caller computed it (``ingest.content_id``); else the file is
+            hashed here.
     """
     path = Path(path)
     started = time.perf_counter()
@@ -81,7 +84,7 @@ def stage_file(
     try:
         check_job(job)
         staged.staging = _stage(store, settings, path, job, labels or {}, source_name or path.name, on_bytes,
-                                result, staging_root)
+                                result, staging_root, trace_id)
     except TracelakeError as exc:
         result.error = str(exc)
     except OSError as exc:
@@ -100,13 +103,14 @@ def _stage(
     on_bytes: ByteCallback | None,
     result: IngestResult,
     staging_root: Path | None,
+    known_id: str | None = None,
 ) -> Path | None:
     if not path.is_file():
         raise NotFound(f"{path}: no such file")
     result.source_bytes = path.stat().st_size
-    hashing = _LateId(store, path, source_name) if _takes_late_id(path, source_name) else None
+    hashing = _LateId(store, path, source_name) if not known_id and _takes_late_id(path, source_name) else None
     if hashing is None:
-        trace_id = ingest.content_id(path, source_name)
+        trace_id = known_id or ingest.content_id(path, source_name)
         existing = store.registered_job(trace_id)
         if existing is not None:
             return _duplicate(result, trace_id, existing, on_bytes)
