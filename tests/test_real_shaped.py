@@ -1,0 +1,75 @@
+"""The real-shaped benchmark trace (benchmarks/real_shaped.py) is the source trace again and again.
+
+Counted from the raw JSON of the source, independently of the parsers: each copy must add exactly the
+source's events, kernels, memory instants and steps, with its ids moved past the previous copy's, so
+that the benchmark measures a longer run of the same job and not a trace with duplicate ids.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tracelake.warehouse import Warehouse
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from real_shaped import DEFAULT_SOURCE, write_real_shaped  # noqa: E402  (benchmarks/ is not a package)
+
+
+@pytest.fixture(scope="module")
+def source() -> dict:
+    with gzip.open(DEFAULT_SOURCE) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def shaped(tmp_path_factory: pytest.TempPathFactory, source: dict) -> tuple[Path, dict]:
+    path = tmp_path_factory.mktemp("shaped") / "real.json"
+    facts = write_real_shaped(path, 3 * 7_000_000, DEFAULT_SOURCE)  # three copies of the 7 MB source
+    return path, facts
+
+
+def test_each_copy_adds_the_sources_events(source: dict, shaped: tuple[Path, dict]) -> None:
+    path, facts = shaped
+    written = json.loads(path.read_text())
+    events = source["traceEvents"]
+    body = [e for e in events if e.get("ph") != "M"]
+    copies = facts["copies"]
+    assert copies >= 3
+    assert len(written["traceEvents"]) == len(events) + (copies - 1) * len(body) == facts["events"]
+    for key in ("deviceProperties", "schemaVersion", "baseTimeNanoseconds"):
+        assert written[key] == source[key]
+    kernels = [e for e in written["traceEvents"] if e.get("cat") == "kernel"]
+    assert len(kernels) == copies * sum(e.get("cat") == "kernel" for e in events)
+    correlations = [e["args"]["correlation"] for e in kernels]
+    assert len(set(correlations)) == len(correlations)  # moved past the previous copy's
+    steps = {e["name"] for e in written["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")}
+    assert len(steps) == copies * len({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")})
+    flows = [(e["ph"], e["id"]) for e in written["traceEvents"] if e.get("ph") in ("s", "f")]
+    assert len(set(flows)) == len(flows)
+
+
+def test_the_copies_ingest_as_one_longer_run(source: dict, shaped: tuple[Path, dict], tmp_path: Path) -> None:
+    """Kernels, memory instants and steps of the ingested trace: the source's times the copies."""
+    path, facts = shaped
+    copies = facts["copies"]
+    events = source["traceEvents"]
+    wh = Warehouse(home=tmp_path / "wh")
+    result = wh.ingest([path], job="shaped").results[0]
+    assert result.ok, result.error
+    count = lambda sql: wh.query(sql).rows[0][0]  # noqa: E731
+    assert count("SELECT count(*) FROM device_ops WHERE kind = 'kernel'") == copies * sum(
+        e.get("cat") == "kernel" for e in events)
+    assert count("SELECT count(*) FROM memory_events") == copies * sum(e.get("name") == "[memory]" for e in events)
+    assert count("SELECT count(DISTINCT step) FROM steps") == copies * len(
+        {e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")})
+    # each copy's kernels find their own launches: as many fall in steps as in the source ingested alone
+    alone = Warehouse(home=tmp_path / "alone")
+    assert alone.ingest([DEFAULT_SOURCE], job="source").results[0].ok
+    in_steps = "SELECT count(*) FROM device_ops WHERE kind = 'kernel' AND step IS NOT NULL"
+    assert count(in_steps) == copies * alone.query(in_steps).rows[0][0] > 0
