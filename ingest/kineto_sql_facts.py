@@ -144,8 +144,9 @@ def _writer(out: Path, schema: pa.Schema) -> pq.ParquetWriter:
     return pq.ParquetWriter(out, nested, compression="lz4", use_dictionary=False)
 
 
-#: Host events nested per batch.
-_NEST_BATCH_ROWS = 262_144
+#: Host events nested per batch: DuckDB holds each batch it hands over besides its sort, and a quarter of the
+#: 262,144 rows of before took 33 MB off the peak of a 1 GB trace at the same time.
+_NEST_BATCH_ROWS = 65_536
 
 
 def nesting_sql(con: duckdb.DuckDBPyConnection) -> None:
