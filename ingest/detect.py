@@ -61,7 +61,7 @@ FORMATS: list[Format] = [
            memory_timeline.sniff, memory_timeline.parse),
     Format(execution_trace.FORMAT, "PyTorch execution trace (Chakra ET JSON from ExecutionTraceObserver)",
            execution_trace.sniff, execution_trace.parse),
-    Format(nccl_log.FORMAT, "NCCL debug log (NCCL_DEBUG=INFO)", nccl_log.sniff, nccl_log.parse),
+    Format(nccl_log.FORMAT, "NCCL debug log (NCCL_DEBUG=INFO)", nccl_log.sniff, nccl_log.parse, late_id=True),
 ]
 
 

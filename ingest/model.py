@@ -36,6 +36,9 @@ class ParseOptions:
     #: How Kineto JSON events are read: ``native`` (the C scanner), ``duckdb`` (DuckDB's JSON
     #: reader, the reference) or ``auto`` (native where it is built).
     kineto_engine: str = "auto"
+    #: How NCCL debug logs' COLL lines are read: ``native`` (the C scanner), ``polars`` (the reference) or
+    #: ``auto`` (native where it is built).
+    nccl_log_engine: str = "auto"
     #: Most bytes of rows a format that can expand (a pickle's shared references) may make per byte
     #: of the trace, and in all; floor: 1 MiB. The warehouse passes ``TRACELAKE_MAX_EXPANSION_RATIO``
     #: and ``TRACELAKE_MAX_EXPANDED_BYTES``.

@@ -3,11 +3,14 @@ and ``collectives``.
 
 Lines read ``[timestamp ]host:pid:tid [cudaDev] NCCL INFO <msg>``, possibly behind a
 launcher prefix (``[1,0]<stdout>:``, ``host: ``), ranks interleaved. The log is read in
-chunks of :data:`CHUNK_BYTES`; polars splits each into lines and picks each message kind's
-lines by a literal marker (the rare kinds' markers at once), then matches them with one
-regular expression (Rust, vectorised; every shape is in :mod:`.nccl_log_lines`), except
-COLL lines, most of a log, which are cut at literal markers instead (:func:`coll_fields`);
-Python never touches a line:
+chunks of :data:`CHUNK_BYTES`. COLL lines, most of a log, are made typed rows by the native
+scanner (``_nccl_scan.c``, :mod:`.nccl_log_scan`, the GIL released), which hands the other
+NCCL lines on; where it is not built, is turned off (``TRACELAKE_NCCL_LOG_ENGINE=polars``)
+or meets a COLL line it is not sure of, polars reads the chunk: it splits it into lines, and
+cuts the COLL lines at literal markers (:mod:`.nccl_log_coll`; the same rows, tests hold the
+two equal). The other kinds' lines are picked by a literal marker (the rare kinds' markers
+at once) and matched with one regular expression (Rust, vectorised; every shape is in
+:mod:`.nccl_log_lines`). Python never touches a line:
 
 - communicator init (``comm 0x.. rank R nranks N cudaDev D [nvmlDev M] [busId B]
   [commId 0x..] - Init COMPLETE``) and ``nRanks .. nNodes .. localRanks ..`` lines;
@@ -23,9 +26,10 @@ Python never touches a line:
   the algorithm, protocol and channels of the COLL rows of that process, op and size;
 - ``NCCL version``, WARN lines (counted, the first few kept as warnings).
 
-Chunks are scanned on the ingest's threads (polars works without the GIL) and taken in
-log order. Memory stays flat in the size of the log: a chunk's COLL rows are typed at
-once and handed to :mod:`.nccl_log_writer`, which stages them in compressed Arrow parts;
+Chunks are scanned on the ingest's threads (the scanner and polars work without the GIL)
+and taken in log order; a plain file is read into a few buffers used in turn. Memory stays
+flat in the size of the log: a chunk's COLL rows are typed at once and handed to
+:mod:`.nccl_log_writer`, which stages them in compressed Arrow parts;
 only the small facts they are joined with (communicators, TUNING choices, the first
 warnings) are held whole. Once the log is read, each part is joined with them and
 appended to ``collectives.parquet`` (:func:`.nccl_log_writer.write_collectives`), since
@@ -36,9 +40,10 @@ Lines of anything else are skipped and counted; a file without any NCCL line is 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,19 +53,16 @@ import pyarrow as pa
 
 from tracelake.contracts.errors import TraceFormatError
 
+from . import nccl_log_scan
 from .model import ParseOptions, TraceInfo
+from .nccl_log_coll import DTYPE, _i32, _i64, coll_fields, coll_rows  # noqa: F401  (DTYPE, coll_fields: re-exported)
 from .nccl_log_lines import _VERSION, COLL_MARKER, COUNTED, KINDS
 from .nccl_log_writer import COMM_KEY, PART_ROWS, TUNING_KEY, Parts, write_collectives
-from .nccl_ops import collective_name
-from .source import iter_chunks
+from .source import is_gzip, iter_chunks
 from .tables import append_table, write_table
 
 FORMAT = "nccl_log"
 
-#: docs/formats.md (NCCL debug log): datatype codes -> bytes per element.
-DTYPE = {0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8), 5: ("uint64", 8),
-         6: ("float16", 2), 7: ("float32", 4), 8: ("float64", 8), 9: ("bfloat16", 2), 10: ("float8e4m3", 1),
-         11: ("float8e5m2", 1)}
 _KEEP_WARNINGS = 5
 
 
@@ -142,25 +144,55 @@ _KINDS = KINDS
 _RARE = " NCCL INFO |NCCL WARN|NCCL version"
 
 
-def _texts(source: Path, options: ParseOptions, chunk_bytes: int) -> Iterator[list[str]]:
-    """The log's text a chunk at a time, whole lines only (one or two strings, to be split into lines).
+Piece = bytes | memoryview
 
-    A line cut by the chunk's end is finished with the next chunk's first line; bytes are decoded
-    once, without copying the chunk first.
+
+def _chunks(source: Path, options: ParseOptions, chunk_bytes: int,
+            buffers: int) -> Iterator[tuple[bytes | bytearray, int]]:
+    """The log's bytes a chunk at a time, as (buffer, bytes read into it).
+
+    A plain file is read into ``buffers`` buffers in turn, each one read over again ``buffers``
+    chunks later (the caller has scanned it by then): no new chunk, page faults and copy each
+    time, as :func:`.source.iter_chunks` makes, which reads gzip files (and names the errors).
+    """
+    if is_gzip(source) or not source.stat().st_size:
+        for chunk in iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name, chunk_bytes=chunk_bytes):
+            yield chunk, len(chunk)
+        return
+    ring: list[bytearray] = []
+    with open(source, "rb", buffering=0) as raw:
+        for turn in itertools.count():
+            if len(ring) < buffers:
+                ring.append(bytearray(chunk_bytes))
+            buffer = ring[turn % buffers]
+            read = raw.readinto(buffer)
+            if not read:
+                return
+            if options.on_bytes is not None:
+                options.on_bytes(read)
+            yield buffer, read
+
+
+def _pieces(source: Path, options: ParseOptions, chunk_bytes: int, buffers: int = 1) -> Iterator[list[Piece]]:
+    """The log's bytes a chunk at a time, whole lines only (one or two pieces, each of whole lines).
+
+    A line cut by the chunk's end is finished with the next chunk's first line, without copying
+    the chunk: the second piece is a view of it, valid until ``buffers`` more chunks are read
+    (:func:`_chunks`).
     """
     pending = b""
-    for chunk in iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name, chunk_bytes=chunk_bytes):
-        cut = chunk.rfind(b"\n") + 1
+    for chunk, end in _chunks(source, options, chunk_bytes, buffers):
+        cut = chunk.rfind(b"\n", 0, end) + 1
         if not cut:
-            pending += chunk
+            pending += chunk[:end]
             continue
-        start = chunk.find(b"\n") + 1 if pending else 0
-        texts = [(pending + chunk[:start]).decode("utf-8", "replace")] if pending else []
-        texts.append(str(memoryview(chunk)[start:cut], "utf-8", "replace"))
-        pending = chunk[cut:]
-        yield texts
+        start = chunk.find(b"\n", 0, end) + 1 if pending else 0
+        pieces: list[Piece] = [pending + chunk[:start]] if pending else []
+        pieces.append(memoryview(chunk)[start:cut])
+        pending = bytes(chunk[cut:end])
+        yield pieces
     if pending:
-        yield [pending.decode("utf-8", "replace")]
+        yield [pending]
 
 
 @dataclass
@@ -174,14 +206,42 @@ class _Found:
     kinds: dict[str, pl.DataFrame] = field(default_factory=dict)
 
 
-def _scan(texts: list[str]) -> _Found:
-    """Find every kind's lines in one chunk's text (:func:`_texts`); runs on a worker thread."""
+def _scan(pieces: list[Piece]) -> _Found:
+    """Find every kind's lines in one chunk (:func:`_pieces`) with polars; runs on a worker thread."""
     # polars splits the lines (in Rust: several times faster than str.split and a list of Python strings);
     # str.isascii() reads a flag CPython keeps, so knowing that byte offsets index characters is free
+    texts = [str(piece, "utf-8", "replace") for piece in pieces]
     lines = pl.Series("line", texts, dtype=pl.String).str.split("\n").explode()
     found = _Found(int((lines.str.len_bytes() > 0).sum()))
     is_coll = lines.str.contains(COLL_MARKER, literal=True)
-    rare = lines.filter(lines.str.contains(_RARE) & ~is_coll)
+    _read_rare(lines.filter(lines.str.contains(_RARE) & ~is_coll), found)
+    coll = lines.filter(is_coll)
+    if coll.len():  # most of a log: cut into fields instead of one regex with 14 captures
+        found.kinds["coll"] = coll_rows(coll, all(text.isascii() for text in texts))
+    return found
+
+
+def _scan_native(pieces: list[Piece]) -> _Found:
+    """:func:`_scan` by the native scanner (:mod:`.nccl_log_scan`), the GIL released; the rare kinds' lines it
+    picks are read by polars, and a chunk with a COLL line the scanner is not sure of is read by :func:`_scan`."""
+    scanned = []
+    for piece in pieces:
+        if (one := nccl_log_scan.scan(piece)) is None:
+            return _scan(pieces)
+        scanned.append(one)
+    found = _Found(sum(one.lines for one in scanned))
+    rare = b"".join(one.rare for one in scanned)
+    if rare:
+        _read_rare(pl.Series("line", [rare.decode("utf-8", "replace")], dtype=pl.String).str.split("\n").explode(),
+                   found)
+    rows = [one.rows for one in scanned if one.rows is not None]
+    if rows:
+        found.kinds["coll"] = pl.concat(rows) if len(rows) > 1 else rows[0]
+    return found
+
+
+def _read_rare(rare: pl.Series, found: _Found) -> None:
+    """Read the lines of every kind but COLL lines into ``found`` (``rare``: the lines :data:`_RARE` picks)."""
     versions = rare.filter(rare.str.contains(_VERSION.pattern))
     found.version_lines = versions.len()
     for line in versions.head(1):
@@ -189,18 +249,13 @@ def _scan(texts: list[str]) -> _Found:
             found.version = version.group("version")
     for kind, (marker, pattern) in _KINDS.items():
         if kind == "coll":
-            picked = lines.filter(is_coll)
-        elif isinstance(marker, str):
+            continue
+        if isinstance(marker, str):
             picked = rare.filter(rare.str.contains(marker, literal=True))
         else:
             picked = rare.filter(rare.str.contains("|".join(re.escape(m) for m in marker)))
-        if not picked.len():
-            continue
-        if kind == "coll":  # most of a log: cut into fields instead of one regex with 14 captures
-            found.kinds[kind] = coll_rows(picked, all(text.isascii() for text in texts))
-        else:
+        if picked.len():
             found.kinds[kind] = picked.str.extract_groups(pattern).struct.unnest().filter(pl.col("host").is_not_null())
-    return found
 
 
 def _scan_all(source: Path, options: ParseOptions, chunk_bytes: int, state: _State) -> None:
@@ -210,11 +265,13 @@ def _scan_all(source: Path, options: ParseOptions, chunk_bytes: int, state: _Sta
     At most that many chunks are in flight, plus the one being read, so memory stays bounded.
     """
     workers = min(max(1, options.threads), SCAN_THREADS)
+    scan = _scan_native if nccl_log_scan.use_native(options.nccl_log_engine) else _scan
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tracelake-nccl-log") as pool:
         running: deque[Future[_Found]] = deque()
         try:
-            for texts in _texts(source, options, chunk_bytes):
-                running.append(pool.submit(_scan, texts))
+            # a chunk's buffer is read over again once `workers` + 1 more are read: the loop below has merged it
+            for pieces in _pieces(source, options, chunk_bytes, workers + 1):
+                running.append(pool.submit(scan, pieces))
                 while len(running) >= workers:
                     state.merge(running.popleft().result())
             while running:
@@ -222,149 +279,6 @@ def _scan_all(source: Path, options: ParseOptions, chunk_bytes: int, state: _Sta
         finally:
             for future in running:
                 future.cancel()
-
-
-_TS = r"\[(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?)\]"
-#: A timestamp, found without capturing (the regex engine's fast path); it holds no ``]`` up to its end.
-_TS_FIND = r"\[\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d(?:\.\d+)?\]"
-_ORIGIN = r"(?P<host>[\w.-]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\]$"
-#: What follows ``<op>: opCount <hex> `` in a COLL line: ``_COLL``'s pattern from there on; its buffers, which
-#: change from call to call; and what follows them, the same for many calls.
-_COLL_NUMBERS = (r"^(?P<count>\d+) datatype (?P<dtype>\d+) op (?P<redop>\d+) root (?P<root>\d+) "
-                 r"comm (?P<comm>0x[0-9a-f]+)(?: \[nranks=(?P<nranks>\d+)\])? stream (?P<stream>0x[0-9a-f]+)")
-_COLL_TAIL = r"^sendbuff \S+ recvbuff \S+ count " + _COLL_NUMBERS[1:]
-_COLL_BUFFERS = r"^sendbuff \S+ recvbuff \S+$"
-_COLL_COLUMNS = ("ts", "host", "pid", "tid", "dev", "op", "opcount", "count", "dtype", "redop", "root", "comm",
-                 "nranks", "stream")
-
-
-def _groups_of_distinct(keys: pl.Series, pattern: str) -> pl.DataFrame:
-    """``pattern``'s named groups for each distinct value of ``keys`` (column ``key``: the value)."""
-    distinct = keys.unique()
-    return pl.concat([distinct.to_frame("key"), distinct.str.extract_groups(pattern).struct.unnest()],
-                     how="horizontal")
-
-
-def _cut(column: str, separator: str, first: str, rest: str) -> pl.Expr:
-    """``column`` cut at the first ``separator``: ``first`` before it, ``rest`` after it (null when it has none)."""
-    return pl.col(column).str.splitn(separator, 2).struct.rename_fields([first, rest])
-
-
-def _coll_split(lines: pl.Series, ascii: bool = False) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """COLL lines cut into ``prefix`` (the origin's key), ``ts``, ``op``, ``opcount`` and ``tail``, with the
-    captures of each distinct prefix (``_ORIGIN``; column ``key``: the prefix). ``ascii``: the lines are
-    known to be ASCII (else they are checked)."""
-    frame = lines.rename("line").to_frame().select(_cut("line", " NCCL INFO ", "prefix", "message")).unnest("line")
-    frame = frame.select("prefix", _cut("message", ": opCount ", "op", "after")).unnest("message")
-    frame = frame.select("prefix", "op", _cut("after", " ", "opcount", "tail")).unnest("after")
-    # The first timestamp (as _TS extracts it), and as the origin's key the prefix without it: _ORIGIN's
-    # match lies after any timestamp (it holds no "[" but at its end), so it is the same in what follows.
-    prefix, rest = pl.col("prefix"), pl.col("rest")
-    found = frame["prefix"].str.find(_TS_FIND)  # the one pass of the regex over every line
-    if found.null_count() == found.len():  # NCCL's default: no timestamps on INFO lines
-        frame = frame.with_columns(pl.lit(None, dtype=pl.String).alias("ts"))
-    elif ascii or (lines.str.len_bytes() == lines.str.len_chars()).all():  # find's byte offsets index characters
-        frame = frame.with_columns(prefix.str.slice(found + 1).alias("rest"))
-        closing = rest.str.find("]", literal=True)
-        frame = frame.with_columns(rest.str.head(closing).alias("ts"),
-                                   pl.coalesce(rest.str.slice(closing + 1), prefix).alias("prefix")).drop("rest")
-    else:
-        frame = frame.with_columns(prefix.str.extract(_TS, 1).alias("ts"), prefix.str.replace(_TS_FIND, " "))
-    return frame, _groups_of_distinct(frame["prefix"], _ORIGIN)
-
-
-def _coll_join(frame: pl.DataFrame, origins: pl.DataFrame,
-               convert: Callable[[pl.DataFrame], pl.DataFrame] = lambda groups: groups) -> pl.DataFrame:
-    """``frame``'s lines with the fields of their origin and tail; only the well-formed ones (``_COLL`` matches).
-
-    ``convert`` turns a table of distinct values' captures (column ``key``, the named groups
-    as strings, ``comm`` null where the pattern did not match) into the columns wanted, once
-    per distinct value rather than per line.
-    """
-    frame = frame.join(origins.with_columns(pl.col("host").is_not_null().alias("origin_ok")), left_on="prefix",
-                       right_on="key", how="left", maintain_order="left")
-    # The tail's buffers are checked per line (no captures); what follows them is captured once per distinct value.
-    frame = frame.with_columns(_cut("tail", " count ", "buffers", "numbers").alias("cut")).unnest("cut")
-    numbers = convert(_groups_of_distinct(frame["numbers"], _COLL_NUMBERS))
-    fields = [c for c in numbers.columns if c != "key"]
-    frame = frame.join(numbers, left_on="numbers", right_on="key", how="left", maintain_order="left")
-    frame = frame.with_columns(
-        (pl.col("comm").is_not_null() & pl.col("buffers").str.contains(_COLL_BUFFERS)).fill_null(False)
-        .alias("tail_ok"))
-    if not frame["tail_ok"].all():  # damaged lines, or a buffer named "count": their whole tail by the pattern
-        whole = convert(_groups_of_distinct(frame.filter(~pl.col("tail_ok"))["tail"], _COLL_TAIL))
-        frame = frame.join(whole.rename({c: f"{c}_whole" for c in fields}), left_on="tail", right_on="key",
-                           how="left", maintain_order="left")
-        frame = frame.with_columns(
-            *(pl.when("tail_ok").then(pl.col(c)).otherwise(pl.col(f"{c}_whole")).alias(c) for c in fields),
-            (pl.col("tail_ok") | pl.col("comm_whole").is_not_null()).alias("tail_ok"))
-    ok = pl.col("origin_ok") & pl.col("tail_ok") & pl.col("op").str.contains(r"^\w+$") \
-        & pl.col("opcount").str.contains(r"^[0-9a-f]+$")
-    return frame.filter(ok.fill_null(False))
-
-
-def coll_fields(lines: pl.Series) -> pl.DataFrame:
-    """The fields of COLL lines (``_COLL``'s named groups, as strings); lines that are not well-formed are left out.
-
-    The same fields as extracting ``_COLL[1]``'s groups from every line (a test keeps them
-    equal on well-formed and damaged lines), many times faster: regex captures are slow, so
-    each line is only cut at literal markers (``" NCCL INFO "``, ``": opCount "``, the space
-    after the opCount) and its timestamp found without capturing; the captures run once per
-    *distinct* ``host:pid:tid [dev]`` prefix and per distinct ``count .. stream ..`` end of
-    the message (a job's collectives repeat their counts, types, communicators and
-    streams), and are joined back; the buffers before that end are only checked. Unlike
-    the pattern, any launcher prefix before ``host:pid:tid`` is accepted.
-    """
-    return _coll_join(*_coll_split(lines)).select(_COLL_COLUMNS)
-
-
-def coll_rows(lines: pl.Series, ascii: bool = False) -> pl.DataFrame:
-    """COLL lines as typed columns (what :func:`.nccl_log_writer.write_collectives` needs; the numbers of
-    :func:`coll_fields`, cast once).
-
-    A chunk's rows wait in a part until the end of the log, so they are made small at once: numbers
-    and names are converted on the distinct prefixes and message ends, per line only the timestamp
-    and the opCount. ``ascii``: the lines are known to be ASCII.
-    """
-    frame, origins = _coll_split(lines, ascii)
-    origins = origins.select("key", "host", _i64("pid"))
-    names = {name: collective_name(name) for name in frame["op"].unique().drop_nulls().to_list()}
-    code = _i64("dtype")
-
-    def typed(groups: pl.DataFrame) -> pl.DataFrame:
-        return groups.select(
-            "key", "comm", _i64("count"), code.replace_strict({k: v[1] for k, v in DTYPE.items()}, default=None,
-                                                              return_dtype=pl.Int64).alias("size"),
-            code.replace_strict({k: v[0] for k, v in DTYPE.items()}, default=pl.col("dtype"),
-                                return_dtype=pl.String).alias("dtype"),
-            _i32("root"), _i32("nranks"),
-            (pl.col("stream").str.slice(2).str.to_integer(base=16, strict=False) % (1 << 62)).alias("stream"),
-        )
-
-    stamps = frame["ts"]
-    if stamps.null_count() == stamps.len():  # a log without timestamps (the default but for WARN lines)
-        ts_ns = pl.lit(None, dtype=pl.Int64)
-    elif stamps.str.contains("T", literal=True).any():
-        ts_ns = pl.col("ts").str.replace(" ", "T").str.to_datetime("%Y-%m-%dT%H:%M:%S%.f", time_unit="ns",
-                                                                  strict=False).dt.epoch("ns")
-    else:  # NCCL's default "%F %T": parsed as it is, without the copy that replacing the space makes
-        ts_ns = pl.col("ts").str.to_datetime("%Y-%m-%d %H:%M:%S%.f", time_unit="ns", strict=False).dt.epoch("ns")
-    return _coll_join(frame, origins, typed).select(
-        ts_ns.alias("ts_ns"), "host", "pid", "comm", "op",
-        pl.col("op").replace_strict(names, return_dtype=pl.String).alias("collective"),
-        pl.col("opcount").str.to_integer(base=16, strict=False).alias("seq"),
-        "count", "size", "dtype", "root", "nranks", "stream",
-    )
-
-
-def _i32(name: str) -> pl.Expr:
-    """A captured number as Int32, null where it does not fit (a damaged log's 20-digit rank must not stop it)."""
-    return pl.col(name).cast(pl.Int32, strict=False)
-
-
-def _i64(name: str) -> pl.Expr:
-    """A captured number as Int64, null where it does not fit."""
-    return pl.col(name).cast(pl.Int64, strict=False)
 
 
 def parse(source: Path, staging: Path, options: ParseOptions, *, chunk_bytes: int = CHUNK_BYTES,
@@ -386,13 +300,14 @@ def parse(source: Path, staging: Path, options: ParseOptions, *, chunk_bytes: in
         if not recognised:
             raise TraceFormatError(options.source_name, f"no NCCL INFO/WARN lines in {state.lines:,} lines")
         comms = _communicators(_frame(state, "init"), _frame(state, "nodes"))
+        trace_id = options.final_trace_id()  # the file may still be hashed until now (detect.Format.late_id)
         write_table(staging, "communicators", {c: comms[c].to_arrow() for c in _COMM_COLUMNS if c in comms.columns},
-                    trace_id=options.trace_id)
-        write_table(staging, "comm_channels", _channels(_frame(state, "channel")), trace_id=options.trace_id)
+                    trace_id=trace_id)
+        write_table(staging, "comm_channels", _channels(_frame(state, "channel")), trace_id=trace_id)
         if nics := _nics(_frame(state, "nics")):
             append_table(staging, "devices", {"device": [i for i, _ in nics], "kind": ["nic"] * len(nics),
-                                              "name": [n for _, n in nics]}, trace_id=options.trace_id)
-        write_collectives(staging, options.trace_id, state.parts, comms, state.choices)
+                                              "name": [n for _, n in nics]}, trace_id=trace_id)
+        write_collectives(staging, trace_id, state.parts, comms, state.choices)
         return _info(source, state, comms, recognised)
     finally:
         state.parts.remove()

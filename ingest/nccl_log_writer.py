@@ -93,6 +93,10 @@ _WRITER_OPTIONS = {
 }
 
 
+#: ``collectives``' Arrow types, which the parts are cast to before they are handed to the writer thread.
+_TYPES = {column.name: column.arrow_type for column in schema.table("collectives").columns}
+
+
 def write_collectives(staging: Path, trace_id: str, parts: Parts, comms: pl.DataFrame,
                       choices: pl.DataFrame | None) -> None:
     """Write ``collectives.parquet`` from the COLL rows in ``parts``, one row group per part.
@@ -112,7 +116,9 @@ def write_collectives(staging: Path, trace_id: str, parts: Parts, comms: pl.Data
         for part in parts:
             out = _collectives(part, lookup, choices, first)
             first += out.height
-            writer.write(dict(zip(out.columns, out.to_arrow().columns)))
+            table = out.to_arrow(compat_level=pl.CompatLevel.newest())  # string views: no copy yet
+            # cast to the table's types here, not on the writer thread, which encoding Parquet keeps the busier
+            writer.write({name: table[name].cast(_TYPES[name]).combine_chunks() for name in table.column_names})
 
 
 def _comm_lookup(comms: pl.DataFrame) -> pl.DataFrame:

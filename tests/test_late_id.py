@@ -29,7 +29,7 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_kineto_format_takes_its_id_late_and_others_do_not() -> None:
     late = {fmt.name for fmt in FORMATS if fmt.late_id}
-    assert late == {"pytorch_profiler"}
+    assert late == {"pytorch_profiler", "nccl_log"}
 
 
 def test_the_id_is_the_content_hash(trace: Path, tmp_path: Path) -> None:
@@ -70,3 +70,13 @@ def test_a_damaged_gzip_fails_as_hashing_names_it(trace: Path, tmp_path: Path) -
     result = Warehouse(home=tmp_path / "wh").ingest([cut], job="j").results[0]
     assert result.status == IngestStatus.FAILED
     assert result.error == str(hashing.value)
+
+
+def test_an_nccl_log_is_hashed_while_parsed_and_found_again(tmp_path: Path) -> None:
+    log = Path(__file__).resolve().parents[1] / "sample_traces" / "nccl" / "debug_log" / "train-4ranks.log"
+    wh = Warehouse(home=tmp_path / "wh")
+    first = wh.ingest([log], job="j").results[0]
+    assert first.status == IngestStatus.INGESTED and first.trace_id == ingest.content_id(log)
+    assert wh.query("select distinct trace_id from collectives").rows == [(first.trace_id,)]
+    again = wh.ingest([log], job="other").results[0]
+    assert (again.status, again.trace_id, again.job) == (IngestStatus.DUPLICATE, first.trace_id, "j")

@@ -32,6 +32,8 @@ class Settings:
     parse_batch_bytes: int = 8 << 20
     #: How Kineto JSON events are read: ``auto`` (the native scanner where it is built), ``native``, ``duckdb``.
     kineto_engine: str = "auto"
+    #: How NCCL debug logs' COLL lines are read: ``auto`` (the native scanner where it is built), ``native``, ``polars``.
+    nccl_log_engine: str = "auto"
     #: Bus bandwidth a link carries at best, GB/s per rank, by link or family: ``nvlink3=260,ib=400``.
     link_peaks: str = ""
     #: Device peaks over the built-in table: ``H100 PCIe: bf16=756, hbm=2.0; fp8=1979`` (TFLOP/s, TB/s).
@@ -70,9 +72,10 @@ class Settings:
             if raw is not None and raw != "":
                 values[f.name] = _convert(f.name, raw, f.type)
         values.update({k: v for k, v in overrides.items() if v is not None})
-        engine = values.get("kineto_engine", "auto")
-        if engine not in KINETO_ENGINES:
-            raise InvalidArgument(f"TRACELAKE_KINETO_ENGINE={engine!r}: choose one of {', '.join(KINETO_ENGINES)}")
+        for name, allowed in (("kineto_engine", KINETO_ENGINES), ("nccl_log_engine", NCCL_LOG_ENGINES)):
+            engine = values.get(name, "auto")
+            if engine not in allowed:
+                raise InvalidArgument(f"TRACELAKE_{name.upper()}={engine!r}: choose one of {', '.join(allowed)}")
         sandbox = values.get("sql_os_sandbox", "required")
         if sandbox not in OS_SANDBOX:
             raise InvalidArgument(f"TRACELAKE_SQL_OS_SANDBOX={sandbox!r}: choose one of {', '.join(OS_SANDBOX)}")
@@ -98,6 +101,8 @@ class Settings:
 
 #: Values of ``kineto_engine``.
 KINETO_ENGINES = ("auto", "native", "duckdb")
+#: Values of ``nccl_log_engine``.
+NCCL_LOG_ENGINES = ("auto", "native", "polars")
 #: Values of ``sql_os_sandbox``.
 OS_SANDBOX = ("required", "optional")
 
@@ -123,6 +128,9 @@ SETTINGS_DOC: dict[str, str] = {
     "kineto_engine": "How PyTorch profiler events are read: `auto` (the default: tracelake's native scanner, "
     "built at install where gcc and the Python headers are present, else DuckDB's JSON reader), `native` "
     "(fail where it is not built) or `duckdb` (the reference reader, about half the speed).",
+    "nccl_log_engine": "How NCCL debug logs' COLL lines are read: `auto` (the default: tracelake's native scanner, "
+    "built at install where gcc and the Python headers are present, else polars), `native` (fail where it is not "
+    "built) or `polars` (the reference, about half the speed).",
     "link_peaks": "Bus bandwidth per rank, GB/s, by link (`nvlink3=260`) or family (`nvlink`, `pcie`, `xgmi`, `ib`, "
                   "`roce`, `efa`, `socket`), over the per-GPU table of docs/analyses.md (\"Link peaks\").",
     "device_peaks": "Dense peaks of a device over the built-in table (docs/analyses.md, \"Hardware peaks\"): "

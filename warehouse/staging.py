@@ -125,6 +125,7 @@ def _stage(
             batch_bytes=settings.parse_batch_bytes,
             on_bytes=hashing.watch(on_bytes) if hashing else on_bytes,
             kineto_engine=settings.kineto_engine,
+            nccl_log_engine=settings.nccl_log_engine,
             max_expansion_ratio=settings.max_expansion_ratio,
             max_expanded_bytes=settings.max_expanded_bytes,
             pending_trace_id=hashing.trace_id if hashing else None,
