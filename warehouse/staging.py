@@ -113,7 +113,8 @@ def _stage(
         trace_id = known_id or ingest.content_id(path, source_name)
         existing = store.registered_job(trace_id)
         if existing is not None:
-            return _duplicate(result, trace_id, existing, on_bytes)
+            _duplicate(result, trace_id, existing, on_bytes)
+            return None
     started = time.perf_counter()
     staging = store.new_staging(hashing.prefix if hashing else trace_id, staging_root)
     try:
@@ -176,12 +177,12 @@ def _takes_late_id(path: Path, source_name: str) -> bool:
 
 
 def _duplicate(result: IngestResult, trace_id: str, job: str, on_bytes: ByteCallback | None) -> None:
+    """Mark ``result`` a duplicate of the trace registered under ``job``; the progress hears of the whole file."""
     result.status = IngestStatus.DUPLICATE
     result.trace_id = trace_id
     result.job = job
     if on_bytes is not None:
         on_bytes(result.source_bytes)
-    return None
 
 
 class _Duplicate(Exception):
