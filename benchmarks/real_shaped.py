@@ -130,6 +130,7 @@ def write_real_shaped(out: Path, target_bytes: int, source: Path = DEFAULT_SOURC
             copies += 1
         stream.write(b"\n]}\n")
         written = stream.tell()
+    step_names = {e["name"] for e in body if _STEP.match(str(e.get("name", "")))}
     kinds: dict[str, int] = {"flow": 0, "memory": 0}
     for event in body:
         if event.get("ph") in ("s", "f", "t"):
@@ -137,7 +138,7 @@ def write_real_shaped(out: Path, target_bytes: int, source: Path = DEFAULT_SOURC
         elif event.get("name") == "[memory]":
             kinds["memory"] += 1
     return {"source": str(source), "bytes": written, "copies": copies,
-            "events": len(meta) + copies * len(body), "steps": steps * copies,
+            "events": len(meta) + copies * len(body), "steps": len(step_names) * copies,
             "flow_share": kinds["flow"] / len(body), "memory_share": kinds["memory"] / len(body)}
 
 

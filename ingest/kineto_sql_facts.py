@@ -36,13 +36,17 @@ def narrow(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
         return
     con.execute(f"CREATE VIEW host_n AS SELECT event_id, pid, tid, ts_ns, dur_ns, correlation FROM read_parquet({host})")
     # The category's patterns run once per distinct (kind, name), not per op: a few dozen kernel names make up
-    # 100,000s of ops, and the patterns over every op's long name were most of device_steps' time.
-    con.execute(f"""CREATE VIEW dev_n AS
-                    SELECT d.event_id, d.device, d.ts_ns, d.dur_ns, d.correlation, c.category
-                    FROM read_parquet({device}) d
-                    JOIN (SELECT kind, name, {category_sql()} AS category
-                          FROM (SELECT DISTINCT kind, name FROM read_parquet({device}))) c
-                    ON d.kind IS NOT DISTINCT FROM c.kind AND d.name IS NOT DISTINCT FROM c.name""")
+    # 100,000s of ops, and the patterns over every op's long name were most of device_steps' time. The names'
+    # categories are a table (its size known, the join builds on it), and the ops with theirs a file: a view
+    # holding the join let DuckDB plan device_steps' joins around it and run out of memory on a 1 GB trace.
+    con.execute(f"""CREATE TABLE dev_cat AS SELECT kind, name, {category_sql()} AS category
+                    FROM (SELECT DISTINCT kind, name FROM read_parquet({device}))""")
+    narrow_ops = sql_literal(str(parts / "dev_n.parquet"))
+    con.execute(f"""COPY (SELECT d.event_id, d.device, d.ts_ns, d.dur_ns, d.correlation, c.category
+                          FROM read_parquet({device}) d JOIN dev_cat c
+                          ON d.kind IS NOT DISTINCT FROM c.kind AND d.name IS NOT DISTINCT FROM c.name)
+                    TO {narrow_ops} (FORMAT parquet, COMPRESSION lz4)""")
+    con.execute(f"CREATE VIEW dev_n AS SELECT * FROM read_parquet({narrow_ops})")
 
 
 def steps(con: duckdb.DuckDBPyConnection) -> None:

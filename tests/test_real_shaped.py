@@ -73,3 +73,17 @@ def test_the_copies_ingest_as_one_longer_run(source: dict, shaped: tuple[Path, d
     assert alone.ingest([DEFAULT_SOURCE], job="source").results[0].ok
     in_steps = "SELECT count(*) FROM device_ops WHERE kind = 'kernel' AND step IS NOT NULL"
     assert count(in_steps) == copies * alone.query(in_steps).rows[0][0] > 0
+
+
+@pytest.mark.slow
+def test_a_large_real_shaped_trace_ingests_within_a_tight_memory_limit(tmp_path: Path) -> None:
+    """250 MB of the real capture under a 40 MB DuckDB limit (the default gives 200 MB to 1 GB and more): every
+    statement must stream or spill. A plan that held a join in memory failed here, and on 1 GB at the default."""
+    from tracelake.warehouse.settings import Settings
+
+    path = tmp_path / "big.json"
+    facts = write_real_shaped(path, 250_000_000, DEFAULT_SOURCE)
+    wh = Warehouse(settings=Settings.from_env({}, home=tmp_path / "wh", ingest_memory_limit="40MB"))
+    result = wh.ingest([path], job="big").results[0]
+    assert result.ok, result.error
+    assert wh.query("SELECT count(*) FROM steps").rows[0][0] == facts["steps"]
