@@ -1,19 +1,21 @@
-"""Benchmark: ingesting a large XLA profile (``.xplane.pb``), tracelake vs decoding it whole.
+"""Benchmark: ingesting XLA profiles (``.xplane.pb``), tracelake vs XProf's converter and a whole decode.
 
 Run it from the repository root with the dev virtualenv::
 
-    python benchmarks/ingest_xla.py                  # ~200 MB XSpace
-    python benchmarks/ingest_xla.py --size-mb 100,300 --json out.json   # two sizes: does memory grow?
-    python benchmarks/ingest_xla.py --device gpu --size-mb 100          # a GPU profile instead
+    python benchmarks/ingest_xla.py                                  # ~200 MB TPU XSpace
+    python benchmarks/ingest_xla.py --device tpu,gpu --size-mb 30,100,300 --json out.json
+    python benchmarks/ingest_xla.py --size-mb 0 --xplane ../shared/real_traces/xla/tpu_inference_2.xplane.pb \
+        --xplane sample_traces/gpu_h200/jax/            # real files only (a folder: its *.xplane.pb)
+    python benchmarks/ingest_xla.py --skip-xprof --size-mb 100       # tracelake and the decode anchor only
 
-What it measures: the project's XLA generator (``sample_traces/generate_xla.py``)
+What it measures, on each file: the project's XLA generator (``sample_traces/generate_xla.py``)
 writes a TPU profile of 4 chips and 40 training steps, with as many short ops per
-step as make about ``--size-mb`` MB (each size in the list in turn); with ``--device gpu``
-a JAX-on-GPU profile of 4 GPUs instead (``generate_xla.build_gpu``: kernels on
+step as make about ``--size-mb`` MB (each size in the list in turn, for each ``--device``);
+``gpu`` is a JAX-on-GPU profile of 4 GPUs instead (``generate_xla.build_gpu``: kernels on
 ``Stream #`` lines with their details as per-event stats, the derived ``XLA Ops`` and
 ``XLA Modules`` lines, a launch call per kernel on the host), as many short kernels
-per step as make the size. Then, each in its own child process (so each peak RSS
-belongs to one tool):
+per step as make the size. ``--xplane`` adds real files. Then, each in its own child
+process (so each peak RSS belongs to one tool):
 
 * tracelake ingests it into a fresh warehouse end to end (decode, map, write
   Parquet, per-trace analyses, register);
@@ -21,13 +23,33 @@ belongs to one tool):
   streaming XSpace reader, without the per-trace analyses), to tell the two apart;
 * the anchor decodes the same file the way tools without a streaming reader do:
   the whole XSpace as one protobuf message (protobuf's C decoder, upb), then walks
-  every event once. XProf and TensorBoard also hold the decoded XSpace whole, and
-  their users report 20-30 GB of RAM and ~40 s for a 1 GB xplane; that anchor is
-  the floor of that approach (no conversion to tables at all).
+  every event once: the floor of that approach (no conversion to tables at all);
+* XProf (``pip install xprof``, its C++ converter, in a virtualenv of its own made
+  once in ``benchmarks/.venv-xprof``): ``xprof.convert.raw_to_tool_data.xspace_to_tool_data``
+  makes one tool's data from the file, each tool in its own child and on its own copy
+  (a hard link) of the file in a fresh folder, with ``use_saved_result`` off: XProf
+  caches what it derives (``ALL_HOSTS.op_stats_v2.pb``) next to the xplane, and a
+  second tool would reuse it. The tools are those XProf lists for the file
+  (``xspace_to_tool_names``) less the trace viewer (slowest by far, ~100x the file in
+  memory: 3 GB for 30 MB; ``--xprof-tools all`` adds it) and the two that show one HLO
+  module named in their options (``memory_viewer``, ``graph_viewer``). Reported: every
+  tool, the fastest, and the fastest of the tools that convert every op (all but
+  ``memory_profile``, which reads the file but builds its view from the host's allocator
+  events only: on a file without them it has next to nothing to do), each beside
+  tracelake's full ingest, as ratios of time, CPU time and peak RSS (below 1: tracelake
+  takes less). If XProf cannot be installed or fails, its error is printed and the rest
+  still runs (exit code 0).
 
-The trace is generated in a child process as well: on Linux a child's peak RSS
-(``ru_maxrss``) starts from its parent's at the fork, so a parent holding the
-generated trace would inflate every figure (it did, before this was so).
+Each child times its one call (imports and interpreter start excluded) in seconds and in
+CPU seconds of the process (all threads): on a shared machine the CPU seconds move less.
+With ``--runs N`` each of tracelake's ingest and XProf's tools runs N times, one after
+the other, the fastest run kept (CPU seconds: the least; peak RSS: the largest).
+
+The trace is generated in a child process as well, and the parent never imports
+tracelake: on Linux a child's peak RSS (``ru_maxrss``) starts from its parent's (it is
+carried over the fork and the exec), so a parent holding the generated trace, or only
+tracelake's imports (~90 MB), would raise every figure to its own (it did, before this
+was so: XProf's small figures and tracelake's alike).
 
 Read the ratios: the machines are shared and noisy. Nothing is asserted.
 """
@@ -36,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -44,33 +67,65 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ingest_kineto import MB, TRACELAKE_CHILD, run_child  # noqa: E402  (benchmarks/ is not a package)
+from ingest_kineto import MB, run_child, warm_page_cache  # noqa: E402  (benchmarks/ is not a package)
 
-from tracelake.sample_traces import generate_xla  # noqa: E402
+HERE = Path(__file__).resolve().parent
+XPROF_VENV = HERE / ".venv-xprof"
+XPROF_REQUIREMENTS = ["xprof==2.24.2"]
+#: Tools left out unless ``--xprof-tools all``: the trace viewer (JSON and its streaming form) holds ~100x the file.
+XPROF_SLOW = ("trace_viewer", "trace_viewer@")
+#: Tools that show one HLO module, named in their options: left out unless asked for by name.
+XPROF_NEEDS_MODULE = ("memory_viewer", "graph_viewer")
+#: The one XProf tool that does not convert every op (it reads the host's allocator events only).
+XPROF_PARTIAL = ("memory_profile",)
 
+# Child programs: argv = [inputs..., result.json]; each writes its figures there as JSON, with the seconds and the
+# CPU seconds (all threads) of the timed call: on a shared machine the CPU seconds vary less.
+TRACELAKE_CHILD = """
+import json, resource, sys, time
+from tracelake.warehouse import Warehouse
+trace, home, out = sys.argv[1:4]
+wh = Warehouse(home=home)
+base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+started, cpu_started = time.perf_counter(), time.process_time()
+report = wh.ingest([trace], job="bench")
+seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+res = report.results[0]
+if res.status != "ingested" or res.rows.get("device_ops", 0) <= 0:
+    sys.exit(f"tracelake ingest went wrong: status={res.status!r} rows={res.rows} error={res.error!r}")
+json.dump({"seconds": seconds, "cpu_seconds": cpu_seconds, "base_rss_bytes": base_rss, "rows": res.rows,
+           "warnings": res.warnings}, open(out, "w"))
+"""
 WHOLE_CHILD = """
 import json, resource, sys, time
 from tracelake.ingest.xplane_proto import XSpaceWhole
 trace, out = sys.argv[1:3]
 base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-started = time.perf_counter()
+started, cpu_started = time.perf_counter(), time.process_time()
 space = XSpaceWhole.FromString(open(trace, "rb").read())
 events = 0
 for plane in space.planes:
     for line in plane.lines:
         for event in line.events:
             events += event.duration_ps > 0
-seconds = time.perf_counter() - started
-json.dump({"seconds": seconds, "events": events, "base_rss_bytes": base_rss}, open(out, "w"))
+seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+json.dump({"seconds": seconds, "cpu_seconds": cpu_seconds, "events": events, "base_rss_bytes": base_rss},
+          open(out, "w"))
 """
 
 
 GENERATE_CHILD = """
-import sys
+import json, sys
 from pathlib import Path
 from tracelake.sample_traces import generate_xla
-build = generate_xla.build_gpu if sys.argv[4] == "gpu" else generate_xla.build
-Path(sys.argv[1]).write_bytes(build(int(sys.argv[2]), int(sys.argv[3])))
+trace, size_mb, device, steps, out = sys.argv[1], float(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+build = generate_xla.build_gpu if device == "gpu" else generate_xla.build
+per_op = (len(build(steps, 200)) - len(build(steps, 100))) / 100  # file bytes one more short op per step adds
+small_ops = max(1, int(size_mb * 1e6 / per_op))
+Path(trace).write_bytes(build(steps, small_ops))
+fixed = len(generate_xla.OPS) if device == "tpu" else generate_xla.GEMMS + len(generate_xla.GPU_FIXED)
+chips = f"{generate_xla.CHIPS} TPU chips" if device == "tpu" else f"{generate_xla.GPUS} GPUs"
+json.dump({"what": f"generated {device}, {steps} steps of {small_ops + fixed:,} ops on {chips}"}, open(out, "w"))
 """
 PARSE_CHILD = """
 import json, resource, sys, tempfile, time
@@ -78,90 +133,242 @@ from pathlib import Path
 from tracelake import ingest
 trace, out = sys.argv[1:3]
 base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-started = time.perf_counter()
+started, cpu_started = time.perf_counter(), time.process_time()
 with tempfile.TemporaryDirectory(prefix="tracelake-bench-parse-") as staging:
     _, info = ingest.parse_into(Path(trace), Path(staging), ingest.ParseOptions(source_name=Path(trace).name))
-seconds = time.perf_counter() - started
-json.dump({"seconds": seconds, "events": info.event_count, "base_rss_bytes": base_rss}, open(out, "w"))
+seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+json.dump({"seconds": seconds, "cpu_seconds": cpu_seconds, "events": info.event_count, "base_rss_bytes": base_rss},
+          open(out, "w"))
+"""
+
+
+XPROF_NAMES_CHILD = """
+import json, sys
+from xprof.convert import raw_to_tool_data
+trace, out = sys.argv[1:3]
+json.dump({"tools": raw_to_tool_data.xspace_to_tool_names([trace])}, open(out, "w"))
+"""
+XPROF_CHILD = """
+import json, resource, sys, time
+from xprof.convert import raw_to_tool_data
+trace, tool, out = sys.argv[1:4]
+base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+started, cpu_started = time.perf_counter(), time.process_time()
+data, content_type = raw_to_tool_data.xspace_to_tool_data([trace], tool, {"use_saved_result": False})
+seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+if data is None:
+    sys.exit(f"xprof made no {tool} data")
+json.dump({"seconds": seconds, "cpu_seconds": cpu_seconds, "output_bytes": len(data), "base_rss_bytes": base_rss},
+          open(out, "w"))
 """
 
 
 #: Training steps in the generated profile (XProf captures a few seconds: tens of steps, many ops each).
 STEPS = 40
+#: Generated layouts: TPU (XLA Ops lines) and GPU (Stream lines, per-event stats).
+DEVICES = ("tpu", "gpu")
 
 
-#: Ops per step besides the short ones: TPU (``generate_xla.OPS``), GPU (GEMMs, all-reduce, copy).
-FIXED_OPS = {"tpu": len(generate_xla.OPS), "gpu": generate_xla.GEMMS + len(generate_xla.GPU_FIXED)}
-DEVICES = {"tpu": f"{generate_xla.CHIPS} TPU chips", "gpu": f"{generate_xla.GPUS} GPUs"}
+def generate(size_mb: float, workdir: Path, device: str, timeout: float) -> tuple[Path, str]:
+    """Write a ``device`` profile of about ``size_mb`` MB into ``workdir``; its path and a line saying what it holds.
+
+    In a child, as everything that imports tracelake: a child's peak RSS starts from its parent's (``ru_maxrss``
+    is carried over the fork and exec), so the parent stays small (~20 MB; importing tracelake alone takes ~90 MB)
+    and holds no trace.
+    """
+    trace = workdir / "generated" / "host0.xplane.pb"
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    out, _ = run_child(sys.executable, GENERATE_CHILD, [trace, Path(str(size_mb)), Path(device), Path(str(STEPS))],
+                       workdir, timeout)
+    return trace, str(out["what"])
 
 
-def bytes_per_small_op(device: str = "tpu") -> float:
-    """File bytes one more short op (TPU) or kernel (GPU) per step adds."""
-    build = generate_xla.build_gpu if device == "gpu" else generate_xla.build
-    return (len(build(STEPS, 200)) - len(build(STEPS, 100))) / 100
+def xprof_python() -> str:
+    """The cached XProf virtualenv's Python, made on first use (``pip install xprof``)."""
+    python = XPROF_VENV / "bin" / "python"
+    check = [str(python), "-c", "import xprof.convert.raw_to_tool_data"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return str(python)
+    print(f"creating {XPROF_VENV} and installing {' '.join(XPROF_REQUIREMENTS)} (once) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(XPROF_VENV)], check=True)
+    pip = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                          *XPROF_REQUIREMENTS], capture_output=True, text=True)
+    if pip.returncode != 0:
+        raise RuntimeError(f"pip install failed:\n{pip.stdout[-2000:]}{pip.stderr[-3000:]}")
+    subprocess.run(check, check=True)
+    return str(python)
 
 
-def measure(size_mb: float, workdir: Path, timeout: float, device: str = "tpu") -> dict[str, Any]:
-    """Generate a ``device`` profile of about ``size_mb`` MB and run the three children on it; the figures of each."""
-    small_ops = max(1, int(size_mb * MB / bytes_per_small_op(device)))
-    trace = workdir / "host0.xplane.pb"
-    # In a child: a child's peak RSS counts the parent's at the fork, so the parent must not hold the trace.
-    subprocess.run([sys.executable, "-c", GENERATE_CHILD, str(trace), str(STEPS), str(small_ops), device],
-                   check=True)
-    size = trace.stat().st_size
-    print(f"\ntrace: {trace} ({size / MB:,.1f} MB, {STEPS} steps of {small_ops + FIXED_OPS[device]:,} ops on "
-          f"{DEVICES[device]})", flush=True)
-    results: dict[str, dict[str, Any]] = {}
-    home = workdir / "warehouse"
-    shutil.rmtree(home, ignore_errors=True)
+def _fresh_copy(trace: Path, folder: Path) -> Path:
+    """``trace`` alone in an empty ``folder`` (a hard link where it can be): XProf writes its caches beside it."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    copy = folder / (trace.name if trace.name.endswith(".xplane.pb") else "host0.xplane.pb")
     try:
-        results["tracelake ingest"] = _run(TRACELAKE_CHILD, [trace, home], workdir, timeout)
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
-    results["tracelake parse only"] = _run(PARSE_CHILD, [trace], workdir, timeout)
-    results["whole-message decode"] = _run(WHOLE_CHILD, [trace], workdir, timeout)
-    trace.unlink()
+        os.link(trace, copy)
+    except OSError:
+        shutil.copyfile(trace, copy)
+    return copy
 
-    print(f"\n{'':<22} {'seconds':>8} {'MB/s':>8} {'events/s':>12} {'peak RSS MB':>12} {'RSS/trace':>10}")
+
+def xprof_tools(trace: Path, workdir: Path, timeout: float, wanted: str) -> list[str]:
+    """The tools XProf offers for ``trace`` that ``wanted`` (``--xprof-tools``) asks for."""
+    python = xprof_python()
+    try:
+        out, _ = run_child(python, XPROF_NAMES_CHILD, [_fresh_copy(trace, workdir / "xprof")], workdir, timeout)
+    finally:
+        shutil.rmtree(workdir / "xprof", ignore_errors=True)
+    offered = [str(t) for t in out["tools"]]
+    if wanted == "all":
+        return [t for t in offered if t not in XPROF_NEEDS_MODULE]
+    if wanted == "default":
+        return [t for t in offered if t not in XPROF_SLOW + XPROF_NEEDS_MODULE]
+    asked = [t.strip() for t in wanted.split(",") if t.strip()]
+    return [t for t in asked if t in offered] or asked
+
+
+def _best(figures: list[dict[str, Any]]) -> dict[str, Any]:
+    """Runs of one child merged: the fastest run's figures, the largest peak RSS, or the first error."""
+    done = [f for f in figures if "error" not in f]
+    if not done:
+        return figures[0]
+    best = dict(min(done, key=lambda f: f["seconds"]))
+    best["peak_rss_bytes"] = max(f["peak_rss_bytes"] for f in done)
+    best["cpu_seconds"] = min(f["cpu_seconds"] for f in done)
+    best["runs_seconds"] = [f["seconds"] for f in done]
+    return best
+
+
+def measure(trace: Path, what: str, workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Every child on one file, ``args.runs`` times for the timed tools; the figures of each and the ratios."""
+    size = trace.stat().st_size
+    print(f"\ntrace: {trace} ({size / MB:,.1f} MB, {what})", flush=True)
+    timeout = args.timeout
+    runs: dict[str, list[dict[str, Any]]] = {}
+    tools: list[str] = []
+    xprof_error = "skipped (--skip-xprof)" if args.skip_xprof else None
+    if not args.skip_xprof:
+        try:
+            tools = xprof_tools(trace, workdir, timeout, args.xprof_tools)
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+            xprof_error = str(exc)
+            print(f"XProf FAILED, continuing without it: {exc}", flush=True)
+    home = workdir / "warehouse"
+    for _ in range(args.runs):
+        warm_page_cache(trace)
+        shutil.rmtree(home, ignore_errors=True)
+        try:
+            runs.setdefault("tracelake ingest", []).append(_run(sys.executable, TRACELAKE_CHILD, [trace, home],
+                                                                workdir, timeout))
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+        for tool in tools:
+            folder = workdir / "xprof"
+            try:
+                runs.setdefault(f"xprof {tool}", []).append(
+                    _run(xprof_python(), XPROF_CHILD, [_fresh_copy(trace, folder), tool], workdir, timeout))
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+    results = {name: _best(figs) for name, figs in runs.items()}
+    results["tracelake parse only"] = _run(sys.executable, PARSE_CHILD, [trace], workdir, timeout)
+    results["whole-message decode"] = _run(sys.executable, WHOLE_CHILD, [trace], workdir, timeout)
+
+    print(f"\n{'':<30} {'seconds':>8} {'CPU s':>8} {'MB/s':>8} {'peak RSS MB':>12} {'RSS/trace':>10}")
     for name, fig in results.items():
         if "error" in fig:
-            print(f"{name:<22} FAILED: {fig['error'].strip().splitlines()[-1][:160]}")
+            print(f"{name:<30} FAILED: {fig['error'].strip().splitlines()[-1][:160]}")
             continue
-        print(f"{name:<22} {fig['seconds']:>8.2f} {size / MB / fig['seconds']:>8.1f} "
-              f"{fig['events'] / fig['seconds']:>12,.0f} {fig['peak_rss_bytes'] / MB:>12,.0f} "
-              f"{fig['peak_rss_bytes'] / size:>10.2f}")
-    ours, parse, whole = results["tracelake ingest"], results["tracelake parse only"], results["whole-message decode"]
-    ratios: dict[str, float] = {}
+        print(f"{name:<30} {fig['seconds']:>8.2f} {fig['cpu_seconds']:>8.2f} {size / MB / fig['seconds']:>8.1f} "
+              f"{fig['peak_rss_bytes'] / MB:>12,.0f} {fig['peak_rss_bytes'] / size:>10.2f}")
+    ratios = _ratios(results)
+    return {"file": str(trace), "what": what, "trace_bytes": size, "results": results, "ratios": ratios,
+            **({"xprof_error": xprof_error} if xprof_error else {})}
+
+
+def _ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """tracelake's full ingest against XProf's fastest tool (and fastest whole-trace tool) and the whole decode."""
+    ours = results["tracelake ingest"]
+    ratios: dict[str, Any] = {}
+    if "error" in ours:
+        return ratios
+    xprof = {name[len("xprof "):]: fig for name, fig in results.items()
+             if name.startswith("xprof ") and "error" not in fig}
+    for key, pool in (("xprof_fastest", xprof),
+                      ("xprof_fastest_whole", {t: f for t, f in xprof.items() if t not in XPROF_PARTIAL})):
+        if not pool:
+            continue
+        tool = min(pool, key=lambda t: pool[t]["seconds"])
+        fig = pool[tool]
+        ratios[key] = {"tool": tool, "seconds": fig["seconds"], "peak_rss_bytes": fig["peak_rss_bytes"],
+                       "time_ratio": ours["seconds"] / fig["seconds"],
+                       "cpu_ratio": ours["cpu_seconds"] / fig["cpu_seconds"],
+                       "rss_ratio": ours["peak_rss_bytes"] / fig["peak_rss_bytes"]}
+        print(f"tracelake's full ingest vs XProf's fastest{' whole-trace' if key.endswith('whole') else ''} tool "
+              f"({tool}): {ratios[key]['time_ratio']:.2f}x its time ({ratios[key]['cpu_ratio']:.2f}x its CPU time), "
+              f"{ratios[key]['rss_ratio']:.2f}x its peak RSS")
+    whole = results["whole-message decode"]
     if "error" not in whole:
-        for prefix, fig in (("", ours), ("parse_", parse)):
-            if "error" not in fig:
-                ratios[f"{prefix}time_vs_whole_decode"] = fig["seconds"] / whole["seconds"]
-                ratios[f"{prefix}rss_vs_whole_decode"] = fig["peak_rss_bytes"] / whole["peak_rss_bytes"]
-    if len(ratios) == 4:
-        print(f"\ntracelake's full ingest takes {ratios['time_vs_whole_decode']:.1f}x the time of only decoding the "
-              f"file whole, with {ratios['rss_vs_whole_decode']:.2f}x its peak memory; parsing alone "
-              f"{ratios['parse_time_vs_whole_decode']:.1f}x the time, {ratios['parse_rss_vs_whole_decode']:.2f}x the "
-              "memory")
-    return {"device": device, "trace_bytes": size, "steps": STEPS, "ops_per_step": small_ops + FIXED_OPS[device],
-            "results": results, "ratios": ratios}
+        ratios["time_vs_whole_decode"] = ours["seconds"] / whole["seconds"]
+        ratios["rss_vs_whole_decode"] = ours["peak_rss_bytes"] / whole["peak_rss_bytes"]
+    return ratios
 
 
-def _run(code: str, inputs: list[Path], workdir: Path, timeout: float) -> dict[str, Any]:
+def _run(python: str, code: str, inputs: list[Path | str], workdir: Path, timeout: float) -> dict[str, Any]:
     """One child's figures with its peak RSS, or ``{"error": ...}`` if it failed (the others still run)."""
     try:
-        out, rss = run_child(sys.executable, code, inputs, workdir, timeout)
-    except RuntimeError as exc:
-        print(f"child failed, continuing: {exc}", flush=True)
+        out, rss = run_child(python, code, [Path(i) for i in inputs], workdir, timeout)
+    except (RuntimeError, OSError) as exc:
+        print(f"child failed, continuing: {str(exc).strip().splitlines()[-1][:300]}", flush=True)
         return {"error": str(exc)}
     return {**out, "peak_rss_bytes": rss}
+
+
+def summary(figures: list[dict[str, Any]]) -> None:
+    """One line per file: tracelake's full ingest beside XProf's fastest tool and fastest whole-trace tool."""
+    print(f"\n{'file':<34} {'MB':>6} | {'tracelake s':>11} {'RSS MB':>7} | "
+          f"{'XProf fastest':<22} {'s':>6} {'RSS MB':>7} {'time x':>6} {'RSS x':>6} | "
+          f"{'fastest whole-trace':<22} {'s':>6} {'RSS MB':>7} {'time x':>6} {'CPU x':>6} {'RSS x':>6}")
+    for fig in figures:
+        ours = fig["results"]["tracelake ingest"]
+        name = Path(fig["file"]).name if not fig["what"].startswith("generated") else fig["what"].split(",")[0]
+        line = f"{name[:34]:<34} {fig['trace_bytes'] / MB:>6.1f} | "
+        line += (f"{ours['seconds']:>11.2f} {ours['peak_rss_bytes'] / MB:>7,.0f} | " if "error" not in ours
+                 else f"{'failed':>11} {'':>7} | ")
+        for key in ("xprof_fastest", "xprof_fastest_whole"):
+            r = fig["ratios"].get(key)
+            cpu = f" {r['cpu_ratio']:>6.2f}" if r and key == "xprof_fastest_whole" else ""
+            line += (f"{r['tool']:<22} {r['seconds']:>6.2f} {r['peak_rss_bytes'] / MB:>7,.0f} "
+                     f"{r['time_ratio']:>6.2f}{cpu} {r['rss_ratio']:>6.2f}" if r else f"{'(no XProf figure)':<51}")
+            line += " | " if key == "xprof_fastest" else ""
+        print(line)
+    print("(time x, CPU x, RSS x: tracelake's full ingest over the XProf tool's seconds, CPU seconds and peak RSS; "
+          "below 1: tracelake less)")
+
+
+def _xplanes(paths: list[Path]) -> list[Path]:
+    """``--xplane`` arguments as files: a folder stands for the ``*.xplane.pb`` in it."""
+    found: list[Path] = []
+    for path in paths:
+        found.extend(sorted(path.glob("*.xplane.pb")) if path.is_dir() else [path])
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mb", default="200",
-                        help="size of the generated .xplane.pb; several, comma-separated, run in turn (default 200)")
-    parser.add_argument("--device", choices=sorted(DEVICES), default="tpu",
-                        help="profile layout: TPU (XLA Ops lines) or GPU (Stream lines, per-event stats); default tpu")
+                        help="size of the generated .xplane.pb; several, comma-separated, run in turn (default 200; "
+                        "0: none, only --xplane files)")
+    parser.add_argument("--device", default="tpu",
+                        help="generated profile layout(s), comma-separated: tpu (XLA Ops lines), gpu (Stream lines, "
+                        "per-event stats); default tpu")
+    parser.add_argument("--xplane", type=Path, action="append", default=[],
+                        help="also measure this .xplane.pb (a folder: each *.xplane.pb in it); repeatable")
+    parser.add_argument("--skip-xprof", action="store_true", help="measure tracelake and the decode anchor only")
+    parser.add_argument("--xprof-tools", default="default",
+                        help="XProf tools to time: default (all it offers but the trace viewer), all, or a "
+                        "comma-separated list")
+    parser.add_argument("--runs", type=int, default=1, help="runs of tracelake's ingest and each XProf tool; the "
+                        "fastest is kept (default 1)")
     parser.add_argument("--workdir", type=Path, help="where the trace and warehouse go (default: a temp dir)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per child run (default 3600)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
@@ -170,23 +377,36 @@ def main(argv: list[str] | None = None) -> int:
         sizes = [float(s) for s in str(args.size_mb).split(",") if s.strip()]
     except ValueError:
         parser.error(f"--size-mb: not a number or a comma-separated list of numbers: {args.size_mb!r}")
-    if not sizes or min(sizes) <= 0:
-        parser.error("--size-mb: sizes must be positive")
+    if min(sizes, default=0) < 0:
+        parser.error("--size-mb: sizes must be positive (or 0: none)")
+    sizes = [s for s in sizes if s > 0]
+    devices = [d.strip() for d in args.device.split(",") if d.strip()]
+    if not devices or set(devices) - set(DEVICES):
+        parser.error(f"--device: {args.device!r}: each one of {', '.join(DEVICES)}")
+    xplanes = _xplanes(args.xplane)
+    missing = [str(p) for p in xplanes if not p.is_file()]
+    if missing:
+        parser.error(f"--xplane: no such file: {', '.join(missing)}")
+    if not sizes and not xplanes:
+        parser.error("nothing to measure: --size-mb 0 and no --xplane")
+    if args.runs < 1:
+        parser.error("--runs: at least 1")
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tracelake-bench-xla-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    figures = {f"{size:g}": measure(size, workdir, args.timeout, args.device) for size in sizes}
-    if len(sizes) > 1:
-        print("\npeak RSS by size (MB):")
-        for name in ("tracelake ingest", "tracelake parse only", "whole-message decode"):
-            print(f"  {name:<22} " + "  ".join(
-                f"{fig['trace_bytes'] / MB:,.0f} MB file: "
-                + (f"{fig['results'][name]['peak_rss_bytes'] / MB:,.0f}" if "error" not in fig["results"][name]
-                   else "failed")
-                for fig in figures.values()))
+    figures: list[dict[str, Any]] = []
+    for device in devices:
+        for size in sizes:
+            trace, what = generate(size, workdir, device, args.timeout)
+            try:
+                figures.append({"device": device, "size_mb": size, **measure(trace, what, workdir, args)})
+            finally:
+                trace.unlink(missing_ok=True)
+    for trace in xplanes:
+        figures.append(measure(trace, "given", workdir, args))
+    summary(figures)
     if args.json:
-        args.json.write_text(json.dumps(figures if len(sizes) > 1 else next(iter(figures.values())), indent=2,
-                                        default=str))
+        args.json.write_text(json.dumps(figures, indent=2, default=str))
     return 0
 
 

@@ -41,7 +41,7 @@ from .tables import BackgroundWriter, TableWriter, fit_int
 from .xla_gpu import MAX_NS, STREAM_LINE, StreamRows, event_stats, steps_array
 from .xla_host import HostLines
 from .xla_memory import MemoryRows
-from .xla_rows import as_float, as_int, as_str, as_uint
+from .xla_rows import as_float, as_int, as_str, as_uint, writer_options
 from .xspace import EventBatch, Plane, Space
 
 FORMAT = "xla"
@@ -432,7 +432,8 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
         parser.host_position = _host_position(source)
         parser.survey()
         parser.read_device_steps()
-        with BackgroundWriter(TableWriter(staging, "device_ops", trace_id=options.trace_id)) as device_ops:
+        with BackgroundWriter(TableWriter(staging, "device_ops", trace_id=options.trace_id,
+                                          **writer_options("device_ops"))) as device_ops:
             parser.read_hosts(device_ops)
             parser.read_devices(device_ops)
         if not device_ops.rows and not parser.device_planes:

@@ -36,7 +36,8 @@ from . import xla_ops
 from .xla_memory import MemoryRows
 from .tables import BackgroundWriter, ColumnValues, TableWriter, arrow_table, fit_int
 from .xla_gpu import GpuStreams, event_stats, steps_array
-from .xla_rows import DEVICE_COLUMNS, HOST_COLUMNS, Columns, as_float, as_int, as_str, as_uint, stat_ints
+from .xla_rows import (DEVICE_COLUMNS, HOST_COLUMNS, Columns, as_float, as_int, as_str, as_uint, stat_ints,
+                       writer_options)
 from .xspace import EventBatch, Plane, Space
 
 #: Host rows held before a part is written to the scratch file.
@@ -68,7 +69,8 @@ class HostLines(GpuStreams):
         scratch = self.staging / _HOST_SCRATCH
         scratch.mkdir(exist_ok=True)
         try:
-            with TableWriter(scratch, "host_ops", trace_id=self.options.trace_id) as unstepped:
+            with TableWriter(scratch, "host_ops", trace_id=self.options.trace_id,
+                             **writer_options("host_ops")) as unstepped:
                 for plane in self.host_planes:
                     pid = plane.stats().get("process_id")
                     still_open: Stack = []
@@ -100,7 +102,8 @@ class HostLines(GpuStreams):
 
     def _write_host_steps(self, unstepped: Path) -> None:
         """Copy the host rows of ``unstepped`` into ``host_ops``, a row group at a time, each with its step."""
-        with TableWriter(self.staging, "host_ops", trace_id=self.options.trace_id) as out:
+        with TableWriter(self.staging, "host_ops", trace_id=self.options.trace_id,
+                         **writer_options("host_ops")) as out:
             source = pq.ParquetFile(unstepped)
             for group in range(source.num_row_groups):
                 part = source.read_row_group(group, columns=list(HOST_COLUMNS))

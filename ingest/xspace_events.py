@@ -35,8 +35,11 @@ _EMPTY = np.empty(0, dtype=np.int64)
 _HIGH_BITS = np.uint64(0x8080808080808080)
 _LOW_BITS = np.uint64(0x7F7F7F7F7F7F7F7F)
 _ONE = np.uint64(1)
-#: The eight 7-bit groups of a little-endian word of varint bytes, by how far each moves down.
-_GROUPS = [(np.uint64(k), np.uint64(0x7F << (7 * k))) for k in range(1, 8)]
+#: Joining the eight 7-bit groups of a little-endian word of varint bytes in three rounds, each joining pairs
+#: of neighbours: (mask of the upper member of each pair, how far it moves down, mask of the lower member).
+_JOINS = [(np.uint64(0x7F007F007F007F00), np.uint64(1), np.uint64(0x007F007F007F007F)),
+          (np.uint64(0x3FFF00003FFF0000), np.uint64(2), np.uint64(0x00003FFF00003FFF)),
+          (np.uint64(0x0FFFFFFF00000000), np.uint64(4), np.uint64(0x000000000FFFFFFF))]
 
 
 def padded(data: np.ndarray) -> np.ndarray:
@@ -74,17 +77,24 @@ def varints(
     first = data[pos]
     if not (first & 0x80).any():  # all one byte: tags, small ids and lengths
         return first.astype(np.uint64), pos + 1, ok
-    words = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))[pos]
-    ends = ~words & _HIGH_BITS
-    lowest = ends & (~ends + _ONE)  # the high bit of the first byte that ends the varint (0: longer than 8)
-    mask = (lowest << _ONE) - _ONE  # its bytes and the ones before it (all 8 when it is the 8th)
-    mask[lowest == 0] = 0
-    word = words & mask & _LOW_BITS
-    values = word & np.uint64(0x7F)
-    for shift, group in _GROUPS:
-        values |= (word >> shift) & group
-    after = pos + (np.bitwise_count(mask) >> 3).astype(np.int64)
-    long = np.flatnonzero((lowest == 0) & ok)
+    # In place where it can be: this runs on every field of every event.
+    values = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))[pos]
+    ends = np.invert(values)
+    ends &= _HIGH_BITS  # the high bits of the bytes that may end the varint (none: longer than 8)
+    mask = ends - _ONE
+    mask ^= ends  # the first of them and the bits below it: the varint's bytes (all 8 when it is the 8th)
+    long = np.flatnonzero(ends == 0)
+    if long.size:
+        mask[long] = 0
+        long = long[ok[long]]
+    values &= mask
+    values &= _LOW_BITS
+    for upper, shift, lower in _JOINS:
+        high = values & upper
+        high >>= shift
+        values &= lower
+        values |= high
+    after = pos + (np.bitwise_count(mask) >> 3)
     if long.size:
         values[long], after[long], ok[long] = _long_varints(data, pos[long], lim[long], strict)
     short = after > lim
@@ -245,12 +255,7 @@ def scan_fields(
             # The usual round: one-byte tags of varint fields only (an XEvent without stats).
             number = tag_byte >> 3
             var_values, after, _ = varints(data, tag_at + 1, lim)
-            for f in varint_fields:
-                sel = np.flatnonzero(number == f)
-                if sel.size:
-                    who = active[sel]
-                    out.values[f][who] = var_values[sel]
-                    out.written_at[f][who] = tag_at[sel] + 1
+            _store(out, varint_fields, number, active, n, var_values, tag_at + 1)
             pos[active] = after
             active = active[after < lim]
             continue
@@ -276,13 +281,7 @@ def scan_fields(
         past = after > lim
         if past.any():
             raise WireError("a field runs past the end of its event (file cut short?)", int(tag_at[np.argmax(past)]))
-        var_numbers = number[is_var]
-        for f in varint_fields:
-            sel = np.flatnonzero(var_numbers == f)
-            if sel.size:
-                who = active[is_var[sel]]
-                out.values[f][who] = var_values[sel]
-                out.written_at[f][who] = at[is_var[sel]]
+        _store(out, varint_fields, number[is_var], active[is_var], n, var_values, at[is_var])
         if fixed64_fields:
             is_64 = np.flatnonzero(wire == I64)
             for f in fixed64_fields:
@@ -306,6 +305,32 @@ def scan_fields(
         order = np.argsort(start, kind="stable")  # file order: by message, then within it
         out.ranges[f] = (who[order], start[order], end[order])
     return out
+
+
+def _store(
+    out: Scanned, wanted: tuple[int, ...], number: np.ndarray, who: np.ndarray, n: int, values: np.ndarray,
+    at: np.ndarray,
+) -> None:
+    """Keep the varint ``values`` (written at ``at``) of the fields ``number`` of the messages ``who`` that are
+    ``wanted``. A round usually reads the same field of every message: then with no per-field selection, and
+    no scatter if it reads every one of the ``n`` messages."""
+    if not len(who):
+        return
+    if number.min() == number.max():  # one field in every message of the round
+        f = int(number[0])
+        if f in wanted:
+            if len(who) == n:  # each message once, in order
+                out.values[f][:] = values
+                out.written_at[f][:] = at
+            else:
+                out.values[f][who] = values
+                out.written_at[f][who] = at
+        return
+    for f in wanted:
+        sel = np.flatnonzero(number == f)
+        if sel.size:
+            out.values[f][who[sel]] = values[sel]
+            out.written_at[f][who[sel]] = at[sel]
 
 
 @dataclass
@@ -384,19 +409,25 @@ def stat_fields(data: np.ndarray, event: np.ndarray, starts: np.ndarray, ends: n
         fixed64_fields=(STAT_DOUBLE,), len_fields=(STAT_STR, STAT_BYTES),
     )
     kinds = (STAT_DOUBLE, STAT_UINT64, STAT_INT64, STAT_STR, STAT_BYTES, STAT_REF)
-    written = np.full((len(kinds), n), -1, dtype=np.int64)
     value_start = np.zeros(n, dtype=np.int64)
     value_end = np.zeros(n, dtype=np.int64)
-    for row, number in enumerate(kinds):
+    kind = np.full(n, STAT_NONE, dtype=np.int64)
+    latest = np.full(n, -1, dtype=np.int64)  # where the value kept so far was written (-1: none)
+    for number in kinds:  # a tie (none written) keeps the earlier kind
         if number in (STAT_STR, STAT_BYTES):
             who, start, end = scanned.ranges[number]
             if len(who):
                 last = np.r_[who[1:] != who[:-1], True]  # ranges are in file order: the last one per stat
-                written[row, who[last]] = start[last]
+                who, start = who[last], start[last]
+                later = start > latest[who]
+                latest[who[later]] = start[later]
+                kind[who[later]] = number
         else:
-            written[row] = scanned.written_at[number]
-    latest = np.argmax(written, axis=0)
-    kind = np.where(written.max(axis=0, initial=-1) >= 0, np.array(kinds, dtype=np.int64)[latest], STAT_NONE)
+            at = scanned.written_at[number]
+            later = np.flatnonzero(at > latest)
+            if later.size:
+                latest[later] = at[later]
+                kind[later] = number
     value = np.zeros(n, dtype=np.uint64)
     for k in (STAT_DOUBLE, STAT_UINT64, STAT_INT64, STAT_REF):
         sel = kind == k

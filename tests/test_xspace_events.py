@@ -182,3 +182,55 @@ def test_damaged_events_name_the_file_and_byte(
                 batch.fields()
     assert caught.value.source == "random.xplane.pb"
     assert reason in str(caught.value) and caught.value.where == f"byte {at}", str(caught.value)
+
+
+def test_rounds_of_one_field_in_all_or_some_events_match_protobuf(tmp_path: Path) -> None:
+    """Events with the same fields in the same order (each round reads one field of every event, or of those
+    not done yet) decode as protobuf decodes them, with a varint of every length in each field."""
+    rng = random.Random(7)
+    events = []
+    for i in range(300):
+        numbers = (1, 2, 3) if i % 3 else (1, 2)  # a third stop one field early: the last round reads the others
+        events.append(b"".join(varint(n << 3) + varint(_random_value(rng)) for n in numbers))
+    line = len_field(2, b"XLA Ops") + b"".join(len_field(4, event) for event in events)
+    assert _assert_batches_match_protobuf(_space_with_line(tmp_path, line)) == 300
+
+
+def test_stat_values_written_twice_keep_the_last_as_protobuf_does() -> None:
+    """An ``XStat`` holding several members of its value oneof: the one written last wins, whatever its kind."""
+    from tracelake.ingest import xspace_events
+    from tracelake.ingest.xplane_proto import XStat
+
+    members = {
+        2: lambda v: varint(2 << 3 | 1) + struct.pack("<d", v / 7),
+        3: lambda v: varint(3 << 3) + varint(v),
+        4: lambda v: varint(4 << 3) + varint(-v),
+        5: lambda v: len_field(5, b"s%d" % v),
+        6: lambda v: len_field(6, b"\x22b%d" % v),
+        7: lambda v: varint(7 << 3) + varint(v),
+    }
+    rng = random.Random(11)
+    stats = [varint(1 << 3) + varint(9)]  # no value at all
+    for _ in range(400):
+        chosen = [rng.choice(list(members)) for _ in range(rng.randrange(1, 4))]
+        stats.append(varint(1 << 3) + varint(rng.randrange(1, 50))
+                     + b"".join(members[k](rng.randrange(1, 1 << 40)) for k in chosen))
+    data = b"".join(stats)
+    buf = xspace_events.padded(np.frombuffer(data, dtype=np.uint8))
+    ends = np.cumsum([len(s) for s in stats])
+    starts = ends - [len(s) for s in stats]
+    got = xspace_events.stat_fields(buf, np.arange(len(stats)), starts, ends)
+    fields = {"double_value": 2, "uint64_value": 3, "int64_value": 4, "str_value": 5, "bytes_value": 6,
+              "ref_value": 7}
+    for i, raw in enumerate(stats):
+        stat = XStat.FromString(raw)
+        which = stat.WhichOneof("value")
+        assert got.kind[i] == (fields[which] if which else xspace_events.STAT_NONE), i
+        assert got.metadata_id[i] == stat.metadata_id
+        if which in ("str_value", "bytes_value"):
+            value = getattr(stat, which)
+            assert data[got.start[i]:got.end[i]] == (value.encode() if isinstance(value, str) else value)
+        elif which == "double_value":
+            assert got.value[i:i + 1].view(np.float64)[0] == stat.double_value
+        elif which is not None:
+            assert int(got.value[i]) == getattr(stat, which) % (1 << 64)
