@@ -58,9 +58,11 @@ def content_id(path: Path, name: str | None = None) -> str:
     return digest.hexdigest()[:ID_DIGITS]
 
 
-def parse_into(path: Path, staging: Path, options: ParseOptions) -> tuple[Format, TraceInfo]:
-    """Detect the format of ``path`` and parse it into ``<table>.parquet`` files in ``staging``."""
-    fmt = detect(path, options.source_name)
+def parse_into(path: Path, staging: Path, options: ParseOptions,
+               fmt: Format | None = None) -> tuple[Format, TraceInfo]:
+    """Detect the format of ``path`` (unless the caller did: ``fmt``) and parse it into ``<table>.parquet`` files
+    in ``staging``."""
+    fmt = fmt or detect(path, options.source_name)
     info = fmt.parse(path, staging, options)
     for name in schema.PARSED_TABLES:  # a format fills the tables it has; the others are empty
         target = staging / f"{name}.parquet"

@@ -109,8 +109,7 @@ def _nesting_native(con: duckdb.DuckDBPyConnection, out: Path) -> None:
     """
     steps = con.sql("SELECT step, ts_ns, dur_ns FROM steps ORDER BY ts_ns, step").to_arrow_table()
     nesting = kineto_scan.HostNesting(steps)
-    memory = sorted(out.parent.glob("memory-*.parquet"))
-    if not memory:
+    if not any(out.parent.glob("memory-*.parquet")):
         reader = con.sql("""
             SELECT event_id, pid, tid, ts_ns, dur_ns, correlation FROM host_n
             ORDER BY pid, tid, ts_ns, dur_ns DESC, event_id
@@ -119,8 +118,8 @@ def _nesting_native(con: duckdb.DuckDBPyConnection, out: Path) -> None:
             for batch in reader:
                 writer.write_batch(nesting.add(batch))
     else:
-        host_parts = sorted(out.parent.glob("host-*.parquet"))
-        kind = "CASE WHEN lower(cat) = 'cpu_op' THEN 1 ELSE 0 END" if host_parts else "0"
+        host_parts = any(out.parent.glob("host-*.parquet"))
+        kind = f"CASE WHEN {_IS_CPU_OP.format(table='')} THEN 1 ELSE 0 END" if host_parts else "0"
         source = f"read_parquet({sql_literal(str(out.parent / 'host-*.parquet'))})" if host_parts else "host_n"
         reader = con.sql(f"""
             SELECT event_id, pid, tid, ts_ns, dur_ns, correlation, CAST({kind} AS UTINYINT) AS kind
@@ -140,6 +139,10 @@ def _nesting_native(con: duckdb.DuckDBPyConnection, out: Path) -> None:
                 writer.write_batch(host)
                 ids.write_batch(instants.cast(ids_schema))
     con.execute(f"CREATE VIEW host_d AS SELECT * FROM read_parquet({sql_literal(str(out))})")
+
+
+#: Which host events may hold a memory instant (its ``op``): the same rule for the native sweep and the fallback.
+_IS_CPU_OP = "lower({table}cat) = 'cpu_op'"
 
 
 def _writer(out: Path, schema: pa.Schema) -> pq.ParquetWriter:
@@ -323,7 +326,7 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
     con.execute(f"CREATE VIEW mem_n AS SELECT * FROM read_parquet({memory})")
     cpu_ops = (f"""SELECT h.event_id, h.pid, h.tid, h.ts_ns, h.dur_ns, h.name FROM read_parquet({host}) h
                    SEMI JOIN (SELECT DISTINCT pid, tid FROM mem_n) t ON h.pid = t.pid AND h.tid = t.tid
-                   WHERE lower(h.cat) = 'cpu_op'""" if any(parts.glob("host-*.parquet")) else
+                   WHERE {_IS_CPU_OP.format(table='h.')}""" if any(parts.glob("host-*.parquet")) else
                "SELECT NULL::BIGINT AS event_id, NULL::BIGINT AS pid, NULL::BIGINT AS tid, NULL::BIGINT AS ts_ns, "
                "NULL::BIGINT AS dur_ns, NULL::VARCHAR AS name LIMIT 0")
     op_ids = parts / "mem_op_ids.parquet"

@@ -7,7 +7,6 @@ import gzip
 from pathlib import Path
 
 import polars as pl
-import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -18,7 +17,7 @@ from tracelake.ingest.nccl_log_coll import coll_rows
 from tracelake.sample_traces import generate_nccl
 from tracelake.warehouse.settings import Settings
 
-from test_nccl_log_stream import TABLES, _mixed_log
+from test_nccl_log_stream import TABLES, _mixed_log, frames_of
 
 SAMPLE = Path(generate_nccl.__file__).parent / "nccl" / "debug_log" / "train-4ranks.log"
 native = pytest.mark.skipif(not nccl_log_scan.AVAILABLE, reason="the native NCCL log scanner is not built")
@@ -31,12 +30,7 @@ def _tables(path: Path, staging: Path, engine: str,
     staging.mkdir()
     options = ParseOptions(source_name=path.name, trace_id="0123456789abcdef0123", threads=2, nccl_log_engine=engine)
     info = nccl_log.parse(path, staging, options, **kwargs)
-    frames = {}
-    for table in TABLES:
-        frame = pl.from_arrow(pq.read_table(staging / f"{table}.parquet"))
-        assert isinstance(frame, pl.DataFrame)
-        frames[table] = frame
-    return info, frames
+    return info, frames_of(staging)
 
 
 def _same_found(native_found: nccl_log._Found, polars_found: nccl_log._Found) -> None:

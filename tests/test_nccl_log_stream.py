@@ -54,12 +54,17 @@ def _parse(path: Path, staging: Path, **kwargs: int) -> tuple[TraceInfo, dict[st
     options = ParseOptions(source_name=path.name, trace_id="0123456789abcdef0123", threads=threads)
     info = nccl_log.parse(path, staging, options, **kwargs)
     assert sorted(p.name for p in staging.iterdir()) == sorted(f"{t}.parquet" for t in TABLES)  # no parts left
+    return info, frames_of(staging)
+
+
+def frames_of(staging: Path) -> dict[str, pl.DataFrame]:
+    """The parsed tables in ``staging``, as polars frames."""
     frames = {}
     for table in TABLES:
         frame = pl.from_arrow(pq.read_table(staging / f"{table}.parquet"))
         assert isinstance(frame, pl.DataFrame)
         frames[table] = frame
-    return info, frames
+    return frames
 
 
 @pytest.fixture

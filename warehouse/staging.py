@@ -30,6 +30,7 @@ from tracelake.analysis import peaks
 from tracelake.contracts import schema
 from tracelake.contracts.errors import NotFound, TraceFormatError, TracelakeError, WarehouseError
 from tracelake.contracts.status import IngestStatus
+from tracelake.ingest.detect import Format
 from tracelake.ingest.model import ByteCallback, TraceInfo
 
 from .derived import INPUTS, write_derived
@@ -108,7 +109,9 @@ def _stage(
     if not path.is_file():
         raise NotFound(f"{path}: no such file")
     result.source_bytes = path.stat().st_size
-    hashing = _LateId(store, path, source_name) if not known_id and _takes_late_id(path, source_name) else None
+    detected = _format(path, source_name)
+    late = detected is not None and detected.late_id and not known_id
+    hashing = _LateId(store, path, source_name) if late else None
     if hashing is None:
         trace_id = known_id or ingest.content_id(path, source_name)
         existing = store.registered_job(trace_id)
@@ -132,7 +135,7 @@ def _stage(
             pending_trace_id=hashing.trace_id if hashing else None,
         )
         try:
-            fmt, info = ingest.parse_into(path, staging, options)
+            fmt, info = ingest.parse_into(path, staging, options, detected)
             if hashing:
                 trace_id = hashing.trace_id()
         except _Duplicate as dup:
@@ -168,12 +171,12 @@ def _stage(
     return staging
 
 
-def _takes_late_id(path: Path, source_name: str) -> bool:
-    """Whether the file's format takes its trace id at the end of its parse (an unreadable file: no)."""
+def _format(path: Path, source_name: str) -> Format | None:
+    """The file's format, detected once for the hashing and the parse (an unreadable file: None)."""
     try:
-        return ingest.detect(path, source_name).late_id
+        return ingest.detect(path, source_name)
     except TracelakeError:
-        return False  # hashing first says what is wrong with the file, as before
+        return None  # hashing first says what is wrong with the file, and the parse detects again, as before
 
 
 def _duplicate(result: IngestResult, trace_id: str, job: str, on_bytes: ByteCallback | None) -> None:
