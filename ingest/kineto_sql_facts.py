@@ -303,9 +303,12 @@ def counters(con: duckdb.DuckDBPyConnection, counter_batches: list[Path]) -> Non
 #: at the default 200 MB, a trace of 620K memory instants (and 1.2M counter rows) fails with 500K instants a
 #: range and passes with 200K; 2000 makes ranges of 100K.
 MEMORY_JOIN_BYTES_PER_ROW = 2000
+#: The same for the native path, whose host events stay in the parts: one join and sort of the instants of a 1 GB
+#: trace (414K) went within the 200 MB limit at a peak lower than the ingest's; 400 joins 500K at once.
+NATIVE_MEMORY_JOIN_BYTES_PER_ROW = 400
 
 
-def memory_events(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
+def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) -> None:
     """``mem_d``: the memory instants of the parts, each with its device type's name, its ``op`` and its step.
 
     The ``op`` is the innermost ``cpu_op`` on the instant's thread running at its time (start <= t < end, or t
@@ -315,7 +318,9 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
 
     Each stage goes to a file in ``parts/`` (as :func:`device_steps` does), not to a table in DuckDB's
     memory; the op lookup holds the ``cpu_op`` events of the allocating threads (times, ids and names: about
-    100 bytes each) while it runs. Nothing is made when the trace has no memory instants.
+    100 bytes each) while it runs. ``mem_d`` is a view joining them where one join fits DuckDB's memory limit
+    (the final table's statement then joins and sorts at once), else files joined range by range. Nothing is
+    made when the trace has no memory instants.
     """
     if not any(parts.glob("memory-*.parquet")):
         return
@@ -357,21 +362,25 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
             FROM (SELECT event_id, ts_ns FROM mem_n) m ASOF JOIN step_spans s ON m.ts_ns >= s.ts_ns
         ) TO {steps_file} (FORMAT parquet, COMPRESSION lz4)
     """)
-    # Joined by ranges of event ids where one join would not fit DuckDB's memory limit (as the final tables are).
-    rows = max(kineto_sql_tables.memory_limit(con) // MEMORY_JOIN_BYTES_PER_ROW, 1)
-    for n, (first, stop) in enumerate(kineto_sql_tables.id_ranges(con, "mem_n", rows)):
+    # A view where one join fits DuckDB's memory limit: the final table's statement joins and sorts at once
+    # (kineto_sql_tables.write_tables). Else joined by ranges of event ids into files, as the final tables are.
+    per_row = MEMORY_JOIN_BYTES_PER_ROW if not native else NATIVE_MEMORY_JOIN_BYTES_PER_ROW
+    ranges = kineto_sql_tables.id_ranges(con, "mem_n", max(kineto_sql_tables.memory_limit(con) // per_row, 1))
+    joined = f"""
+        SELECT m.event_id, m.pid, m.tid, m.device, CASE m.device_type {types} END AS device_type, m.ts_ns,
+               m.kind, m.addr, m.bytes, m.total_allocated, m.total_reserved, o.op, s.step
+        FROM {{memory}} m LEFT JOIN {{ops}} o USING (event_id) LEFT JOIN {{steps}} s ON s.event_id = m.event_id
+    """
+    if len(ranges) <= 1:
+        con.execute("CREATE VIEW mem_d AS " + joined.format(
+            memory=f"read_parquet({memory})", ops=f"read_parquet({ops_file})", steps=f"read_parquet({steps_file})"))
+        return
+    for n, (first, stop) in enumerate(ranges):
         def within(file: str, first: int = first, stop: int = stop) -> str:
             return f"(SELECT * FROM read_parquet({file}) WHERE event_id >= {first} AND event_id < {stop})"
         out = sql_literal(str(parts / f"memory_d-{n:06d}.parquet"))
-        con.execute(f"""
-            COPY (
-                SELECT m.event_id, m.pid, m.tid, m.device, CASE m.device_type {types} END AS device_type, m.ts_ns,
-                       m.kind, m.addr, m.bytes, m.total_allocated, m.total_reserved, o.op, s.step
-                FROM {within(memory)} m
-                LEFT JOIN {within(ops_file)} o USING (event_id)
-                LEFT JOIN {within(steps_file)} s ON s.event_id = m.event_id
-            ) TO {out} (FORMAT parquet, COMPRESSION lz4)
-        """)
+        con.execute(f"COPY ({joined.format(memory=within(memory), ops=within(ops_file), steps=within(steps_file))}) "
+                    f"TO {out} (FORMAT parquet, COMPRESSION lz4)")
     con.execute(f"CREATE VIEW mem_d AS SELECT * FROM read_parquet({sql_literal(str(parts / 'memory_d-*.parquet'))})")
 
 

@@ -31,9 +31,10 @@ _ORDER = {
 #: of core at a third of the speed. Larger tables are joined by ranges of event ids, into
 #: one file: at the default 200 MB, 1.25M host ops or 250K device ops a range.
 JOIN_BYTES_PER_ROW = {"host_ops": 160, "device_ops": 800}
-#: Rows per row group of a table joined by ranges (DuckDB's own writer's size): each is
-#: held whole, as Arrow and encoded, until written.
-_ROW_GROUP_ROWS = 122_880
+#: Rows per row group of a table joined by ranges: each is held whole, as Arrow and encoded, until
+#: written, beside the batches DuckDB prepares. A quarter of DuckDB's own writer's size (122,880) took
+#: about 70 MB off each join's peak on a 1 GB trace (long kernel names), at the same speed, for files 6% larger.
+_ROW_GROUP_ROWS = 32_768
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -94,7 +95,7 @@ def write_tables(
             c: shifted(c) if c == "ts_ns" else c for c in schema.COUNTERS.column_names if c not in common
         }),
     }
-    if any(parts.glob("memory_d-*.parquet")):  # the trace has memory instants (kineto_sql_facts.memory_events)
+    if any(parts.glob("memory-*.parquet")):  # the trace has memory instants: mem_d (kineto_sql_facts.memory_events)
         sources["memory_events"] = ("mem_d", {
             c: shifted(c) if c == "ts_ns" else c for c in schema.MEMORY_EVENTS.column_names if c not in common
         })

@@ -198,7 +198,7 @@ class Normaliser:
             kineto_sql_facts.collectives(con, self.parts)
             kernel_collectives.add(con, self.parts, pg_config, info.rank)
             kineto_sql_facts.counters(con, sorted(self.counter_batches))
-            kineto_sql_facts.memory_events(con, self.parts)
+            kineto_sql_facts.memory_events(con, self.parts, native=self.native)
             kineto_sql_facts.fill_info(con, info, base_ns)
             kineto_sql_tables.write_tables(con, self.staging, self.parts, trace_id(), info.rank, base_ns)
         except duckdb.Error as exc:

@@ -184,7 +184,8 @@ def test_memory_instants_joined_by_ranges_give_the_same_rows(tmp_path: Path, mon
     if not leak:
         pytest.skip("sample_traces/gpu_h200/leak is absent")
     whole = parse_both(leak[0], tmp_path)
-    monkeypatch.setattr(kineto_sql_facts, "MEMORY_JOIN_BYTES_PER_ROW", 20 << 20)  # 10 instants a range at 200 MB
+    for name in ("MEMORY_JOIN_BYTES_PER_ROW", "NATIVE_MEMORY_JOIN_BYTES_PER_ROW"):  # both engines' budgets
+        monkeypatch.setattr(kineto_sql_facts, name, 20 << 20)  # 10 instants a range at 200 MB
     ranged = parse_both(leak[0], tmp_path, memory_limit="200MB", threads=1)
     assert ranged["memory_events"].to_pylist() == whole["memory_events"].to_pylist()
 
