@@ -24,6 +24,7 @@ import pytest
 from support.hostile import MALFORMED, TRACE, MiB, auth, multipart, refused, still_serves, zip_bytes
 from support.server import read_answer, running_server
 from support.tokens import WRITER
+from support.uploads import uploads_left
 
 pytestmark = pytest.mark.slow  # the attack suite: a real server, slow clients, bombs
 
@@ -61,13 +62,6 @@ def _head(method: str, path: str, **headers: object) -> bytes:
     lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1", f"Authorization: Bearer {WRITER}",
              *(f"{k.replace('_', '-')}: {v}" for k, v in headers.items())]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-def _uploads_left(home: Path) -> list[Path]:
-    deadline = time.monotonic() + 5  # a refused upload's folder goes as the answer is sent
-    while (left := list((home / "uploads").iterdir())) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
 
 
 def test_slow_clients_do_not_hold_up_others_and_are_cut_off(live: tuple[str, Path], web: httpx.Client) -> None:
@@ -111,7 +105,7 @@ def test_a_stalled_upload_is_cut_off(live: tuple[str, Path], web: httpx.Client) 
         assert status == 408 and b"TRACELAKE_UPLOAD_IDLE_TIMEOUT_SECONDS" in answer, answer
         assert IDLE_TIMEOUT - 0.5 < time.monotonic() - started < IDLE_TIMEOUT + 5
         s.close()
-    assert _uploads_left(home) == []
+    assert uploads_left(home) == []
     still_serves(web)
 
 
@@ -151,7 +145,7 @@ def test_an_oversized_upload_is_refused_before_its_body_is_read(live: tuple[str,
     refused(web.put("/api/v1/traces/endless.json", content=endless()), 413, "TRACELAKE_MAX_")
     files = [("file", ("big.json", bytes(3 * MiB)))]
     refused(web.post("/api/v1/traces", files=files), 413, "big.json", "TRACELAKE_MAX_FILE_BYTES")
-    assert _uploads_left(home) == []
+    assert uploads_left(home) == []
     still_serves(web)
 
 
@@ -163,7 +157,7 @@ def test_malformed_multipart_over_the_wire(live: tuple[str, Path], web: httpx.Cl
         status, answer = read_answer(s)
         s.close()
         assert status == 400 and b'"error"' in answer, (case, status, answer)
-    assert _uploads_left(home) == []
+    assert uploads_left(home) == []
     still_serves(web)
 
 
@@ -198,7 +192,7 @@ def test_a_zip_bomb_end_to_end(live: tuple[str, Path], web: httpx.Client) -> Non
     for answer in answers:
         refused(answer, 413, "bomb.zip", "TRACELAKE_MAX_EXPANSION_RATIO")
     assert server.memory_info().rss - before < 200 * MiB
-    assert _uploads_left(home) == []
+    assert uploads_left(home) == []
     unauthorised = httpx.post(f"{url}/api/v1/traces", files=[("file", ("bomb.zip", bomb))])
     refused(unauthorised, 401, "token")
     still_serves(web)

@@ -33,6 +33,7 @@ from tracelake.api.settings import ServerSettings
 from tracelake.warehouse import InvalidArgument
 
 from support.server import read_answer, running_server
+from support.uploads import uploads_left
 
 pytestmark = pytest.mark.slow  # a real uvicorn server under a flood of connections
 
@@ -194,13 +195,6 @@ def _prompt_get(url: str, path: str, **kw: object) -> httpx.Response:
     return answer
 
 
-def _uploads_left(home: Path) -> list[Path]:
-    deadline = time.monotonic() + 5  # a refused upload's folder goes as the answer is sent
-    while (left := list((home / "uploads").iterdir())) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    return left
-
-
 class _Trickle:
     """Sends up to ``most`` spaces on ``s``, one per 0.3 s, from a thread: a body that is slow but never idle."""
 
@@ -329,7 +323,7 @@ def test_a_trickling_upload_is_cut_off_at_the_deadline(live: tuple[str, Path]) -
             while True:
                 s.sendall(b"[" * 65536)
         s.close()
-    assert _uploads_left(home) == []
+    assert uploads_left(home) == []
     assert _prompt_get(url, "/healthz").status_code == 200
 
 

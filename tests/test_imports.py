@@ -160,3 +160,27 @@ def test_a_client_importing_the_warehouse_is_caught(tmp_path: Path) -> None:
     (tmp_path / "client" / "torch" / "__init__.py").write_text("def f() -> None:\n    import tracelake.warehouse\n")
     found = violations(tmp_path)
     assert len(found) == 1 and "tracelake.torch imports tracelake.warehouse;" in found[0], found
+
+
+#: House style: a module holds one concept, and one grown past this many lines is split.
+MAX_MODULE_LINES = 500
+
+
+def long_modules(root: Path) -> list[str]:
+    """Every Python module of the package and its tests longer than :data:`MAX_MODULE_LINES`, with its length."""
+    paths = [*modules(package_dirs(root)).values(), *(root / "tests").rglob("*.py")]
+    return [f"{p.relative_to(root)}: {n} lines" for p in sorted(paths)
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+
+
+def test_modules_stay_short() -> None:
+    assert long_modules(ROOT) == []
+
+
+def test_a_long_module_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "pyproject.toml").write_text('[tool.setuptools.package-dir]\n"tracelake.pkg" = "pkg"\n')
+    (tmp_path / "pkg" / "short.py").write_text("x = 1\n" * MAX_MODULE_LINES)
+    (tmp_path / "tests" / "test_long.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert long_modules(tmp_path) == [f"tests/test_long.py: {MAX_MODULE_LINES + 1} lines"]

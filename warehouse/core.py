@@ -26,12 +26,13 @@ from tracelake.contracts.errors import InvalidArgument, NotFound, QueryError, Wa
 from tracelake.contracts.status import IngestStatus
 from tracelake.ingest.model import ByteCallback
 
-from . import catalog, critical_inputs, fleet_data, job_tables, overview, perfetto, runs, staging, trace_ids
+from . import catalog, critical_inputs, fleet_data, job_tables, overview, perfetto, runs, staging
 from .check import STALE_AFTER, CheckReport
 from .check import check as check_warehouse
 from .inputs import expand_inputs, file_size
 from .readonly import SqlEngine, local_query, query_once
 from .registry import Registry, job_summaries, select_traces
+from . import selection as selections
 from .selection import Selection
 from .executor import IngestTask, executor_for, ingest_all
 from .results import IngestProgress, IngestReport, IngestResult, QueryResult
@@ -200,7 +201,7 @@ class Warehouse:
         Raises:
             NotFound: nothing matches ``trace_id`` / ``job``.
         """
-        return self._breakdown(self._selection(trace_id, job), steps=steps)
+        return self._breakdown(selections.of(self.store, trace_id, job), steps=steps)
 
     def analyze(self, *, trace_id: str | None = None, job: str | None = None, top: int = 8,
                 speedups: Sequence[Speedup] = ()) -> Analysis:
@@ -210,7 +211,7 @@ class Warehouse:
         Raises:
             NotFound: nothing matches ``trace_id`` / ``job``.
         """
-        selection = self._selection(trace_id, job)
+        selection = selections.of(self.store, trace_id, job)
         whole_runs = trace_id is None  # a job's runs, each whole: their critical paths are stored (job_tables)
         # nccl-tests output anywhere in the selection (its own run, often) gives every run's collectives a curve
         curves = nccl_analysis.bandwidth_curves(self._stored("nccl_benchmarks", selection))
@@ -255,7 +256,7 @@ class Warehouse:
     def export_perfetto(self, job: str, out: Path, *, step: int | None = None) -> perfetto.Exported:
         """Every rank of ``job`` (or one ``step``) on one timeline, with its critical path and findings, into
         ``out`` (docs/formats.md, "Perfetto export"). Raises NotFound: no traces, or no events in ``step``."""
-        selection, analysis = self._selection(None, job), self.analyze(job=job)
+        selection, analysis = selections.of(self.store, None, job), self.analyze(job=job)
         ranks = {str(t): int(r or 0) for t, r in self._stored("traces", selection).select("trace_id", "rank").rows()}
         done = perfetto.export(self.store, selection.traces, ranks, out, step=step,
                                path=analysis.critical_path_stretches, findings=analysis.findings)
@@ -270,7 +271,7 @@ class Warehouse:
         Raises:
             NotFound: the job has no traces.
         """
-        selection = self._selection(None, job)
+        selection = selections.of(self.store, None, job)
         return job_view.compute(job, self._traces_frame(job, None, None, None), self.analyze(job=job, top=top),
                                 self._stored("breakdown", selection), self._stored("collectives", selection),
                                 self._link_peaks())
@@ -334,7 +335,7 @@ class Warehouse:
         Raises:
             NotFound: ``a`` or ``b`` is neither a trace id nor a job.
         """
-        left, right = self._resolve(a), self._resolve(b)
+        left, right = selections.resolve(self.store, a), selections.resolve(self.store, b)
         kernels_frame = diff_analysis.kernel_diff(self._stored("kernel_stats", left),
                                                   self._stored("kernel_stats", right))
         categories = diff_analysis.category_diff(
@@ -355,33 +356,6 @@ class Warehouse:
             raise QueryError(str(exc).strip()) from None
         finally:
             con.close()
-
-    def _selection(self, trace_id: str | None, job: str | None) -> Selection:
-        """The SQL filter for one trace or one job, checked to match something (on the file system)."""
-        if trace_id is not None:  # a whole id or a unique prefix (warehouse/trace_ids.py)
-            return Selection(((hit := self._trace(trace_id)),), "trace_id = ?", [hit[1]])
-        if job is not None:
-            if not (ids := self.store.job_traces(job)):
-                raise NotFound(f"no traces in job {job!r}")
-            return Selection(tuple((job, i) for i in ids), "job = ?", [job])
-        raise InvalidArgument("give a trace id or a job")
-
-    def _resolve(self, name: str) -> Selection:
-        """The selection ``name`` stands for: a trace id, else a job name, else a unique trace id prefix."""
-        if (found := self.store.registered_job(name)) is not None:
-            return Selection(((found, name),), "trace_id = ?", [name])
-        if ids := self.store.job_traces(name):
-            return Selection(tuple((name, i) for i in ids), "job = ?", [name])
-        if (hit := trace_ids.resolve(self.store, name)) is not None:
-            return Selection((hit,), "trace_id = ?", [hit[1]])
-        hint = trace_ids.not_found_hint(name)
-        raise NotFound(f"{name!r} is neither a trace id nor a job (see `tracelake traces`){hint}")
-
-    def _trace(self, text: str) -> tuple[str, str]:
-        """``(job, trace_id)`` of the trace ``text`` names (an id or a unique prefix); NotFound, AmbiguousTraceId."""
-        if (hit := trace_ids.resolve(self.store, text)) is None:
-            raise NotFound(f"no trace with id {text!r}{trace_ids.not_found_hint(text)}")
-        return hit
 
     def traces(
         self,
@@ -449,7 +423,7 @@ class Warehouse:
 
         Its registration goes first, so queries stop seeing it at once. ``trace_id`` may be a unique prefix.
         """
-        job, trace_id = self._trace(trace_id)
+        job, trace_id = selections.trace(self.store, trace_id)
         try:
             self.store.remove(job, trace_id)
         except OSError as exc:
@@ -494,7 +468,7 @@ class Warehouse:
 
     def trace(self, trace_id: str) -> dict[str, Any]:
         """One trace's registry row, by id or unique prefix (one file read: as fast with 10,000 traces as with one)."""
-        job, trace_id = self._trace(trace_id)
+        job, trace_id = selections.trace(self.store, trace_id)
         rows = self.store.read("traces", [(job, trace_id)]).to_pylist()
         if not rows:
             raise NotFound(f"no trace with id {trace_id!r}")

@@ -1,6 +1,6 @@
 """Trace ids as people type them: a whole id or a unique prefix of one, as git takes commit hashes.
 
-:meth:`Warehouse._selection` and :meth:`Warehouse._resolve` go through :func:`resolve`, so every
+:func:`.selection.of` and :func:`.selection.resolve` go through :func:`resolve`, so every
 face (``tracelake analyze TRACE``, ``diff``, ``GET /api/v1/traces/{id}``, ...) takes prefixes alike.
 A prefix must have at least :data:`MIN_PREFIX` characters; one that several traces share is refused
 with the candidates named (README, "Using it").
