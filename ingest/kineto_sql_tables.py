@@ -7,6 +7,8 @@ would not fit DuckDB's memory limit (:data:`JOIN_BYTES_PER_ROW`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -40,13 +42,36 @@ _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
 
 
 def memory_limit(con: duckdb.DuckDBPyConnection) -> int:
-    """The connection's memory limit in bytes (1 GB where DuckDB words it in a way not known here)."""
+    """The connection's memory limit in bytes (1 GB where DuckDB words it in a way not known here): what the joins
+    plan their ranges by."""
+    return _limit_bytes(con)
+
+
+def _limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
     limit = str(con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0])
     number, _, unit = limit.strip().partition(" ")
     try:
         return int(float(number) * _UNITS[unit.upper() or "B"])
     except (KeyError, ValueError):
         return 10**9
+
+
+@contextmanager
+def side_connection(con: duckdb.DuckDBPyConnection, share: float, floor: int) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A fresh in-memory DuckDB for statements over the Parquet parts, with ``share`` of ``con``'s memory limit
+    (never below ``floor`` bytes, unless ``con``'s is lower: then that) and its threads and temporary folder.
+
+    Its own database holds none of ``con``'s tables, so its limit binds its statements alone.
+    """
+    limit = _limit_bytes(con)
+    threads, temp = con.execute("SELECT current_setting('threads'), current_setting('temp_directory')").fetchall()[0]
+    side = duckdb.connect(config={"memory_limit": f"{min(limit, max(int(limit * share), floor))}B",
+                                  "threads": int(threads), "temp_directory": str(temp),
+                                  "preserve_insertion_order": False})
+    try:
+        yield side
+    finally:
+        side.close()
 
 
 def write_tables(

@@ -85,3 +85,23 @@ def test_a_join_that_fits_is_one_range() -> None:
     assert kineto_sql_tables.id_ranges(con, "facts", 100) == [(5, 105)]
     con.execute("CREATE TABLE no_facts AS FROM facts LIMIT 0")
     assert kineto_sql_tables.id_ranges(con, "no_facts", 100) == []
+
+
+def test_a_side_connection_has_its_share_of_the_limit_and_the_same_threads_and_folder(tmp_path: Path) -> None:
+    def con(limit: str) -> duckdb.DuckDBPyConnection:
+        return duckdb.connect(config={"memory_limit": limit, "threads": 3, "temp_directory": str(tmp_path)})
+
+    def limit(c: duckdb.DuckDBPyConnection) -> int:
+        return kineto_sql_tables.memory_limit(c)
+
+    main = con("400MB")
+    with kineto_sql_tables.side_connection(main, 0.5, 100 * 10**6) as side:
+        assert abs(limit(side) - limit(main) // 2) < 10**6  # DuckDB words it to a tenth of a MiB
+        assert side.execute("SELECT current_setting('threads'), current_setting('temp_directory')").fetchall() == \
+            [(3, str(tmp_path))]
+        side.execute("CREATE TABLE mine AS SELECT 1 AS a")
+    assert main.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'mine'").fetchall() == [(0,)]
+    with kineto_sql_tables.side_connection(main, 0.1, 100 * 10**6) as side:  # never below the floor...
+        assert abs(limit(side) - 100 * 10**6) < 10**6
+    with kineto_sql_tables.side_connection(con("50MB"), 0.5, 100 * 10**6) as side:  # ...unless the limit is lower
+        assert abs(limit(side) - 50 * 10**6) < 10**6
