@@ -12,13 +12,17 @@ instants (``profile_memory=True``; docs/formats.md, "Memory instants") until the
 ``--share`` of all events (13% by default, as in the H200 training sample: 2,862 of 22,687):
 allocations inside the op, and frees of the oldest live block, with the running ``Total
 Allocated``/``Total Reserved`` a caching allocator reports ("memory"). The memory trace is about
-``--size-mb``; the plain one is the same without the instants. Both are ingested by tracelake in
-child processes, alternating with ``--runs N``, timed around ``Warehouse.ingest`` with peak RSS
-from ``os.wait4``, and the call's CPU time (all threads). The figures: the memory trace's time over
-the plain one's, fastest runs (the target is at most 1.10), the same for CPU time (which moves less
-with the machine's load) with the extra CPU time per memory event, and each peak RSS over its trace
-size (the Kineto benchmark's bound is 0.5). The machines are shared and noisy: compare the ratios
-within one run.
+``--size-mb``; "plain" is the same without the instants, and "sized" a trace generated at the memory
+trace's size without instants (what the Kineto benchmark ingests at that size). All three are ingested
+by tracelake in child processes, alternating with ``--runs N``, timed around ``Warehouse.ingest`` with
+peak RSS from ``os.wait4``, and the call's CPU time (all threads).
+
+The target (issue #24: "memory events of a 1 GB trace ingest within the Kineto benchmark's time
++10% and its memory bound"): the memory trace's time over the sized one's, fastest runs, at most 1.10,
+and its peak RSS at most 0.5x its size (the Kineto benchmark's bound when the issue was written). Also
+shown, a stricter question: the memory trace over the same events without the instants (time, CPU
+time, and the extra CPU time per memory event). The machines are shared and noisy: compare the ratios
+within one run; CPU time moves less with the machine's load than wall time.
 """
 
 from __future__ import annotations
@@ -149,10 +153,10 @@ def _measure(fig: Figures, cpu: list[float], trace: Path, workdir: Path, timeout
     cpu.append(out["cpu_seconds"])
 
 
-def _generate(workdir: Path, size_mb: float, steps: int) -> tuple[Path, dict[str, Any]]:
-    plain = workdir / "plain" / "ddp_straggler-rank0.json"
-    made = workdir / "generated.json"
-    subprocess.run([sys.executable, "-c", GENERATE_CHILD, str(HERE), str(plain), str(size_mb / _GROWTH * MB),
+def _generate(workdir: Path, name: str, size_mb: float, steps: int) -> tuple[Path, dict[str, Any]]:
+    plain = workdir / name / "ddp_straggler-rank0.json"
+    made = workdir / f"generated-{name}.json"
+    subprocess.run([sys.executable, "-c", GENERATE_CHILD, str(HERE), str(plain), str(size_mb * MB),
                     str(steps), "0", str(made)], check=True)
     return plain, json.loads(made.read_text())["written"]
 
@@ -177,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="tracelake-memory-bench-", dir=args.workdir))
     try:
         started = time.perf_counter()
-        plain, written = _generate(workdir, args.size_mb, args.steps)
+        plain, written = _generate(workdir, "plain", args.size_mb / _GROWTH, args.steps)
+        sized, _ = _generate(workdir, "sized", args.size_mb, args.steps)
         cpu_ops = int(written["cat_counts"]["cpu_op"])
         wanted = round(args.share * written["events"] / (1 - args.share))
         memory = workdir / "memory" / plain.name
@@ -186,15 +191,17 @@ def main(argv: list[str] | None = None) -> int:
         subprocess.run([sys.executable, "-c", ADD_MEMORY_CHILD, str(HERE), str(plain), str(memory), str(wanted),
                         str(cpu_ops), str(added_json)], check=True)
         added = json.loads(added_json.read_text())
-        sizes = {"plain": plain.stat().st_size, "memory": memory.stat().st_size}
+        sizes = {"plain": plain.stat().st_size, "memory": memory.stat().st_size, "sized": sized.stat().st_size}
         print(f"traces: plain {sizes['plain'] / MB:,.1f} MB, {written['events']:,} events; memory "
               f"{sizes['memory'] / MB:,.1f} MB, +{added['memory_events']:,} [memory] instants "
               f"({100 * added['memory_events'] / (written['events'] + added['memory_events']):.1f}% of events); "
-              f"written in {time.perf_counter() - started:.1f} s", flush=True)
-        figs = {"plain": Figures("plain"), "memory": Figures("memory")}
-        cpu: dict[str, list[float]] = {"plain": [], "memory": []}
+              f"sized (no instants) {sizes['sized'] / MB:,.1f} MB; written in {time.perf_counter() - started:.1f} s",
+              flush=True)
+        traces = {"memory": memory, "sized": sized, "plain": plain}
+        figs = {name: Figures(name) for name in traces}
+        cpu: dict[str, list[float]] = {name: [] for name in traces}
         for run in range(1, args.runs + 1):
-            for name, trace in (("memory", memory), ("plain", plain)):
+            for name, trace in traces.items():
                 warm_page_cache(trace)
                 _measure(figs[name], cpu[name], trace, workdir, args.timeout)
                 print(f"run {run}: {name} {figs[name].seconds[-1]:.2f} s ({cpu[name][-1]:.2f} s CPU), peak RSS "
@@ -202,11 +209,14 @@ def main(argv: list[str] | None = None) -> int:
         rows = figs["memory"].detail.get("rows", {})
         if rows.get("memory_events") != added["memory_events"]:
             raise SystemExit(f"memory_events holds {rows.get('memory_events')} rows, {added['memory_events']} written")
-        ratio = figs["memory"].best_seconds / figs["plain"].best_seconds
-        cpu_ratio = min(cpu["memory"]) / min(cpu["plain"])
+        ratio = figs["memory"].best_seconds / figs["sized"].best_seconds
+        cpu_ratio = min(cpu["memory"]) / min(cpu["sized"])
+        same_events = figs["memory"].best_seconds / figs["plain"].best_seconds
         extra_us = (min(cpu["memory"]) - min(cpu["plain"])) / added["memory_events"] * 1e6
-        result: dict[str, Any] = {"time_ratio": ratio, "cpu_ratio": cpu_ratio,
-                                  "extra_cpu_us_per_memory_event": extra_us, "time_target": TIME_TARGET, "rss_bound": RSS_BOUND, "added": added, "sizes": sizes}
+        result: dict[str, Any] = {"time_ratio": ratio, "cpu_ratio": cpu_ratio, "same_events_time_ratio": same_events,
+                                  "same_events_cpu_ratio": min(cpu["memory"]) / min(cpu["plain"]),
+                                  "extra_cpu_us_per_memory_event": extra_us, "time_target": TIME_TARGET,
+                                  "rss_bound": RSS_BOUND, "added": added, "sizes": sizes}
         print(f"\n{'trace':<8} {'MB':>9} {'seconds':>9} {'CPU s':>8} {'MB/s':>8} {'peak RSS MB':>12} {'RSS/trace':>10}")
         for name, fig in figs.items():
             rss = fig.peak_rss / sizes[name]
@@ -215,12 +225,14 @@ def main(argv: list[str] | None = None) -> int:
                             "rows": fig.detail.get("rows")}
             print(f"{name:<8} {sizes[name] / MB:>9,.1f} {fig.best_seconds:>9.2f} {min(cpu[name]):>8.2f} "
                   f"{sizes[name] / MB / fig.best_seconds:>8.1f} {fig.peak_rss / MB:>12,.0f} {rss:>10.2f}")
-        rss_ratio = figs["memory"].peak_rss / figs["plain"].peak_rss
+        rss_ratio = figs["memory"].peak_rss / figs["sized"].peak_rss
         verdict = "within" if ratio <= TIME_TARGET and result["memory"]["rss_over_trace"] <= RSS_BOUND else "OUTSIDE"
-        print(f"\nmemory events: {ratio:.3f}x the plain trace's ingest time (fastest runs), {cpu_ratio:.3f}x its CPU "
-              f"time ({extra_us:+.2f} us CPU per memory event); peak RSS {rss_ratio:.2f}x the plain ingest's, "
+        print(f"\nmemory events: the memory trace takes {ratio:.3f}x the time of a trace of its size without them "
+              f"(fastest runs; {cpu_ratio:.3f}x its CPU time), peak RSS {rss_ratio:.2f}x its peak and "
               f"{result['memory']['rss_over_trace']:.2f}x the trace: {verdict} the targets "
-              f"(<= {TIME_TARGET:.2f}x time, <= {RSS_BOUND}x trace size)")
+              f"(<= {TIME_TARGET:.2f}x time, <= {RSS_BOUND}x trace size). Against the same events without the "
+              f"instants: {same_events:.3f}x the time, {result['same_events_cpu_ratio']:.3f}x the CPU time "
+              f"({extra_us:+.2f} us CPU per memory event)")
         if args.json:
             result["meta"] = {"size_mb": args.size_mb, "share": args.share, "runs": args.runs, "steps": args.steps,
                               "generator": written, "python": sys.version, "cpus": os.cpu_count()}
