@@ -116,18 +116,10 @@ def _nesting_native(con: duckdb.DuckDBPyConnection, out: Path) -> None:
     """
     steps = con.sql("SELECT step, ts_ns, dur_ns FROM steps ORDER BY ts_ns, step").to_arrow_table()
     nesting = kineto_scan.HostNesting(steps)
-    with kineto_sql_tables.side_connection(con, _NEST_MEMORY_SHARE, _NEST_MEMORY_FLOOR) as sorter:
+    with kineto_sql_tables.side_connection(con) as sorter:  # half the limit: SIDE_SHARE
         _host_n(sorter, out.parent)
         _sweep(sorter, out, nesting)
     con.execute(f"CREATE VIEW host_d AS SELECT * FROM read_parquet({sql_literal(str(out))})")
-
-
-#: DuckDB's memory limit, as a share of the ingest's, for the sort of the host events for the sweep (a connection
-#: of its own: :func:`.kineto_sql_tables.side_connection`): under the whole 200 MB limit it took about 280 MB of
-#: RSS on a 1 GB trace, the peak of the whole ingest. At half it spills sooner: 87 MB off that peak for +0.17 s
-#: of CPU (12 s in all). Not below 100 MB, where it would spill for little gain (a lower limit a person set holds).
-_NEST_MEMORY_SHARE = 0.5
-_NEST_MEMORY_FLOOR = 100 * 10**6
 
 
 def _sweep(con: duckdb.DuckDBPyConnection, out: Path, nesting: kineto_scan.HostNesting) -> None:
