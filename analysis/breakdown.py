@@ -66,15 +66,36 @@ def _stable_order(values: np.ndarray) -> np.ndarray:
     return np.argsort(values, kind="stable")
 
 
+def _deltas(low: int) -> np.ndarray:
+    """By ``code * 2 + is_start``: the change a point makes to the running count of codes ``low`` (bits 0-31) and
+    ``low + 1`` (bits 32-63); 0 for the other codes."""
+    table = np.zeros(2 * (_OTHER + 1), dtype=np.int64)
+    for code in (low, low + 1):
+        table[2 * code], table[2 * code + 1] = -(1 << (32 * (code - low))), 1 << (32 * (code - low))
+    return table
+
+
+#: :func:`_deltas` of compute and communication (codes 0 and 1), and of memory and async windows (2 and 3).
+_DELTAS = (_deltas(0), _deltas(2))
+
+
 def _states(code: np.ndarray, is_start: np.ndarray) -> np.ndarray:
     """The 4-bit state after each point of a sweep (points in order; a key's points sum to zero per category)."""
-    delta = np.where(is_start, np.int32(1), np.int32(-1))
-    state = np.zeros(len(code), dtype=np.int8)
-    for bit, which in ((1, 0), (2, 1), (4, 2), (8, _ASYNC)):
-        mine = code == which
-        if mine.any():
-            active = np.cumsum(np.where(mine, delta, np.int32(0)), dtype=np.int32) > 0
-            state |= active.astype(np.int8) * np.int8(bit)
+    return _states_of(code.astype(np.intp) * 2 + is_start)
+
+
+def _states_of(index: np.ndarray) -> np.ndarray:
+    """:func:`_states` of points given as ``code * 2 + is_start``.
+
+    Two running counts hold the four categories' active intervals, 32 bits each (compute and communication in
+    one, memory and async windows in the other): a count never falls below 0 (an interval's start comes before
+    its end) nor reaches 2**31 (no more intervals than points), so no field borrows from or carries into the next.
+    """
+    state = np.zeros(len(index), dtype=np.int8)
+    for bit, table in zip((1, 4), _DELTAS, strict=True):
+        running = np.cumsum(table[index])
+        state |= ((running & 0xFFFFFFFF) != 0).view(np.int8) * np.int8(bit)
+        state |= ((running >> 32) != 0).view(np.int8) * np.int8(bit * 2)
     return state
 
 
@@ -87,58 +108,82 @@ def _bucket_sums(per_state: np.ndarray) -> np.ndarray:
     return np.rint(np.stack([per_state[:, mask].sum(axis=1) for mask in _BUCKET_MASKS], axis=1)).astype(np.int64)
 
 
+def _step_index(step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct steps (>= 0, sorted) and each interval's index into them; ``len(values)`` for no step."""
+    in_step = step >= 0
+    if not in_step.any():
+        return np.zeros(0, dtype=np.int64), np.zeros(len(step), dtype=np.int64)
+    mine = step[in_step]
+    low, high = int(mine.min()), int(mine.max())
+    dense = np.empty(len(step), dtype=np.int64)
+    if high - low < 2**15:  # a short range: counted, not sorted
+        values = np.flatnonzero(np.bincount(mine - low, minlength=high - low + 1)) + low
+        lookup = np.zeros(high - low + 1, dtype=np.int64)
+        lookup[values - low] = np.arange(len(values))
+        dense[in_step] = lookup[mine - low]
+    else:
+        values, inverse = np.unique(mine, return_inverse=True)
+        dense[in_step] = inverse.reshape(-1)
+    dense[~in_step] = len(values)
+    return values.astype(np.int64), dense
+
+
+def _whole_sums(state: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Bucket sums of one sweep: each segment between consecutive points goes to the state after its first."""
+    return _bucket_sums(np.bincount(state[:-1].astype(np.intp), weights=np.diff(t), minlength=16)[None, :16])[0]
+
+
 def _sweeps(start: np.ndarray, end: np.ndarray, code: np.ndarray,
             step: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Bucket sums of the whole window and of each step (``step`` < 0: in no step), from one time order.
 
     The start and end points are each sorted with a stable (near-linear on traces) sort and merged;
     the per-step sweep reuses that order, stably re-sorted by step only when steps interleave in time.
-    Returns (whole sums, step values, per-step sums).
+    Each point carries its step index, code and kind packed in one integer (``step << 4 | code << 1 |
+    is_start``), so the merge moves two arrays. Returns (whole sums, step values, per-step sums).
     """
-    n = len(start)
+    values, dense = _step_index(step)
+    none = len(values)
+    packed = (dense << 4) | (code.astype(np.int64) << 1)
+    del dense
     o_start, o_end = _stable_order(start), _stable_order(end)
     t = np.concatenate([start[o_start], end[o_end]])
+    p = np.concatenate([packed[o_start] | 1, packed[o_end]])
+    del o_start, o_end, packed
     merged = _stable_order(t)
-    t = t[merged]
-    point = np.concatenate([o_start, o_end + n])[merged]
-    del merged, o_start, o_end
-    is_start = point < n
-    op = np.where(is_start, point, point - n)
-    del point
-    c = code[op]
-    state = _states(c, is_start)
-    length = np.diff(t)
-    whole = _bucket_sums(np.bincount(state[:-1].astype(np.intp), weights=length, minlength=16)[None, :16])[0]
-    k = step[op]
-    del op, length
-    in_step = k >= 0
-    if not in_step.any():
-        return whole, np.zeros(0, dtype=np.int64), np.zeros((0, len(_STATE_BUCKETS)), dtype=np.int64)
+    t, p = t[merged], p[merged]
+    del merged
+    state = _states_of(p & 15)
+    k = p >> 4
+    in_step = k != none
     every = bool(in_step.all())
-    if not every:
-        t, k, c, is_start = t[in_step], k[in_step], c[in_step], is_start[in_step]
+    whole = None
+    if not every:  # the whole sweep has points in no step: its own sums
+        whole = _whole_sums(state, t)
+        if not none:
+            return whole, values, np.zeros((0, len(_STATE_BUCKETS)), dtype=np.int64)
+        t, k, p = t[in_step], k[in_step], p[in_step]
     del in_step
-    low, high = int(k.min()), int(k.max())
-    if high - low < 2**15:  # dense step index: a radix sort when needed, bincount for the values
-        dense = (k - low).astype(np.int16)
-        values = np.flatnonzero(np.bincount(dense, minlength=high - low + 1)) + low
-        dense = np.searchsorted(values - low, dense).astype(np.int64) if len(values) <= high - low else \
-            dense.astype(np.int64)
-    else:
-        values, dense = np.unique(k, return_inverse=True)
-    if len(dense) > 1 and bool((dense[1:] < dense[:-1]).any()):  # steps interleave in time
-        order = _stable_order(dense.astype(np.int16) if len(values) < 2**15 else dense)  # int16: radix sort
-        t, dense, c, is_start = t[order], dense[order], c[order], is_start[order]
+    if len(k) > 1 and bool((k[1:] < k[:-1]).any()):  # steps interleave in time
+        if whole is None:
+            whole = _whole_sums(state, t)
+        order = _stable_order(k.astype(np.int16) if none < 2**15 else k)  # int16: radix sort
+        t, k, p = t[order], k[order], p[order]
         del order
-        state = _states(c, is_start)
+        state = _states_of(p & 15)
     elif not every:
-        state = _states(c, is_start)
+        state = _states_of(p & 15)
     # else: the same points in the same order as the whole sweep, hence the same states
     length = np.diff(t)
-    length[dense[1:] != dense[:-1]] = 0  # no segment runs from one step into the next
-    per_state = np.bincount(dense[:-1] * 16 + state[:-1], weights=length,
-                            minlength=len(values) * 16).reshape(-1, 16)
-    return whole, values.astype(np.int64), _bucket_sums(per_state)
+    cross = k[1:] != k[:-1]
+    # the whole sweep's segments are the steps' plus those running from one step into the next (exact integer sums)
+    crossing = np.bincount(state[:-1][cross].astype(np.intp), weights=length[cross], minlength=16) \
+        if whole is None else None
+    length[cross] = 0  # no segment runs from one step into the next
+    per_state = np.bincount(k[:-1] * 16 + state[:-1], weights=length, minlength=none * 16).reshape(-1, 16)
+    if whole is None:
+        whole = _bucket_sums((per_state.sum(axis=0) + crossing)[None, :16])[0]
+    return whole, values, _bucket_sums(per_state)
 
 
 def breakdown_frame(
@@ -223,6 +268,10 @@ def _categories(ops: pl.DataFrame) -> np.ndarray:
                       .cast(pl.Int8))[:, 0].to_numpy()
 
 
+#: The columns of the ops :meth:`BreakdownParts.add` reads (the last two optional).
+_SPAN_COLUMNS = ("category", "ts_ns", "dur_ns", "step", "flops", "model_flops", "recomputed_flops")
+
+
 @dataclass
 class BreakdownParts:
     """The breakdown of one (trace, rank) so far: bucket sums and spans, plus the intervals running past the window.
@@ -243,7 +292,8 @@ class BreakdownParts:
         """Add the ops (``category``, ``ts_ns``, ``dur_ns``, ``step``, ``flops``) and async windows (``ts_ns``,
         ``dur_ns``, ``step``) that start in ``[low, high)``; windows must come in time order.
         """
-        ops = ops.filter((pl.col("category") != Category.SYNC) & (pl.col("dur_ns") >= 0))
+        ops = ops.select(c for c in _SPAN_COLUMNS if c in ops.columns).filter(  # only the columns read are copied
+            (pl.col("category") != Category.SYNC) & (pl.col("dur_ns") >= 0))
         start = ops["ts_ns"].to_numpy().astype(np.int64)
         end = start + ops["dur_ns"].to_numpy().astype(np.int64)
         code = _categories(ops).astype(np.int64)

@@ -86,9 +86,12 @@ class DerivedTables:
                                    pl.coalesce(pl.col("flops"), pl.lit(model)).alias("model_flops"),
                                    pl.when(pl.col("flops").is_null()).then(pl.lit(again)).alias("recomputed_flops"))
             parts.add(ops, mine.filter((pl.col("ts_ns") >= low) & (pl.col("ts_ns") < high)), low, high)
-            ops = ops.with_columns(launch_of(ops["correlation"], self._calls.get(trace_id)))
-            launched.add(ops)
-            work = ops.filter(pl.col("category") != Category.SYNC)
+            calls = self._calls.get(trace_id)
+            ops = ops.with_columns(launch_of(ops["correlation"], calls))
+            if calls is not None and len(calls[0]):  # else no op has a launch call: nothing to add
+                launched.add(ops)
+            work = ops.select("trace_id", "rank", "stream", "name", "category", "ts_ns", "dur_ns", "launch_ns").filter(
+                pl.col("category") != Category.SYNC)  # only the columns idle and kernel stats read are copied
             self._idle.append(idle.idle_window(work.select(
                 "trace_id", "rank", "stream", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
                 "launch_ns"), carry))

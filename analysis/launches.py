@@ -92,7 +92,15 @@ def _first_of_each(correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarra
 
 
 def shared_correlations(correlation: np.ndarray) -> np.ndarray:
-    """The ids (sorted) that occur more than once in one trace's kernels: graph launches whatever the call's name."""
+    """The ids (sorted) that occur more than once in one trace's kernels: graph launches whatever the call's name.
+
+    Parsers number correlations densely, so the ids are counted in a table indexed by id, without a sort; else
+    a sort counts them.
+    """
+    if len(correlation):
+        low, high = int(correlation.min()), int(correlation.max())
+        if high - low < 4 * len(correlation) + 1024:
+            return np.flatnonzero(np.bincount(correlation - low, minlength=high - low + 1) > 1).astype(np.int64) + low
     ids, counts = np.unique(correlation, return_counts=True)
     return ids[counts > 1]
 
@@ -114,6 +122,11 @@ def launch_of(correlation: pl.Series, calls: LaunchCalls | None) -> list[pl.Seri
     missing = ~((keys[at] == wanted) & correlation.is_not_null().to_numpy())
     return [pl.Series(name, pa.array(column[at], mask=missing, type=pa.bool_() if name == "graph" else pa.int64()))
             for name, column in zip(names, values, strict=True)]
+
+
+#: The columns of the ops :meth:`LaunchParts.add` reads.
+_LAUNCHED_COLUMNS = ("kind", "category", "stream", "ts_ns", "dur_ns", "correlation", "graph_id", "launch_ns",
+                     "call_ns", "graph")
 
 
 class LaunchParts:
@@ -138,7 +151,7 @@ class LaunchParts:
         """Add ``ops``: ``kind``, ``category``, ``stream``, ``ts_ns`` (not null), ``dur_ns``, ``correlation``,
         ``graph_id`` and, of the host call that launched each (null where none did), ``launch_ns``,
         ``call_ns`` and ``graph`` (the call is a graph launch), as :func:`launch_of` gives them."""
-        launched = ops.filter(pl.col("launch_ns").is_not_null())
+        launched = ops.select(_LAUNCHED_COLUMNS).filter(pl.col("launch_ns").is_not_null())  # only these copied
         kernels = launched.filter(pl.col("kind") == "kernel")
         single = kernels.filter(~pl.col("graph").fill_null(False)).select(
             pl.max_horizontal(pl.col("ts_ns") - pl.col("launch_ns") - pl.col("call_ns"), 0).alias("delay_ns"),

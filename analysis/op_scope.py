@@ -109,21 +109,77 @@ def scopes(calls: np.ndarray, parent: np.ndarray, kind: np.ndarray, autograd: Au
 
 def chains(positions: np.ndarray, parent: np.ndarray, kind: np.ndarray) -> dict[int, tuple[int, ...]]:
     """For each scope event (positions, each once), the modules it is nested in and itself, outermost first: the
-    path the ``module`` column shows (``GPT_0/Block_3/Linear_12``). A frame is its own path."""
+    path the ``module`` column shows (``GPT_0/Block_3/Linear_12``). A frame is its own path.
+
+    Each module's link to the next module up is found for all of them at once (:func:`_module_links`), and a path
+    is its parent module's plus itself, each made once. A walk passes at most :data:`_MAX_DEPTH` events (a longer
+    chain is a cycle): a path whose walk would pass more is walked event by event (:func:`_walk`), as far as that.
+    """
     found: dict[int, tuple[int, ...]] = {}
-    for start in positions.tolist():
-        if kind[start] != MODULE:
-            found[start] = (start,)
+    is_module = kind == MODULE
+    starts = positions[is_module[positions]] if len(positions) else positions
+    for start in positions[~is_module[positions]].tolist() if len(positions) else []:
+        found[start] = (start,)
+    up, hops = _module_links(np.unique(starts), parent, is_module)
+    made: dict[int, tuple[tuple[int, ...], int]] = {}  # a module's path and how many events its walk passes
+    for start in starts.tolist():
+        chain: list[int] = []
+        at = start
+        while at >= 0 and at not in made and len(chain) <= _MAX_DEPTH:
+            chain.append(at)
+            at = up[at]
+        if len(chain) > _MAX_DEPTH:
+            found[start] = _walk(start, parent, kind)
             continue
-        path, at = [], start
-        for _ in range(_MAX_DEPTH):
-            if at < 0:
-                break
-            if kind[at] == MODULE:
-                path.append(at)
-            at = int(parent[at])
-        found[start] = tuple(reversed(path))
+        path, passed = made[at] if at >= 0 else ((), 0)
+        for module in reversed(chain):
+            path, passed = (*path, module), passed + hops[module]
+            made[module] = (path, passed)
+        found[start] = path if passed <= _MAX_DEPTH else _walk(start, parent, kind)
     return found
+
+
+def _module_links(modules: np.ndarray, parent: np.ndarray, is_module: np.ndarray) -> tuple[dict[int, int],
+                                                                                           dict[int, int]]:
+    """For the modules and every module above them: the nearest module strictly above each (-1: none) and how many
+    events the walk up from it passes before that one (itself included; to the top where none), a level a round."""
+    up: dict[int, int] = {}
+    hops: dict[int, int] = {}
+    todo = modules.astype(np.int64)
+    while len(todo):
+        found = np.full(len(todo), -1, dtype=np.int64)
+        passed = np.ones(len(todo), dtype=np.int64)
+        at = parent[todo].astype(np.int64)
+        live = np.flatnonzero(at >= 0)
+        for _ in range(_MAX_DEPTH):
+            if not len(live):
+                break
+            here = at[live]
+            hit = is_module[here]
+            found[live[hit]] = here[hit]
+            rest = live[~hit]
+            passed[rest] += 1
+            at[rest] = parent[at[rest]]
+            live = rest[at[rest] >= 0]
+        passed[live] += _MAX_DEPTH  # still walking after so many rounds: a cycle, walked event by event
+        up.update(zip(todo.tolist(), found.tolist()))
+        hops.update(zip(todo.tolist(), passed.tolist()))
+        above = np.unique(found[found >= 0])
+        todo = above[[int(a) not in up for a in above.tolist()]] if len(above) else above
+    return up, hops
+
+
+def _walk(start: int, parent: np.ndarray, kind: np.ndarray) -> tuple[int, ...]:
+    """The modules on the walk up from ``start`` (itself included) over at most :data:`_MAX_DEPTH` events, outermost
+    first."""
+    path, at = [], start
+    for _ in range(_MAX_DEPTH):
+        if at < 0:
+            break
+        if kind[at] == MODULE:
+            path.append(at)
+        at = int(parent[at])
+    return tuple(reversed(path))
 
 
 def path_name(names: list[str | None]) -> str | None:

@@ -311,10 +311,16 @@ class OpParts:
         op's credited ``flops``, ``model_flops`` and ``recomputed_flops`` (of its model FLOPs, those of a recomputed
         call), null where it is not the first device op of an estimated call."""
         n = self._credited.size
-        target = self._operators.targets(ops["correlation"]) if self._operators is not None else \
-            np.full(ops.height, -1, dtype=np.int64)
         work = ops.select((pl.col("category") != Category.SYNC).fill_null(False))[:, 0].to_numpy()
         dur = ops["dur_ns"].fill_null(0).to_numpy().astype(np.int64)
+        if self._operators is None or not n:  # no call to credit: every op goes to no operator
+            # a float sum as the bincount below makes it, so the totals are the same to the last bit
+            self._device_ns[n] += np.int64(np.bincount(np.zeros(int(work.sum()), dtype=np.intp), weights=dur[work],
+                                                       minlength=1)[0])
+            self._kernels[n] += int(work.sum())
+            nothing = pl.repeat(None, ops.height, dtype=pl.Float64, eager=True)
+            return nothing.alias("flops"), nothing.alias("model_flops"), nothing.alias("recomputed_flops")
+        target = self._operators.targets(ops["correlation"])
         slot = np.where(target >= 0, target, n)[work]
         self._device_ns += np.bincount(slot, weights=dur[work], minlength=n + 1).astype(np.int64)
         self._kernels += np.bincount(slot, minlength=n + 1)

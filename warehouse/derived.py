@@ -20,14 +20,15 @@ import pyarrow.parquet as pq
 
 from tracelake.analysis import breakdown
 from tracelake.analysis.derived import DerivedTables, Window
-from tracelake.analysis.launches import GRAPH_CALL, LaunchCalls, launch_calls, shared_correlations
 from tracelake.analysis.flops import counted
-from tracelake.analysis.op_scope import Autograd, path_name, scope_kind
+from tracelake.analysis.op_scope import Autograd, scope_kind, scope_name
 from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators
 from tracelake.analysis.recompute import recompute_kind
 from tracelake.analysis.peaks import Override, Peaks, matches, resolve
 from tracelake.contracts import schema
 from tracelake.ingest.kineto_scan import release_free_memory
+
+from .derived_inputs import ints as _ints, keys, launch_times, only
 
 #: The parsed tables the derived ones are computed from.
 INPUTS = ("device_ops", "host_ops", "collectives", "devices")
@@ -65,9 +66,9 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
         peaks[key] = figure / 1e12 if figure else float(p)
     operators = _operators(parsed / "host_ops.parquet")
     release_free_memory()  # the operators' passes freed their row groups: hand them back before the windows
-    launches, graph_calls = _launch_times(parsed / "host_ops.parquet", parsed / "device_ops.parquet")
+    launches, graph_calls = launch_times(parsed / "host_ops.parquet", parsed / "device_ops.parquet")
     tables = DerivedTables(launches, graph_calls, windows, peaks, operators, hardware)
-    for trace_id, rank in _keys(parsed / "device_ops.parquet"):
+    for trace_id, rank in keys(parsed / "device_ops.parquet"):
         tables.add_rank(trace_id, rank, _windows(parsed / "device_ops.parquet", trace_id, rank, CHUNK_ROWS))
     computed = tables.tables()
     for name in schema.DERIVED_TABLES:  # a table computed per run (critical_path) starts empty: docs/schema.md
@@ -105,6 +106,8 @@ def _operators(host_ops: Path) -> dict[str, Operators]:
     that launched device ops only, as dictionary codes.
     """
     names = set(pq.read_schema(host_ops).names)
+    if not _has_operators(host_ops):  # XLA's host events, say: every device op goes to no operator
+        return {}
     # shapes repeat (a few hundred distinct in 100,000s of calls): read as dictionaries, they stay small
     file = pq.ParquetFile(host_ops, read_dictionary=[c for c in ("trace_id", "cat", "name", "input_dims",
                                                                  "input_types", "concrete_inputs") if c in names])
@@ -149,6 +152,17 @@ def _operators(host_ops: Path) -> dict[str, Operators]:
         operators.set_keyed(key, distinct, _ints(table["dur_ns"], 0) if "dur_ns" in table.column_names
                             else np.zeros(table.num_rows, dtype=np.int64))
     return found
+
+
+def _has_operators(host_ops: Path) -> bool:
+    """Whether any host event is a ``cpu_op`` (an operator call): a trace without any attributes nothing to one, as
+    :class:`Operators` would find, and is not read further. Reads the ``cat`` column only, as a dictionary."""
+    file = pq.ParquetFile(host_ops, read_dictionary=["cat"])
+    for group in range(file.num_row_groups):
+        for chunk in file.read_row_group(group, columns=["cat"])["cat"].chunks:
+            if "cpu_op" in chunk.dictionary.to_pylist() and pc.any(pc.equal(chunk, "cpu_op")).as_py():
+                return True
+    return False
 
 
 class _Trace:
@@ -215,7 +229,22 @@ class _Trace:
         at = np.minimum(np.searchsorted(rows, members), len(rows) - 1)
         fetched = pa.chunked_array(self.scope_names).take(pa.array(at)).cast(pa.string()).to_pylist()
         name = {int(p): n if rows[a] == p else None for p, a, n in zip(members, at, fetched, strict=True)}
-        shown = {start: path_name([name[p] for p in path]) for start, path in paths.items()}
+        texts: dict[tuple[int, ...], str | None] = {(): None}  # a path's text, for the paths and their prefixes
+
+        def joined(path: tuple[int, ...]) -> str | None:
+            """:func:`~tracelake.analysis.op_scope.path_name` of the path's names; paths share their outer modules:
+            each prefix's text is made once."""
+            known = len(path)
+            while path[:known] not in texts:
+                known -= 1
+            text = texts[path[:known]]
+            for end in range(known, len(path)):
+                if part := scope_name(name[path[end]]):
+                    text = f"{text}/{part}" if text else part
+                texts[path[:end + 1]] = text
+            return text
+
+        shown = {start: joined(path) for start, path in paths.items()}
         distinct = sorted({n for n in shown.values() if n is not None})
         index = {n: i for i, n in enumerate(distinct)}
         starts = np.array(sorted(shown), dtype=np.int64)
@@ -258,10 +287,6 @@ def _keyed(table: pa.Table, rows: int, module: tuple[np.ndarray, list[str | None
                                          schema={c: pl.String for c in GROUP_COLUMNS})
 
 
-def _ints(column: pa.ChunkedArray, missing: int) -> np.ndarray:
-    return pc.fill_null(column, missing).to_numpy().astype(np.int64, copy=False)
-
-
 #: Rows of a rank's device ops analysed at once: memory follows this, not the trace.
 CHUNK_ROWS = 100_000
 
@@ -270,81 +295,26 @@ _WINDOW_COLUMNS = ("trace_id", "rank", "stream", "step", "kind", "category", "na
                    "correlation", "flops", "graph_id", "event_id")
 
 
-def _keys(device_ops: Path) -> list[tuple[str, int]]:
-    """The (trace, rank) pairs of the device ops, both known, sorted; read a row group at a time."""
-    file = pq.ParquetFile(device_ops, read_dictionary=["trace_id"])
-    found: set[tuple[str, int]] = set()
-    for group in range(file.num_row_groups):
-        part = pl.DataFrame(file.read_row_group(group, columns=["trace_id", "rank"])).drop_nulls().unique()
-        found.update((str(trace_id), int(rank)) for trace_id, rank in part.iter_rows())
-    return sorted(found)
+def _row_groups(meta: pq.FileMetaData, trace_id: str, rank: int) -> list[tuple[int, int, bool]]:
+    """(row group, smallest ``ts_ns``, whether every row is the rank's with a start) of the row groups that may hold
+    ``rank``'s ops, earliest first.
 
-
-def _launch_times(host_ops: Path, device_ops: Path) -> tuple[dict[str, LaunchCalls], dict[str, dict[int, str]]]:
-    """The host calls of :func:`launch_calls`, per trace: read a row group at a time, 25 bytes per call kept.
-
-    Only host events that carry a correlation id are kept (the runtime's launch calls, a
-    fraction of all host events). Also returns, per trace, the name of each graph launch call
-    (named like :data:`GRAPH_CALL`) by correlation.
-    """
-    file = pq.ParquetFile(host_ops, read_dictionary=["trace_id"])
-    columns = ("correlation", "ts_ns", "dur_ns", "graph_call")
-    calls: dict[str, list[list[np.ndarray]]] = {}  # per trace and column: the row groups' pieces
-    names: dict[str, dict[int, str]] = {}
-    for group in range(file.num_row_groups):
-        part = pl.DataFrame(file.read_row_group(group, columns=["trace_id", "correlation", "ts_ns", "dur_ns",
-                                                                "name"])).filter(
-            pl.col("correlation").is_not_null() & pl.col("ts_ns").is_not_null() & pl.col("trace_id").is_not_null())
-        part = part.with_columns(pl.col("name").cast(pl.String).str.contains(GRAPH_CALL).fill_null(False)
-                                 .alias("graph_call"))
-        for (trace_id,), mine in part.partition_by("trace_id", as_dict=True).items():
-            pieces = calls.setdefault(str(trace_id), [[] for _ in columns])
-            for piece, column in zip(pieces, columns, strict=True):
-                piece.append(mine[column].fill_null(0).to_numpy())
-            named = names.setdefault(str(trace_id), {})
-            for correlation, name in mine.filter(pl.col("graph_call")).select("correlation", "name").iter_rows():
-                named[int(correlation)] = min(named.get(int(correlation), name), name)
-        del part
-    shared = _shared_correlations(device_ops)
-    found: dict[str, LaunchCalls] = {}
-    for trace_id, pieces in calls.items():
-        ids, starts, durations, graph = launch_calls(*(np.concatenate(piece) for piece in pieces))
-        found[trace_id] = (ids, starts, durations, graph | np.isin(ids, shared.get(trace_id, ids[:0])))
-    return found, names
-
-
-def _shared_correlations(device_ops: Path) -> dict[str, np.ndarray]:
-    """Per trace, the correlation ids that more than one kernel carries (:func:`shared_correlations`).
-
-    Reads a row group at a time; holds 8 bytes per kernel of a trace until its ids are counted.
-    """
-    file = pq.ParquetFile(device_ops, read_dictionary=["trace_id", "kind"])
-    pieces: dict[str, list[np.ndarray]] = {}
-    for group in range(file.num_row_groups):
-        part = pl.DataFrame(file.read_row_group(group, columns=["trace_id", "kind", "correlation", "ts_ns"])).filter(
-            (pl.col("kind") == "kernel") & pl.col("correlation").is_not_null() & pl.col("ts_ns").is_not_null()
-            & pl.col("trace_id").is_not_null())
-        for (trace_id,), mine in part.partition_by("trace_id", as_dict=True).items():
-            pieces.setdefault(str(trace_id), []).append(mine["correlation"].to_numpy().astype(np.int64))
-        del part
-    return {trace_id: shared_correlations(np.concatenate(piece)) for trace_id, piece in pieces.items()}
-
-
-def _row_groups(meta: pq.FileMetaData, rank: int) -> list[tuple[int, int]]:
-    """(row group, smallest ``ts_ns``) of the row groups that may hold ``rank``'s ops, earliest first.
-
-    A row group without statistics may hold anything and comes first (smallest start unknown).
+    A row group without statistics may hold anything and comes first (smallest start unknown). The last item
+    says, from the statistics, that the group holds no other (trace, rank) and no op without a start, so it
+    needs no filter.
     """
     names = meta.schema.to_arrow_schema().names
-    rank_col, ts_col = names.index("rank"), names.index("ts_ns")
+    rank_col, ts_col, trace_col = names.index("rank"), names.index("ts_ns"), names.index("trace_id")
     found = []
     for i in range(meta.num_row_groups):
         group = meta.row_group(i)
         ranks, ts = group.column(rank_col).statistics, group.column(ts_col).statistics
         if ranks is not None and ranks.has_min_max and not ranks.min <= rank <= ranks.max:
             continue
-        found.append((i, int(ts.min) if ts is not None and ts.has_min_max else breakdown.LOWEST))
-    return sorted(found, key=lambda pair: pair[1])
+        found.append((i, int(ts.min) if ts is not None and ts.has_min_max else breakdown.LOWEST,
+                      only(ranks, rank) and only(group.column(trace_col).statistics, trace_id)
+                      and ts is not None and ts.has_null_count and ts.null_count == 0))
+    return sorted(found, key=lambda item: item[1])
 
 
 def _windows(path: Path, trace_id: str, rank: int, chunk_rows: int) -> Iterator[Window]:
@@ -355,27 +325,35 @@ def _windows(path: Path, trace_id: str, rank: int, chunk_rows: int) -> Iterator[
     groups are read in order of their smallest start (Parquet statistics): once a row group is read,
     the ops starting before the next one's smallest start are all known. The parsers write each
     rank's ops nearly in time order, so few are held back; out of order, up to a whole rank is.
-    Ops without a start are left out.
+    Ops without a start are left out. Ops already in start order (the usual case) are cut, not sorted.
     """
     file = pq.ParquetFile(path, read_dictionary=["trace_id", "category", "name"])
-    groups = _row_groups(file.metadata, rank)
-    pending: list[pl.DataFrame] = []
+    groups = _row_groups(file.metadata, trace_id, rank)
+    pending: list[pa.Table] = []  # in Arrow until a window is cut: one conversion to polars per window
     held = 0
     low = breakdown.LOWEST
-    for position, (index, _) in enumerate(groups):
-        part = _with_graph_id(pl.DataFrame(file.read_row_group(index, columns=_present(file)))).filter(
-            (pl.col("rank") == rank) & (pl.col("trace_id") == trace_id) & pl.col("ts_ns").is_not_null())
+    for position, (index, _, pure) in enumerate(groups):
+        part = file.read_row_group(index, columns=_present(file))
+        if not pure:
+            part = part.filter(pc.and_(pc.and_(pc.equal(part["rank"], rank), pc.equal(part["trace_id"], trace_id)),
+                                       pc.is_valid(part["ts_ns"])))
         pending.append(part)
-        held += part.height
+        held += part.num_rows
         last = position + 1 == len(groups)
         high = breakdown.HIGHEST if last else groups[position + 1][1]
         if last or (held >= chunk_rows and high > low):
-            buffer = pl.concat(pending)
-            ready = buffer if last else buffer.filter(pl.col("ts_ns") < high)
-            pending = [] if last else [buffer.filter(pl.col("ts_ns") >= high)]
-            held = sum(p.height for p in pending)
-            del buffer
-            yield from _cut(ready.sort("ts_ns", maintain_order=True), low, high, chunk_rows)
+            buffer = pa.concat_tables(pending) if len(pending) > 1 else pending[0]
+            ts = buffer["ts_ns"].to_numpy()
+            if not bool((ts[1:] >= ts[:-1]).all()):  # a stable sort: ops of one start keep the order they came in
+                order = np.argsort(ts, kind="stable")  # timsort: linear on the few sorted runs a row group holds
+                buffer, ts = buffer.take(order), ts[order]
+                del order
+            at = len(ts) if last else int(np.searchsorted(ts, high, side="left"))
+            ready, pending = buffer.slice(0, at), [] if last else [buffer.slice(at)]
+            held = sum(p.num_rows for p in pending)
+            del buffer, ts
+            yield from _cut(_with_graph_id(pl.DataFrame(ready)), low, high, chunk_rows)
+            del ready
             low = high
     if not groups:
         yield low, breakdown.HIGHEST, pl.DataFrame(schema=_window_schema(path))

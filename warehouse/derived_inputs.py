@@ -1,0 +1,174 @@
+"""What :func:`~tracelake.warehouse.derived.write_derived` reads of a trace before its windows: the (trace, rank)
+pairs, the host calls that launched device ops, and the correlation ids kernels share.
+
+Each is read a row group at a time, in Arrow and numpy, and a row group is skipped, or read with fewer columns,
+where its Parquet statistics already answer (one trace and rank, no correlation, no kernel, no null start).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tracelake.analysis.launches import GRAPH_CALL, LaunchCalls, launch_calls, shared_correlations
+from tracelake.ingest.kineto_scan import release_free_memory
+
+
+def keys(device_ops: Path) -> list[tuple[str, int]]:
+    """The (trace, rank) pairs of the device ops, both known, sorted; a row group that its statistics pin to one
+    pair is not read, the others a row group at a time."""
+    file = pq.ParquetFile(device_ops, read_dictionary=["trace_id"])
+    names = file.schema_arrow.names
+    found: set[tuple[str, int]] = set()
+    for group in range(file.num_row_groups):
+        meta = file.metadata.row_group(group)
+        ranks = meta.column(names.index("rank")).statistics
+        pinned = _pinned(file, group)
+        if meta.num_rows and pinned is not None and ranks is not None and ranks.has_min_max \
+                and only(ranks, ranks.min):
+            found.add((pinned, int(ranks.min)))
+            continue
+        part = pl.DataFrame(file.read_row_group(group, columns=["trace_id", "rank"])).drop_nulls().unique()
+        found.update((str(trace_id), int(rank)) for trace_id, rank in part.iter_rows())
+    return sorted(found)
+
+
+def _pinned(file: pq.ParquetFile, group: int) -> str | None:
+    """The one trace a row group holds, where its statistics say so (no null ``trace_id`` either); else None."""
+    stats = file.metadata.row_group(group).column(file.schema_arrow.names.index("trace_id")).statistics
+    return stats.min if stats is not None and stats.has_min_max and isinstance(stats.min, str) \
+        and only(stats, stats.min) else None
+
+
+def _by_trace(part: pa.Table, pinned: str | None) -> Iterator[tuple[str, pa.Table]]:
+    """The rows of each trace in ``part`` (rows without a ``trace_id`` left out); ``pinned``: the one trace it holds."""
+    if pinned is not None:
+        yield pinned, part
+        return
+    part = part.filter(pc.is_valid(part["trace_id"]))
+    for trace_id in pc.unique(part["trace_id"]).to_pylist():
+        yield str(trace_id), part.filter(pc.equal(part["trace_id"], trace_id))
+
+
+def _all_null(file: pq.ParquetFile, group: int, column: str) -> bool:
+    """Whether the statistics say that ``column`` holds nothing but nulls in the row group (it need not be read)."""
+    meta = file.metadata.row_group(group)
+    stats = meta.column(file.schema_arrow.names.index(column)).statistics
+    return stats is not None and stats.has_null_count and stats.null_count == meta.num_rows
+
+
+def launch_times(host_ops: Path, device_ops: Path) -> tuple[dict[str, LaunchCalls], dict[str, dict[int, str]]]:
+    """The host calls of :func:`launch_calls`, per trace: read a row group at a time, 25 bytes per call kept.
+
+    Only host events that carry a correlation id are kept (the runtime's launch calls, a
+    fraction of all host events): a row group without any is not read. Also returns, per trace, the name of
+    each graph launch call (named like :data:`GRAPH_CALL`: the pattern runs once per distinct name) by
+    correlation.
+    """
+    file = pq.ParquetFile(host_ops, read_dictionary=["trace_id", "name"])
+    calls: dict[str, list[list[np.ndarray]]] = {}  # per trace and column: the row groups' pieces
+    names: dict[str, dict[int, str]] = {}
+    for group in range(file.num_row_groups):
+        if _all_null(file, group, "correlation") or _all_null(file, group, "ts_ns"):
+            continue
+        pinned = _pinned(file, group)
+        part = file.read_row_group(group, columns=["correlation", "ts_ns", "dur_ns", "name",
+                                                   *(["trace_id"] if pinned is None else [])])
+        part = part.filter(pc.and_(pc.is_valid(part["correlation"]), pc.is_valid(part["ts_ns"])))
+        for trace_id, mine in _by_trace(part, pinned):
+            graph = _graph_calls(mine["name"])
+            pieces = calls.setdefault(trace_id, [[], [], [], []])
+            for piece, column in zip(pieces, (*(ints(mine[c], 0) for c in ("correlation", "ts_ns", "dur_ns")),
+                                              graph), strict=True):
+                piece.append(column)
+            named = names.setdefault(trace_id, {})
+            if graph.any():
+                chosen = mine.take(pa.array(np.flatnonzero(graph)))
+                for correlation, name in zip(chosen["correlation"].to_pylist(),
+                                             chosen["name"].cast(pa.string()).to_pylist(), strict=True):
+                    named[int(correlation)] = min(named.get(int(correlation), name), name)
+        del part
+    release_free_memory()  # the row groups' Arrow buffers: back before the sorts below allocate theirs
+    shared = _kernel_correlations(device_ops)
+    release_free_memory()
+    found: dict[str, LaunchCalls] = {}
+    for trace_id in list(calls):
+        pieces = calls.pop(trace_id)  # each column's pieces let go as it is joined: one copy at a time
+        ids, starts, durations, graph = launch_calls(*(_joined(piece) for piece in pieces))
+        del pieces
+        found[trace_id] = (ids, starts, durations, graph | _member(ids, shared.get(trace_id, ids[:0])))
+    return found, names
+
+
+def _joined(pieces: list[np.ndarray]) -> np.ndarray:
+    """The pieces as one array, emptying the list: the pieces are let go as soon as they are copied."""
+    joined = np.concatenate(pieces)
+    pieces.clear()
+    return joined
+
+
+def _member(values: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Whether each value is in ``known`` (sorted, distinct): ``np.isin`` by binary search, without its sort of both."""
+    if not len(known):
+        return np.zeros(len(values), dtype=bool)
+    return known[np.minimum(np.searchsorted(known, values), len(known) - 1)] == values
+
+
+def _graph_calls(name: pa.ChunkedArray) -> np.ndarray:
+    """Whether each name (a dictionary column) is a graph launch call's (:data:`GRAPH_CALL`); a missing one is not."""
+    flags = []
+    for chunk in name.chunks:
+        if not pa.types.is_dictionary(chunk.type):
+            chunk = pc.dictionary_encode(chunk)
+        known = pc.fill_null(pc.match_substring_regex(chunk.dictionary.cast(pa.string()), GRAPH_CALL), False)
+        flags.append(pc.fill_null(known.take(chunk.indices), False).to_numpy(zero_copy_only=False))
+    return np.concatenate(flags) if flags else np.zeros(0, dtype=bool)
+
+
+def _kernel_correlations(device_ops: Path) -> dict[str, np.ndarray]:
+    """Per trace, the correlation ids that more than one kernel carries (:func:`shared_correlations`).
+
+    Reads a row group at a time (none whose statistics say it holds no correlation, or no kernel); holds 8 bytes
+    per kernel of a trace until its ids are counted.
+    """
+    file = pq.ParquetFile(device_ops, read_dictionary=["trace_id", "kind"])
+    names = file.schema_arrow.names
+    pieces: dict[str, list[np.ndarray]] = {}
+    for group in range(file.num_row_groups):
+        kinds, ts = (file.metadata.row_group(group).column(names.index(c)).statistics for c in ("kind", "ts_ns"))
+        if _all_null(file, group, "correlation") or _all_null(file, group, "ts_ns") or (
+                kinds is not None and kinds.has_min_max and not kinds.min <= "kernel" <= kinds.max):
+            continue
+        pinned = _pinned(file, group)
+        # only the columns the statistics leave in doubt
+        tests = {"kind": not only(kinds, "kernel"), "ts_ns": not (ts is not None and ts.has_null_count
+                                                                   and ts.null_count == 0)}
+        part = file.read_row_group(group, columns=["correlation", *(c for c, read in tests.items() if read),
+                                                   *(["trace_id"] if pinned is None else [])])
+        keep = pc.is_valid(part["correlation"])
+        if tests["kind"]:
+            keep = pc.and_(keep, pc.equal(part["kind"], "kernel"))
+        if tests["ts_ns"]:
+            keep = pc.and_(keep, pc.is_valid(part["ts_ns"]))
+        part = part.filter(keep)
+        for trace_id, mine in _by_trace(part, pinned):
+            pieces.setdefault(trace_id, []).append(ints(mine["correlation"], 0))
+        del part
+    return {trace_id: shared_correlations(np.concatenate(piece)) for trace_id, piece in pieces.items()}
+
+
+def only(stats: pq.Statistics | None, value: object) -> bool:
+    """Whether a column chunk's statistics say that it holds ``value`` and nothing else (no null either)."""
+    return stats is not None and stats.has_min_max and stats.has_null_count and stats.null_count == 0 \
+        and stats.min == value and stats.max == value
+
+
+def ints(column: pa.ChunkedArray, missing: int) -> np.ndarray:
+    """The column as int64, ``missing`` for nulls."""
+    return pc.fill_null(column, missing).to_numpy().astype(np.int64, copy=False)
