@@ -8,7 +8,7 @@ would not fit DuckDB's memory limit (:data:`JOIN_BYTES_PER_ROW`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -34,9 +34,10 @@ _ORDER = {
 #: one file: at the default 200 MB, 1.25M host ops or 250K device ops a range.
 JOIN_BYTES_PER_ROW = {"host_ops": 160, "device_ops": 800}
 #: Rows per row group of a table joined by ranges: each is held whole, as Arrow and encoded, until
-#: written, beside the batches DuckDB prepares. A quarter of DuckDB's own writer's size (122,880) took
-#: about 70 MB off each join's peak on a 1 GB trace (long kernel names), at the same speed, for files 6% larger.
-_ROW_GROUP_ROWS = 32_768
+#: written, beside the batches DuckDB prepares. Half DuckDB's own writer's size (122,880) took 40-65 MB off
+#: each join's peak on a 1 GB trace (long kernel names) at the same speed; a quarter took 70 MB, but the
+#: stored analyses, which read a row group at a time, took 0.2 s longer.
+_ROW_GROUP_ROWS = 65_536
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -58,20 +59,18 @@ def _limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
 
 #: The share of the ingest's DuckDB memory limit a statement gets on a :func:`side_connection`, and the least it
 #: gets. The nesting's sort of the host events took about 280 MB of RSS under the whole 200 MB limit on a 1 GB
-#: trace, the peak of the ingest, and the memory instants' final join and sort about 130 MB: at half the limit they
-#: spill sooner (the sort: 87 MB off the peak for +0.17 s of CPU in 12). The joins of the final host and device ops
-#: go by ranges planned on the side connection's limit: 53 and 19 MB less, at the same CPU time. Not below 100 MB,
-#: where they would spill for little gain; a lower limit a person set holds.
+#: trace, the peak of the ingest: at half the limit it spills sooner, 87 MB off that peak for +0.17 s of CPU in 12.
+#: (The final joins and the memory instants' sort took 15 MB off the peak this way, for 0.35 s: not done.) Not
+#: below 100 MB, where it would spill for little gain; a lower limit a person set holds.
 SIDE_SHARE = 0.5
 SIDE_FLOOR = 100 * 10**6
 
 
 @contextmanager
-def side_connection(con: duckdb.DuckDBPyConnection, views: tuple[str, ...] = (), share: float = SIDE_SHARE,
+def side_connection(con: duckdb.DuckDBPyConnection, share: float = SIDE_SHARE,
                     floor: int = SIDE_FLOOR) -> Iterator[duckdb.DuckDBPyConnection]:
     """A fresh in-memory DuckDB for a statement over the Parquet parts, with ``share`` of ``con``'s memory limit
-    (never below ``floor`` bytes, unless ``con``'s is lower: then that), its threads and temporary folder, and
-    ``con``'s ``views`` (each must read files only).
+    (never below ``floor`` bytes, unless ``con``'s is lower: then that), and its threads and temporary folder.
 
     Its own database holds none of ``con``'s tables, so its limit binds its statement alone.
     """
@@ -81,8 +80,6 @@ def side_connection(con: duckdb.DuckDBPyConnection, views: tuple[str, ...] = (),
                                   "threads": int(threads), "temp_directory": str(temp),
                                   "preserve_insertion_order": False})
     try:
-        for name in views:
-            side.execute(con.execute("SELECT sql FROM duckdb_views() WHERE view_name = ?", [name]).fetchall()[0][0])
         yield side
     finally:
         side.close()
@@ -116,13 +113,10 @@ def write_tables(
             "record_function_id": "record_function_id",
         }),
     }
-    views = {name for (name,) in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
     for table_name, (part, facts, exprs) in joined.items():
-        # Facts in files (a view: the native path) are joined on a side connection, by its smaller ranges.
-        with side_connection(con, (facts,)) if facts in views else nullcontext(con) as joiner:
-            _write_joined(joiner, staging / f"{table_name}.parquet", schema.table(table_name),
-                          schema.select_list(schema.table(table_name), common | exprs),
-                          f"read_parquet({sql_literal(str(parts / f'{part}-*.parquet'))})", facts)
+        _write_joined(con, staging / f"{table_name}.parquet", schema.table(table_name),
+                      schema.select_list(schema.table(table_name), common | exprs),
+                      f"read_parquet({sql_literal(str(parts / f'{part}-*.parquet'))})", facts)
     sources = {
         "collectives": ("coll", {
             c: shifted(c) if c in ("ts_ns", "cpu_ts_ns") else c
@@ -144,13 +138,8 @@ def write_tables(
     for table_name, (source, exprs) in sources.items():
         select = schema.select_list(schema.table(table_name), common | exprs)
         out = sql_literal(str(staging / f"{table_name}.parquet"))
-        statement = (f"COPY (SELECT {select} FROM {source} ORDER BY {_ORDER[table_name]}) TO {out} "
-                     "(FORMAT parquet, COMPRESSION zstd)")
-        if source == "mem_d":  # files only: joined and sorted on a side connection (SIDE_SHARE)
-            with side_connection(con, ("mem_d",)) as side:
-                side.execute(statement)
-        else:
-            con.execute(statement)
+        con.execute(f"COPY (SELECT {select} FROM {source} ORDER BY {_ORDER[table_name]}) TO {out} "
+                    "(FORMAT parquet, COMPRESSION zstd)")
 
 
 def _write_joined(

@@ -95,17 +95,13 @@ def test_a_side_connection_has_its_share_of_the_limit_and_the_same_threads_and_f
         return kineto_sql_tables.memory_limit(c)
 
     main = con("400MB")
-    with kineto_sql_tables.side_connection(main, (), 0.5, 100 * 10**6) as side:
+    with kineto_sql_tables.side_connection(main, 0.5, 100 * 10**6) as side:
         assert abs(limit(side) - limit(main) // 2) < 10**6  # DuckDB words it to a tenth of a MiB
         assert side.execute("SELECT current_setting('threads'), current_setting('temp_directory')").fetchall() == \
             [(3, str(tmp_path))]
         side.execute("CREATE TABLE mine AS SELECT 1 AS a")
     assert main.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'mine'").fetchall() == [(0,)]
-    with kineto_sql_tables.side_connection(main, (), 0.1, 100 * 10**6) as side:  # never below the floor...
+    with kineto_sql_tables.side_connection(main, 0.1, 100 * 10**6) as side:  # never below the floor...
         assert abs(limit(side) - 100 * 10**6) < 10**6
-    with kineto_sql_tables.side_connection(con("50MB"), (), 0.5, 100 * 10**6) as side:  # ...unless the limit is lower
+    with kineto_sql_tables.side_connection(con("50MB"), 0.5, 100 * 10**6) as side:  # ...unless the limit is lower
         assert abs(limit(side) - 50 * 10**6) < 10**6
-    main.execute(f"COPY (SELECT 7 AS a) TO {str(tmp_path / 'x.parquet')!r} (FORMAT parquet)")
-    main.execute(f"CREATE VIEW over_files AS SELECT a + 1 AS b FROM read_parquet({str(tmp_path / 'x.parquet')!r})")
-    with kineto_sql_tables.side_connection(main, ("over_files",)) as side:  # the views it is given come along
-        assert side.execute("SELECT b FROM over_files").fetchall() == [(8,)]
