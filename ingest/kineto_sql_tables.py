@@ -70,14 +70,16 @@ SIDE_FLOOR = 100 * 10**6
 def side_connection(con: duckdb.DuckDBPyConnection, share: float = SIDE_SHARE,
                     floor: int = SIDE_FLOOR) -> Iterator[duckdb.DuckDBPyConnection]:
     """A fresh in-memory DuckDB for a statement over the Parquet parts, with ``share`` of ``con``'s memory limit
-    (never below ``floor`` bytes, unless ``con``'s is lower: then that), and its threads and temporary folder.
+    (never below ``floor`` bytes, unless ``con``'s is lower: then that), its threads, and a temporary folder of
+    its own beside ``con``'s (``<folder>-side``: two databases spilling into one folder could take each other's
+    files; DuckDB makes the folder when it first spills, and the staging folder holding both goes after the ingest).
 
     Its own database holds none of ``con``'s tables, so its limit binds its statement alone.
     """
     limit = _limit_bytes(con)
     threads, temp = con.execute("SELECT current_setting('threads'), current_setting('temp_directory')").fetchall()[0]
     side = duckdb.connect(config={"memory_limit": f"{min(limit, max(int(limit * share), floor))}B",
-                                  "threads": int(threads), "temp_directory": str(temp),
+                                  "threads": int(threads), "temp_directory": f"{temp}-side",
                                   "preserve_insertion_order": False})
     try:
         yield side

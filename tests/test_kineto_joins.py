@@ -87,7 +87,7 @@ def test_a_join_that_fits_is_one_range() -> None:
     assert kineto_sql_tables.id_ranges(con, "no_facts", 100) == []
 
 
-def test_a_side_connection_has_its_share_of_the_limit_and_the_same_threads_and_folder(tmp_path: Path) -> None:
+def test_a_side_connection_has_its_share_of_the_limit_the_same_threads_and_its_own_folder(tmp_path: Path) -> None:
     def con(limit: str) -> duckdb.DuckDBPyConnection:
         return duckdb.connect(config={"memory_limit": limit, "threads": 3, "temp_directory": str(tmp_path)})
 
@@ -98,7 +98,7 @@ def test_a_side_connection_has_its_share_of_the_limit_and_the_same_threads_and_f
     with kineto_sql_tables.side_connection(main, 0.5, 100 * 10**6) as side:
         assert abs(limit(side) - limit(main) // 2) < 10**6  # DuckDB words it to a tenth of a MiB
         assert side.execute("SELECT current_setting('threads'), current_setting('temp_directory')").fetchall() == \
-            [(3, str(tmp_path))]
+            [(3, f"{tmp_path}-side")]  # a folder of its own for what it spills
         side.execute("CREATE TABLE mine AS SELECT 1 AS a")
     assert main.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'mine'").fetchall() == [(0,)]
     with kineto_sql_tables.side_connection(main, 0.1, 100 * 10**6) as side:  # never below the floor...
