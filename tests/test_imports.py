@@ -134,22 +134,25 @@ def test_a_planted_violation_is_caught(tmp_path: Path) -> None:
 
 
 def test_the_entry_points_set_polars_allocator_before_polars_loads() -> None:
-    """docs/architecture.md, "Memory": importing the facade or the faces sets jemalloc's decays before polars is
-    loaded (it reads them once); a value the user set is kept."""
+    """docs/architecture.md, "Memory": importing the facade or the faces sets jemalloc's decays and Arrow's pool
+    before polars and pyarrow are loaded (each reads its setting once); a value the user set is kept."""
     import subprocess
     import sys
 
     code = ("import os, sys\nimport tracelake.{module}\n"
-            "print(os.environ.get('_RJEM_MALLOC_CONF'), 'polars' in sys.modules)")
+            "print(os.environ.get('_RJEM_MALLOC_CONF'), os.environ.get('ARROW_DEFAULT_MEMORY_POOL'), "
+            "'polars' in sys.modules, 'pyarrow' in sys.modules)\n"
+            "import pyarrow\nprint(pyarrow.default_memory_pool().backend_name)")
+    variables = ("_RJEM_MALLOC_CONF", "ARROW_DEFAULT_MEMORY_POOL")
     for module in ("warehouse", "api"):
-        env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+        env = {k: v for k, v in os.environ.items() if k not in variables}
         out = subprocess.run([sys.executable, "-c", code.format(module=module)], env=env, capture_output=True,
                              text=True, check=True).stdout.split()
-        assert out == ["dirty_decay_ms:0,muzzy_decay_ms:0", "False"], module
-        env["_RJEM_MALLOC_CONF"] = "narenas:1"
+        assert out == ["dirty_decay_ms:0,muzzy_decay_ms:0", "system", "False", "False", "system"], module
+        env.update({"_RJEM_MALLOC_CONF": "narenas:1", "ARROW_DEFAULT_MEMORY_POOL": "mimalloc"})
         out = subprocess.run([sys.executable, "-c", code.format(module=module)], env=env, capture_output=True,
                              text=True, check=True).stdout.split()
-        assert out[0] == "narenas:1", module
+        assert out[:2] == ["narenas:1", "mimalloc"] and out[-1] == "mimalloc", module
 
 
 def test_a_client_importing_the_warehouse_is_caught(tmp_path: Path) -> None:
