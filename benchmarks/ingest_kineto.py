@@ -68,6 +68,23 @@ json.dump({"seconds": seconds, "events": int(events), "base_rss_bytes": base_rss
            "warnings": res.warnings,
            "settings": {k: str(v) for k, v in vars(wh.settings).items()}}, open(out, "w"))
 """
+#: The same child with the CPU time of the call (all threads; on a shared machine it moves less with the load than
+#: the wall time does) and the ingest's warnings: for benchmarks/ingest_xla.py and benchmarks/ingest_memory.py.
+CPU_TRACELAKE_CHILD = """
+import json, resource, sys, time
+from tracelake.warehouse import Warehouse
+trace, home, out = sys.argv[1:4]
+wh = Warehouse(home=home)
+base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+started, cpu_started = time.perf_counter(), time.process_time()
+report = wh.ingest([trace], job="bench")
+seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+res = report.results[0]
+if res.status != "ingested" or res.rows.get("device_ops", 0) <= 0:
+    sys.exit(f"tracelake ingest went wrong: status={res.status!r} rows={res.rows} error={res.error!r}")
+json.dump({"seconds": seconds, "cpu_seconds": cpu_seconds, "base_rss_bytes": base_rss, "rows": res.rows,
+           "warnings": res.warnings}, open(out, "w"))
+"""
 HTA_CHILD = """
 import json, resource, sys, time
 from hta.trace_analysis import TraceAnalysis
@@ -156,20 +173,27 @@ def run_child(python: str, code: str, inputs: list[Path], workdir: Path, timeout
     return json.loads(result.read_text()), usage.ru_maxrss * 1024  # ru_maxrss is KiB on Linux
 
 
-def hta_python() -> str:
-    """The cached HTA virtualenv's Python, made on first use."""
-    python = HTA_VENV / "bin" / "python"
-    check = [str(python), "-c", "import hta.trace_analysis, pandas; assert int(pandas.__version__[0]) < 3"]
+def cached_venv(venv: Path, requirements: list[str], check_code: str) -> str:
+    """The Python of the virtualenv ``venv``, made on first use (``pip install`` of ``requirements``) and kept while
+    ``check_code`` runs in it."""
+    python = venv / "bin" / "python"
+    check = [str(python), "-c", check_code]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return str(python)
-    print(f"creating {HTA_VENV} and installing {' '.join(HTA_REQUIREMENTS)} (once) ...", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(HTA_VENV)], check=True)
+    print(f"creating {venv} and installing {' '.join(requirements)} (once) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     pip = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                          *HTA_REQUIREMENTS], capture_output=True, text=True)
+                          *requirements], capture_output=True, text=True)
     if pip.returncode != 0:
         raise RuntimeError(f"pip install failed:\n{pip.stdout[-2000:]}{pip.stderr[-3000:]}")
     subprocess.run(check, check=True)
     return str(python)
+
+
+def hta_python() -> str:
+    """The cached HTA virtualenv's Python, made on first use."""
+    return cached_venv(HTA_VENV, list(HTA_REQUIREMENTS),
+                       "import hta.trace_analysis, pandas; assert int(pandas.__version__[0]) < 3")
 
 
 def warm_page_cache(path: Path) -> None:

@@ -42,6 +42,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from ingest_kineto import CPU_TRACELAKE_CHILD as INGEST_CHILD  # noqa: E402
 from ingest_kineto import GENERATE_CHILD, MB, Figures, run_child, warm_page_cache  # noqa: E402
 
 #: Share of all events that are memory instants in the H200 training sample (2,862 of 22,687).
@@ -52,22 +53,6 @@ TIME_TARGET = 1.10
 RSS_BOUND = 0.5
 #: Bytes a memory instant adds, about: the plain trace is written this much smaller than --size-mb.
 _GROWTH = 1.18
-
-#: benchmarks/ingest_kineto.py's tracelake child, with the CPU time of the call (all threads): on a shared machine
-#: it moves less with the load than the wall time does.
-INGEST_CHILD = """
-import json, sys, time
-from tracelake.warehouse import Warehouse
-trace, home, out = sys.argv[1:4]
-wh = Warehouse(home=home)
-started, cpu = time.perf_counter(), time.process_time()
-report = wh.ingest([trace], job="bench")
-seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
-res = report.results[0]
-if res.status != "ingested" or res.rows.get("device_ops", 0) <= 0:
-    sys.exit(f"tracelake ingest went wrong: status={res.status!r} rows={res.rows} error={res.error!r}")
-json.dump({"seconds": seconds, "cpu_seconds": cpu, "rows": res.rows}, open(out, "w"))
-"""
 
 ADD_MEMORY_CHILD = """
 import json, sys

@@ -67,6 +67,11 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ingest_kineto import CPU_TRACELAKE_CHILD as TRACELAKE_CHILD  # noqa: E402
+from ingest_kineto import cached_venv  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ingest_kineto import MB, run_child, warm_page_cache  # noqa: E402  (benchmarks/ is not a package)
 
 HERE = Path(__file__).resolve().parent
@@ -81,21 +86,6 @@ XPROF_PARTIAL = ("memory_profile",)
 
 # Child programs: argv = [inputs..., result.json]; each writes its figures there as JSON, with the seconds and the
 # CPU seconds (all threads) of the timed call: on a shared machine the CPU seconds vary less.
-TRACELAKE_CHILD = """
-import json, resource, sys, time
-from tracelake.warehouse import Warehouse
-trace, home, out = sys.argv[1:4]
-wh = Warehouse(home=home)
-base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-started, cpu_started = time.perf_counter(), time.process_time()
-report = wh.ingest([trace], job="bench")
-seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
-res = report.results[0]
-if res.status != "ingested" or res.rows.get("device_ops", 0) <= 0:
-    sys.exit(f"tracelake ingest went wrong: status={res.status!r} rows={res.rows} error={res.error!r}")
-json.dump({"seconds": seconds, "cpu_seconds": cpu_seconds, "base_rss_bytes": base_rss, "rows": res.rows,
-           "warnings": res.warnings}, open(out, "w"))
-"""
 WHOLE_CHILD = """
 import json, resource, sys, time
 from tracelake.ingest.xplane_proto import XSpaceWhole
@@ -185,18 +175,7 @@ def generate(size_mb: float, workdir: Path, device: str, timeout: float) -> tupl
 
 def xprof_python() -> str:
     """The cached XProf virtualenv's Python, made on first use (``pip install xprof``)."""
-    python = XPROF_VENV / "bin" / "python"
-    check = [str(python), "-c", "import xprof.convert.raw_to_tool_data"]
-    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
-        return str(python)
-    print(f"creating {XPROF_VENV} and installing {' '.join(XPROF_REQUIREMENTS)} (once) ...", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(XPROF_VENV)], check=True)
-    pip = subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                          *XPROF_REQUIREMENTS], capture_output=True, text=True)
-    if pip.returncode != 0:
-        raise RuntimeError(f"pip install failed:\n{pip.stdout[-2000:]}{pip.stderr[-3000:]}")
-    subprocess.run(check, check=True)
-    return str(python)
+    return cached_venv(XPROF_VENV, list(XPROF_REQUIREMENTS), "import xprof.convert.raw_to_tool_data")
 
 
 def _fresh_copy(trace: Path, folder: Path) -> Path:
