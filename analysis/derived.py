@@ -16,6 +16,7 @@ trace gives none of its own (XLA gives its ops' FLOPs, which stay as they are).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import polars as pl
 
@@ -27,6 +28,19 @@ from .kernels import KernelStats
 from .launches import LaunchCalls, LaunchParts, launch_of
 from .op_stats import OpParts, Operators, peak_for
 from .peaks import Peaks
+
+@dataclass(frozen=True)
+class RankRows:
+    """One (trace, rank)'s rows of the derived tables (:meth:`DerivedTables.rank_rows`)."""
+
+    breakdown: list[dict[str, object]]
+    idle: list[pl.DataFrame]
+    op_stats: pl.DataFrame
+    kernel_stats: pl.DataFrame
+    launch_stats: pl.DataFrame
+    stream_queues: pl.DataFrame
+    graph_launches: pl.DataFrame
+
 
 #: A window of one rank's device ops: ``[low, high)`` and the ops starting in it, in start order.
 Window = tuple[int, int, pl.DataFrame]
@@ -67,7 +81,13 @@ class DerivedTables:
         self._graphs: list[pl.DataFrame] = []
 
     def add_rank(self, trace_id: str, rank: int, windows: Iterable[Window]) -> None:
-        """Add one (trace, rank) from its device ops in consecutive windows of start times.
+        """Add one (trace, rank) from its device ops in consecutive windows of start times (see :meth:`rank_rows`)."""
+        self.add(self.rank_rows(trace_id, rank, windows))
+
+    def rank_rows(self, trace_id: str, rank: int, windows: Iterable[Window]) -> RankRows:
+        """One (trace, rank)'s rows of every derived table, from its device ops in consecutive windows of start
+        times; nothing is added to the tables (:meth:`add` does), so ranks can be computed side by side, each on a
+        thread of its own: this reads the shared inputs only.
 
         The windows run from :data:`breakdown.LOWEST` to :data:`breakdown.HIGHEST`, each op in one
         window, ops with the same start in the same one. The ops have ``trace_id``, ``rank``,
@@ -79,6 +99,7 @@ class DerivedTables:
         counts = KernelStats()
         launched = LaunchParts()
         operators = OpParts(self._operators.get(trace_id))
+        idle_parts: list[pl.DataFrame] = []
         mine = self._async.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank))
         for low, high, ops in windows:
             flops, model, again = operators.credit(ops)
@@ -92,7 +113,7 @@ class DerivedTables:
                 launched.add(ops)
             work = ops.select("trace_id", "rank", "stream", "name", "category", "ts_ns", "dur_ns", "launch_ns").filter(
                 pl.col("category") != Category.SYNC)  # only the columns idle and kernel stats read are copied
-            self._idle.append(idle.idle_window(work.select(
+            idle_parts.append(idle.idle_window(work.select(
                 "trace_id", "rank", "stream", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
                 "launch_ns"), carry))
             counts.add(work)
@@ -100,13 +121,22 @@ class DerivedTables:
         peak = self._peaks.get((trace_id, rank))
         if peak is None and (figure := peak_for(hardware, operators.dominant_dtype(), "matmul")):
             peak = figure / 1e12
-        self._breakdown.extend(parts.rows(trace_id, rank, peak))
-        self._op_stats.append(operators.rows(trace_id, rank, hardware))
-        self._stats.append(counts.kernel_stats(trace_id, rank))
-        self._launches.append(launched.stats(trace_id, rank))
-        self._queues.append(launched.queues(trace_id, rank))
-        self._graphs.append(graph_rows(launched.graph_kernels(), trace_id, rank,
-                                       self._graph_calls.get(trace_id, {})))
+        return RankRows(breakdown=parts.rows(trace_id, rank, peak), idle=idle_parts,
+                        op_stats=operators.rows(trace_id, rank, hardware),
+                        kernel_stats=counts.kernel_stats(trace_id, rank),
+                        launch_stats=launched.stats(trace_id, rank), stream_queues=launched.queues(trace_id, rank),
+                        graph_launches=graph_rows(launched.graph_kernels(), trace_id, rank,
+                                                  self._graph_calls.get(trace_id, {})))
+
+    def add(self, rows: RankRows) -> None:
+        """Add one rank's rows (:meth:`rank_rows`); the tables keep the order ranks are added in."""
+        self._breakdown.extend(rows.breakdown)
+        self._idle.extend(rows.idle)
+        self._op_stats.append(rows.op_stats)
+        self._stats.append(rows.kernel_stats)
+        self._launches.append(rows.launch_stats)
+        self._queues.append(rows.stream_queues)
+        self._graphs.append(rows.graph_launches)
 
     def tables(self) -> dict[str, pl.DataFrame | None]:
         """Each derived table's rows, by table name; None where no rank was added."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 import pyarrow as pa
@@ -85,7 +86,7 @@ class Parts:
 #: level, as the encodings leave it little to do. Min/max statistics (a fifth of the writing time when kept
 #: for every column) only where readers skip row groups by them: rank and time (``derived``), ids.
 _COUNTING = ("event_id", "seq", "ts_ns")
-_WRITER_OPTIONS = {
+_WRITER_OPTIONS: dict[str, Any] = {
     "compression": "zstd", "compression_level": 1,
     "use_dictionary": [c for c in schema.table("collectives").column_names if c not in _COUNTING],
     "column_encoding": dict.fromkeys(_COUNTING, "DELTA_BINARY_PACKED"),

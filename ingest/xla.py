@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -150,7 +151,7 @@ class _Parser(HostLines):
         rows = StreamRows()
         for plane, kind, index in self.device_planes:
             self.devices[index] = _device_row(plane, kind, index, self.local_index.get(index, index))
-            for batch in self.space.batches(plane):
+            for batch in self.space.decoded(plane, partial(_decoded_line, kind), stats=kind == "gpu"):
                 name = str(batch.header.name)
                 if kind == "tpu" and name == "XLA Ops":
                     self._tpu_ops(plane, index, batch, device_ops)
@@ -319,6 +320,13 @@ class _Parser(HostLines):
         })
 
     # ---- the small tables and the trace facts
+def _decoded_line(kind: str, batch: EventBatch) -> bool:
+    """Whether :meth:`_Parser.read_devices` decodes the events of the batch's line on a ``kind`` plane (the
+    others are only counted)."""
+    name = str(batch.header.name)
+    return name in ("XLA Ops", "Async XLA Ops") if kind == "tpu" else STREAM_LINE.match(name) is not None
+
+
 def _device_row(plane: Plane, kind: str, rank: int, index: int) -> dict[str, object]:
     stats = plane.stats()
     row: dict[str, object] = {"rank": rank, "device": index, "kind": kind}
@@ -432,7 +440,7 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
         parser.host_position = _host_position(source)
         parser.survey()
         parser.read_device_steps()
-        with BackgroundWriter(TableWriter(staging, "device_ops", trace_id=options.trace_id,
+        with BackgroundWriter(TableWriter(staging, "device_ops", trace_id=options.trace_id, dictionaries=True,
                                           **writer_options("device_ops"))) as device_ops:
             parser.read_hosts(device_ops)
             parser.read_devices(device_ops)

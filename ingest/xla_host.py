@@ -74,7 +74,7 @@ class HostLines(GpuStreams):
                 for plane in self.host_planes:
                     pid = plane.stats().get("process_id")
                     still_open: Stack = []
-                    for unit in _units(self.space.batches(plane)):
+                    for unit in _units(self.space.decoded(plane, _every, stats=True)):
                         still_open = self._host_unit(plane, unit, pid if isinstance(pid, int) else None, rows,
                                                      cpu_ops, host_steps, still_open)
                         if unit[-1].last:  # the line's end: the next unit starts another
@@ -368,6 +368,11 @@ def proper_nesting(ts: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndar
     if ((found < 0) | (parent_key // n != depth[inner] - 1) | (end[inner] > end[parent[inner]])).any():
         return None
     return depth.astype(np.int32), parent
+
+
+def _every(batch: EventBatch) -> bool:
+    """Every line of a host plane is read (a thread's events each)."""
+    return True
 
 
 def _units(batches: Iterable[EventBatch]) -> Iterator[list[EventBatch]]:

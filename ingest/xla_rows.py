@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from .xspace_events import STAT_INT64, STAT_NONE, STAT_UINT64
 DELTA_COLUMNS = ("event_id", "parent_id", "ts_ns", "dur_ns", "step")
 
 
-def writer_options(table: str) -> dict[str, object]:
+def writer_options(table: str) -> dict[str, Any]:
     """``ParquetWriter`` options for one of the big tables (``device_ops``, ``host_ops``, ``collectives``).
 
     Each column of :data:`DELTA_COLUMNS` the table has is delta-encoded, every other column dictionary-encoded

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import mmap
 import os
-from collections.abc import Iterator
+import queue
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -29,13 +31,17 @@ from tracelake.contracts.errors import TraceFormatError
 
 from . import protowire, xspace_events
 from .xplane_proto import HloProto, XLine, XPlaneHeader, XSpace
-from .xspace_events import EventFields
+from .xspace_events import EventFields, StatFields
 from .xspace_stats import BatchStats
 
 #: Lines are read in windows of at most this many bytes (more only for a single bigger event). Decoding a
 #: window takes about 100x its size in transient arrays and Arrow columns (1 MB: ~70,000 TPU ops); beyond
 #: about 1 MB a bigger window only adds memory, not speed.
 LINE_CHUNK_BYTES = 1 << 20
+
+#: Batches :meth:`Space.decoded` reads and decodes ahead of its caller (each some 100 KB to a few MB once
+#: decoded).
+AHEAD = 2
 
 #: Pages the kernel maps around a touched one (fault-around, 64 KiB by default), released with it.
 _RELEASE_MARGIN = 1 << 20
@@ -139,6 +145,9 @@ class EventBatch:
     #: Its line came in one window (:data:`LINE_CHUNK_BYTES`): the line's runs, if several, are split only by
     #: header fields written between events; :meth:`Space.lines` decodes such a line as one ``XLine``.
     whole: bool = False
+    #: What :meth:`decode` decoded ahead: the events' fields, and their stats' fields.
+    _fields: EventFields | None = field(default=None, repr=False)
+    _stat_fields: StatFields | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         return len(self.starts)
@@ -149,11 +158,26 @@ class EventBatch:
         Raises:
             TraceFormatError: a damaged event, with its byte offset in the file.
         """
+        if self._fields is not None:
+            return self._fields
         try:
             return xspace_events.event_fields(self.data, self.starts, self.ends)
         except protowire.WireError as exc:
             raise TraceFormatError(self.source, f"line {self._name()!r}: damaged event ({exc})",
                                    where=f"byte {self.base + exc.offset}") from None
+
+    def decode(self, stats: bool) -> None:
+        """Decode the events' fields (and with ``stats``, their stats' fields) now, for :meth:`fields` and
+        :meth:`stats` to return: on :meth:`Space.decoded`'s thread, ahead of the reader. Bytes that cannot be
+        decoded are left to those two, which say what is wrong when the reader gets to them."""
+        try:
+            fields = xspace_events.event_fields(self.data, self.starts, self.ends)
+            if stats:
+                who, starts, ends = fields.stats
+                self._stat_fields = xspace_events.stat_fields(self.data, who, starts, ends)
+            self._fields = fields
+        except protowire.WireError:
+            self._stat_fields = None
 
     def stats(self, plane: Plane, fields: EventFields) -> BatchStats:
         """The events' stats (``fields.stats``) decoded in bulk, by name (see :class:`BatchStats`).
@@ -161,6 +185,8 @@ class EventBatch:
         Raises:
             TraceFormatError: a damaged stat, with its byte offset in the file.
         """
+        if self._stat_fields is not None and fields is self._fields:
+            return BatchStats(plane, self, self._stat_fields, len(self))
         who, starts, ends = fields.stats
         try:
             decoded = xspace_events.stat_fields(self.data, who, starts, ends)
@@ -292,6 +318,53 @@ class Space:
         """
         for start, end in plane.line_ranges:
             yield from self._line_batches(plane, start, end)
+
+    def decoded(self, plane: Plane, wanted: Callable[[EventBatch], bool], *, stats: bool) -> Iterator[EventBatch]:
+        """:meth:`batches`, read and decoded on a thread of their own up to :data:`AHEAD` batches ahead of the
+        caller: each batch ``wanted`` picks (by its header, say) comes with its events' fields decoded (and with
+        ``stats``, their stats' fields; see :meth:`EventBatch.decode`), while the caller works on the one before.
+
+        The decoding is numpy over whole arrays, which lets go of the GIL; the same batches come in the same
+        order, and an error reading one is raised when the caller gets to it. Nothing else may use this
+        :class:`Space` until the iterator is done or closed.
+        """
+        ready: queue.Queue[tuple[EventBatch | None, BaseException | None]] = queue.Queue(maxsize=AHEAD)
+        stop = threading.Event()
+
+        def give(item: tuple[EventBatch | None, BaseException | None]) -> bool:
+            while not stop.is_set():
+                try:
+                    ready.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        def work() -> None:
+            try:
+                for batch in self.batches(plane):
+                    if len(batch) and wanted(batch):
+                        batch.decode(stats)
+                    if not give((batch, None)):
+                        return
+            except BaseException as exc:  # raised on the caller's thread, in its place
+                give((None, exc))
+                return
+            give((None, None))
+
+        worker = threading.Thread(target=work, name="tracelake-xspace-decode", daemon=True)
+        worker.start()
+        try:
+            while True:
+                batch, error = ready.get()
+                if error is not None:
+                    raise error
+                if batch is None:
+                    return
+                yield batch
+        finally:
+            stop.set()
+            worker.join()
 
     def _line_batches(self, plane: Plane, start: int, end: int) -> Iterator[EventBatch]:
         """One line's runs (see :meth:`batches`): header fields walked one by one, events a window at a time."""

@@ -7,9 +7,13 @@ damaged events name the file and the byte.
 
 from __future__ import annotations
 
+import itertools
 import random
 import struct
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -90,7 +94,16 @@ def _space_with_line(tmp_path: Path, line: bytes) -> Path:
     return path
 
 
-def _assert_batches_match_protobuf(path: Path) -> int:
+def _batches(space: Space, plane: Any, ahead: bool) -> Iterator[Any]:
+    """The plane's batches as read in place, or ``ahead``: decoded on :meth:`Space.decoded`'s thread (every other
+    line, so that both ways of decoding meet)."""
+    if not ahead:
+        return space.batches(plane)
+    picked = itertools.count()
+    return space.decoded(plane, lambda batch: next(picked) % 2 == 0, stats=True)
+
+
+def _assert_batches_match_protobuf(path: Path, ahead: bool = False) -> int:
     """Every plane's line runs, decoded in bulk, equal protobuf's ``XLine`` decoding of the same lines."""
     from tracelake.ingest.xplane_proto import XLine, XStat
 
@@ -99,7 +112,7 @@ def _assert_batches_match_protobuf(path: Path) -> int:
         for plane in space.planes:
             fast: list[tuple[int, int, int, int, list[bytes]]] = []
             names = []
-            for batch in space.batches(plane):
+            for batch in _batches(space, plane, ahead):
                 names.append(str(batch.header.name))
                 f = batch.fields()
                 who, starts, ends = f.stats
@@ -127,6 +140,7 @@ def test_bulk_event_decoder_matches_protobuf_on_the_sample(monkeypatch: pytest.M
         monkeypatch.setattr(xspace, "LINE_CHUNK_BYTES", chunk)
         for path in paths:
             assert _assert_batches_match_protobuf(path) > 0
+            assert _assert_batches_match_protobuf(path, ahead=True) > 0
 
 
 @settings(max_examples=6, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -144,6 +158,7 @@ def test_bulk_event_decoder_matches_protobuf_on_random_lines(
         for chunk in (1 << 30, small_window, 1000):  # a window smaller than an event is widened to it
             m.setattr(xspace, "LINE_CHUNK_BYTES", chunk)
             assert _assert_batches_match_protobuf(path) == 400
+            assert _assert_batches_match_protobuf(path, ahead=True) == 400
 
 
 def test_varints_of_every_length_match_protobuf() -> None:
@@ -167,21 +182,44 @@ def test_varints_of_every_length_match_protobuf() -> None:
     (b"\x22\xff\xff", "truncated varint", 1),  # the event's length cut short
     (b"\x22\x0b\x10" + b"\xff" * 10, "longer than 10 bytes", 3),
 ])
+@pytest.mark.parametrize("window", [1 << 20, 4])
 def test_damaged_events_name_the_file_and_byte(
-    damage: bytes, reason: str, offset: int, tmp_path: Path
+    damage: bytes, reason: str, offset: int, window: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Read in place or decoded ahead, in one window or in windows of 4 bytes (an event each): the same error, after
+    the same good events."""
     from tracelake.contracts.errors import TraceFormatError
+    from tracelake.ingest import xspace
 
+    monkeypatch.setattr(xspace, "LINE_CHUNK_BYTES", window)
     good = len_field(4, b"\x08\x01\x10\x02\x18\x03")
     line = len_field(2, b"XLA Ops") + good * 3
     path = _space_with_line(tmp_path, line + damage)
     at = path.read_bytes().index(line + damage) + len(line) + offset
-    with Space(path, path.name) as space, pytest.raises(TraceFormatError) as caught:
-        for plane in space.planes:
-            for batch in space.batches(plane):
-                batch.fields()
-    assert caught.value.source == "random.xplane.pb"
-    assert reason in str(caught.value) and caught.value.where == f"byte {at}", str(caught.value)
+    seen = {}
+    for ahead in (False, True):
+        seen[ahead] = 0
+        with Space(path, path.name) as space, pytest.raises(TraceFormatError) as caught:
+            for plane in space.planes:
+                for batch in _batches(space, plane, ahead):
+                    seen[ahead] += len(batch.fields().metadata_id)
+        assert caught.value.source == "random.xplane.pb"
+        assert reason in str(caught.value) and caught.value.where == f"byte {at}", str(caught.value)
+    assert seen[True] == seen[False] <= 3
+    if window > len(line):  # one window: the damaged event is found inside it
+        assert seen[False] == 0
+
+
+def test_a_reader_stopping_early_stops_the_decoding_thread() -> None:
+    """Leaving :meth:`Space.decoded` part way (a ``break``, an error in the caller) ends its thread at once."""
+    with Space(TPU_SAMPLE, TPU_SAMPLE.name) as space:
+        plane = next(p for p in space.planes if p.line_ranges)
+        batches = space.decoded(plane, lambda batch: True, stats=False)
+        first = next(batches)
+        assert len(first.fields().metadata_id) == len(first)
+        assert any(t.name == "tracelake-xspace-decode" for t in threading.enumerate())
+        batches.close()
+        assert not any(t.name == "tracelake-xspace-decode" for t in threading.enumerate())
 
 
 def test_rounds_of_one_field_in_all_or_some_events_match_protobuf(tmp_path: Path) -> None:

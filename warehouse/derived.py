@@ -9,6 +9,7 @@ without recomputing (docs/analyses.md, "Stored at ingest").
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracelake.analysis import breakdown
-from tracelake.analysis.derived import DerivedTables, Window
+from tracelake.analysis.derived import DerivedTables, RankRows, Window
 from tracelake.analysis.flops import counted
 from tracelake.analysis.op_scope import Autograd, scope_kind, scope_name
 from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators
@@ -38,15 +39,17 @@ INPUTS = ("device_ops", "host_ops", "collectives", "devices")
 PROFILE_PEAK_DTYPE = "bf16"
 
 
-def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, ...] = ()) -> None:
+def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, ...] = (), threads: int = 1) -> None:
     """Compute every derived table of one trace from its parsed tables in ``parsed`` into ``out_dir``.
 
     ``parsed`` holds ``<table>.parquet`` for each table in :data:`INPUTS` (a staging
     directory, or a folder of links to a stored trace's files); writes
     ``<table>.parquet`` for each table in :data:`schema.DERIVED_TABLES`. ``peak_overrides``: the device peaks a
-    person gave (``TRACELAKE_DEVICE_PEAKS``, :func:`tracelake.analysis.peaks.parse_overrides`).
+    person gave (``TRACELAKE_DEVICE_PEAKS``, :func:`tracelake.analysis.peaks.parse_overrides`). ``threads``: ranks
+    computed at once, each on a thread of its own (the analyses spend most of their time in polars, Arrow and
+    numpy, which let go of the GIL); the tables are the same whatever the number.
 
-    Rank by rank in windows of :data:`CHUNK_ROWS` ops: memory follows the window, plus the host
+    Rank by rank in windows of :data:`CHUNK_ROWS` ops: memory follows ``threads`` windows, plus the host
     launch calls (25 bytes each), the distinct (name, duration) pairs of a rank and what
     :class:`~tracelake.analysis.launches.LaunchParts` keeps of each launched op.
     """
@@ -68,8 +71,18 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
     release_free_memory()  # the operators' passes freed their row groups: hand them back before the windows
     launches, graph_calls = launch_times(parsed / "host_ops.parquet", parsed / "device_ops.parquet")
     tables = DerivedTables(launches, graph_calls, windows, peaks, operators, hardware)
-    for trace_id, rank in keys(parsed / "device_ops.parquet"):
-        tables.add_rank(trace_id, rank, _windows(parsed / "device_ops.parquet", trace_id, rank, CHUNK_ROWS))
+    ranks = keys(parsed / "device_ops.parquet")
+
+    def rows(key: tuple[str, int]) -> RankRows:
+        return tables.rank_rows(*key, _windows(parsed / "device_ops.parquet", *key, CHUNK_ROWS))
+
+    if threads > 1 and len(ranks) > 1:
+        with ThreadPoolExecutor(min(threads, len(ranks)), thread_name_prefix="tracelake-derived") as pool:
+            for done in pool.map(rows, ranks):  # in the ranks' order, whichever finishes first
+                tables.add(done)
+    else:
+        for key in ranks:
+            tables.add(rows(key))
     computed = tables.tables()
     for name in schema.DERIVED_TABLES:  # a table computed per run (critical_path) starts empty: docs/schema.md
         frame = computed.get(name)

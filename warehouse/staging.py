@@ -149,7 +149,7 @@ def _stage(
                 hashing.raise_its_error()  # the file's own error (a damaged gzip) as hashing names it
             raise
         result.trace_id = trace_id
-        write_derived(staging, staging, peaks.parse_overrides(settings.device_peaks))
+        write_derived(staging, staging, peaks.parse_overrides(settings.device_peaks), settings.threads)
         rows = {name: pq.read_metadata(staging / f"{name}.parquet").num_rows for name in schema.DATA_TABLES}
         row = traces_row(path, source_name, trace_id, labels, fmt.name, info, rows, started)
         pq.write_table(pa.Table.from_pylist([row], schema=schema.TRACES.arrow_schema),
@@ -347,7 +347,7 @@ def stage_derived(
                 os.symlink(stored, staging / f"{name}.parquet")
             else:  # a trace ingested before the table existed
                 pq.write_table(schema.table(name).arrow_schema.empty_table(), staging / f"{name}.parquet")
-        write_derived(staging, staging, peaks.parse_overrides(settings.device_peaks))
+        write_derived(staging, staging, peaks.parse_overrides(settings.device_peaks), settings.threads)
     except (duckdb.Error, OSError) as exc:
         store.discard(staging)
         raise WarehouseError(f"cannot recompute trace {trace_id}: {exc}") from exc
