@@ -148,8 +148,8 @@ _TEXT_CODES = pa.dictionary(pa.int32(), pa.string())
 
 def _text_codes(values: ColumnValues) -> pa.Array:
     """A text column as a dictionary of :data:`_TEXT_CODES` (a list, or Arrow strings, are encoded here)."""
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
+    if isinstance(values, pa.ChunkedArray):  # chunks may hold different dictionaries (with nulls, not unified)
+        values = values.cast(pa.string()).combine_chunks()
     if not isinstance(values, pa.Array):
         values = pa.array(values, type=pa.string())
     if not pa.types.is_dictionary(values.type):

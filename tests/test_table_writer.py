@@ -2,7 +2,7 @@
 as Arrow dictionaries are written as Parquet dictionary pages as they are. A reader must not see a difference: the
 same schema (the declared one) and the same rows as the plain writer's file, which casts every text to one string
 per row, whatever form each column comes in (lists with None, strings, dictionaries with or without a null among
-their values or their codes, chunked) and in pyarrow, polars and DuckDB alike.
+their values or their codes, chunked, chunks of different dictionaries) and in pyarrow, polars and DuckDB alike.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ def _as(form: str, values: list[str | None], draw_codes: list[int]) -> object:
     if form == "chunked":
         half = len(values) // 2
         return pa.chunked_array([pa.array(values[:half], type=pa.string()), pa.array(values[half:], type=pa.string())])
+    if form == "chunked dicts":  # each chunk its own dictionary, a null among its values
+        half = len(values) // 2
+        return pa.chunked_array([pa.array(part + [None], type=pa.string()).dictionary_encode(null_encoding="encode")[
+            :len(part)] for part in (values[:half], values[half:])])
     # a dictionary whose values may hold a null (a per-op text that is None) and whose codes may be null too
     words = list(dict.fromkeys(values)) or [None]
     codes = [None if c < 0 else words.index(values[i]) for i, c in enumerate(draw_codes)]
@@ -49,7 +53,7 @@ def test_dictionaries_read_back_as_the_plain_writer_s_file(data: st.DataObject, 
         names = data.draw(st.lists(WORDS, min_size=rows, max_size=rows))
         categories = data.draw(st.lists(WORDS, min_size=rows, max_size=rows))
         codes = data.draw(st.lists(st.integers(-1, 3), min_size=rows, max_size=rows))
-        forms = data.draw(st.tuples(*[st.sampled_from(["list", "strings", "chunked", "dict", "dict8"])] * 2))
+        forms = data.draw(st.tuples(*[st.sampled_from(["list", "strings", "chunked", "chunked dicts", "dict", "dict8"])] * 2))
         expected_names = [None if (forms[0].startswith("dict") and c < 0) else n for n, c in zip(names, codes,
                                                                                              strict=True)]
         batches.append(({"event_id": list(range(rows)), "name": _as(forms[0], names, codes),
