@@ -24,6 +24,7 @@ devices per host, so that ranks do not collide across hosts.
 from __future__ import annotations
 
 import re
+from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -151,20 +152,22 @@ class _Parser(HostLines):
         rows = StreamRows()
         for plane, kind, index in self.device_planes:
             self.devices[index] = _device_row(plane, kind, index, self.local_index.get(index, index))
-            for batch in self.space.decoded(plane, partial(_decoded_line, kind), stats=kind == "gpu"):
-                name = str(batch.header.name)
-                if kind == "tpu" and name == "XLA Ops":
-                    self._tpu_ops(plane, index, batch, device_ops)
-                elif kind == "tpu" and name == "Async XLA Ops":
-                    self._tpu_async(plane, index, batch)
-                elif kind == "gpu" and STREAM_LINE.match(name):
-                    self._gpu_stream(plane, index, batch, rows)
-                else:
-                    self.events += len(batch)
-                if batch.last:
-                    self._number_collectives()
-                if rows.rows >= FLUSH_ROWS:
-                    self._flush_streams(rows, device_ops)
+            # closed on the way out, errors included (see Space.decoded)
+            with closing(self.space.decoded(plane, partial(_decoded_line, kind), stats=kind == "gpu")) as batches:
+                for batch in batches:
+                    name = str(batch.header.name)
+                    if kind == "tpu" and name == "XLA Ops":
+                        self._tpu_ops(plane, index, batch, device_ops)
+                    elif kind == "tpu" and name == "Async XLA Ops":
+                        self._tpu_async(plane, index, batch)
+                    elif kind == "gpu" and STREAM_LINE.match(name):
+                        self._gpu_stream(plane, index, batch, rows)
+                    else:
+                        self.events += len(batch)
+                    if batch.last:
+                        self._number_collectives()
+                    if rows.rows >= FLUSH_ROWS:
+                        self._flush_streams(rows, device_ops)
         self._number_collectives()
         self._flush_streams(rows, device_ops)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import closing
 from pathlib import Path
 from typing import Any, cast
 
@@ -74,13 +75,14 @@ class HostLines(GpuStreams):
                 for plane in self.host_planes:
                     pid = plane.stats().get("process_id")
                     still_open: Stack = []
-                    for unit in _units(self.space.decoded(plane, _every, stats=True)):
-                        still_open = self._host_unit(plane, unit, pid if isinstance(pid, int) else None, rows,
-                                                     cpu_ops, host_steps, still_open)
-                        if unit[-1].last:  # the line's end: the next unit starts another
-                            still_open = []
-                        if rows.rows >= HOST_FLUSH_ROWS:
-                            unstepped.write(rows.take())
+                    with closing(self.space.decoded(plane, _every, stats=True)) as batches:  # see Space.decoded
+                        for unit in _units(batches):
+                            still_open = self._host_unit(plane, unit, pid if isinstance(pid, int) else None, rows,
+                                                         cpu_ops, host_steps, still_open)
+                            if unit[-1].last:  # the line's end: the next unit starts another
+                                still_open = []
+                            if rows.rows >= HOST_FLUSH_ROWS:
+                                unstepped.write(rows.take())
                 unstepped.write(rows.take())
             self.steps.finish()
             self._write_host_steps(scratch / "host_ops.parquet")

@@ -18,7 +18,7 @@ import mmap
 import os
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -319,14 +319,17 @@ class Space:
         for start, end in plane.line_ranges:
             yield from self._line_batches(plane, start, end)
 
-    def decoded(self, plane: Plane, wanted: Callable[[EventBatch], bool], *, stats: bool) -> Iterator[EventBatch]:
+    def decoded(self, plane: Plane, wanted: Callable[[EventBatch], bool], *,
+                stats: bool) -> Generator[EventBatch, None, None]:
         """:meth:`batches`, read and decoded on a thread of their own up to :data:`AHEAD` batches ahead of the
         caller: each batch ``wanted`` picks (by its header, say) comes with its events' fields decoded (and with
         ``stats``, their stats' fields; see :meth:`EventBatch.decode`), while the caller works on the one before.
 
         The decoding is numpy over whole arrays, which lets go of the GIL; the same batches come in the same
         order, and an error reading one is raised when the caller gets to it. Nothing else may use this
-        :class:`Space` until the iterator is done or closed.
+        :class:`Space` until the iterator is done or closed: a caller that may leave early (an error of its own)
+        closes it on the way out (``contextlib.closing``), so that the thread stops before the file is closed,
+        not whenever the garbage collector gets to the iterator.
         """
         ready: queue.Queue[tuple[EventBatch | None, BaseException | None]] = queue.Queue(maxsize=AHEAD)
         stop = threading.Event()

@@ -272,3 +272,20 @@ def test_stat_values_written_twice_keep_the_last_as_protobuf_does() -> None:
             assert got.value[i:i + 1].view(np.float64)[0] == stat.double_value
         elif which is not None:
             assert int(got.value[i]) == getattr(stat, which) % (1 << 64)
+
+
+def test_a_damaged_event_ends_the_decoding_thread_with_the_parse(tmp_path: Path) -> None:
+    """The parser meets the damage on its own thread (the decoding thread leaves bytes it cannot decode to it) and
+    raises; the decoding thread is gone when the error reaches the caller, not whenever the garbage is collected."""
+    from tracelake import ingest
+    from tracelake.contracts.errors import TraceFormatError
+
+    good = len_field(4, b"\x08\x01\x10\x02\x18\x03")
+    line = len_field(2, b"XLA Ops") + good * 200 + b"\x22\x03\x10\xff\xff" + good * 200
+    path = _space_with_line(tmp_path, line)
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with pytest.raises(TraceFormatError, match="truncated varint") as caught:
+        ingest.parse_into(path, staging, ingest.ParseOptions(source_name=path.name, trace_id="t"))
+    assert caught.value.source == "random.xplane.pb"
+    assert not any(t.name.startswith("tracelake-xspace-decode") for t in threading.enumerate())
