@@ -48,7 +48,7 @@ Window = tuple[int, int, pl.DataFrame]
 
 class DerivedTables:
     """Every derived table (``breakdown``, ``kernel_stats``, ``stream_idle``, ``launch_stats``, ``stream_queues``,
-    ``graph_launches``, ``op_stats``) of the ranks fed to :meth:`add_rank`.
+    ``graph_launches``, ``op_stats``) of the ranks added (:meth:`rank_rows`, then :meth:`add`).
 
     Args:
         calls: per trace, the host calls that launched device ops (:func:`launches.launch_calls`, with
@@ -79,10 +79,6 @@ class DerivedTables:
         self._launches: list[pl.DataFrame] = []
         self._queues: list[pl.DataFrame] = []
         self._graphs: list[pl.DataFrame] = []
-
-    def add_rank(self, trace_id: str, rank: int, windows: Iterable[Window]) -> None:
-        """Add one (trace, rank) from its device ops in consecutive windows of start times (see :meth:`rank_rows`)."""
-        self.add(self.rank_rows(trace_id, rank, windows))
 
     def rank_rows(self, trace_id: str, rank: int, windows: Iterable[Window]) -> RankRows:
         """One (trace, rank)'s rows of every derived table, from its device ops in consecutive windows of start

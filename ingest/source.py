@@ -6,9 +6,9 @@ import io
 import queue
 import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from isal import igzip_threaded
 
@@ -107,17 +107,21 @@ def iter_chunks(
             yield block
 
 
-def read_ahead(chunks: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
-    """``chunks`` as they are, produced on a background thread up to ``depth`` chunks ahead.
+Item = TypeVar("Item")
+
+
+def read_ahead(chunks: Iterator[Item], depth: int = 2, name: str = "tracelake-read-ahead"
+               ) -> Generator[Item, None, None]:
+    """``chunks`` as they are, produced on a background thread (called ``name``) up to ``depth`` chunks ahead.
 
     Reading (and decompressing) releases the GIL, so the consumer's parsing overlaps
-    it. Errors reach the consumer where the chunk would have; stopping early stops
-    the thread and closes ``chunks``.
+    it. Errors reach the consumer where the chunk would have; stopping early (closing the
+    generator) stops the thread and closes ``chunks``. ``chunks`` never yields None.
     """
-    ready: queue.Queue[tuple[bytes | None, BaseException | None]] = queue.Queue(maxsize=depth)
+    ready: queue.Queue[tuple[Item | None, BaseException | None]] = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
-    def hand_over(item: tuple[bytes | None, BaseException | None]) -> bool:
+    def hand_over(item: tuple[Item | None, BaseException | None]) -> bool:
         while not stop.is_set():
             try:
                 ready.put(item, timeout=0.1)
@@ -136,7 +140,7 @@ def read_ahead(chunks: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
             return
         hand_over((None, None))
 
-    thread = threading.Thread(target=produce, name="tracelake-read-ahead", daemon=True)
+    thread = threading.Thread(target=produce, name=name, daemon=True)
     thread.start()
     try:
         while True:

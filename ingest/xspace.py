@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import queue
-import threading
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +28,7 @@ from google.protobuf.message import DecodeError
 from tracelake.contracts.errors import TraceFormatError
 
 from . import protowire, xspace_events
+from .source import read_ahead
 from .xplane_proto import HloProto, XLine, XPlaneHeader, XSpace
 from .xspace_events import EventFields, StatFields
 from .xspace_stats import BatchStats
@@ -331,43 +330,13 @@ class Space:
         closes it on the way out (``contextlib.closing``), so that the thread stops before the file is closed,
         not whenever the garbage collector gets to the iterator.
         """
-        ready: queue.Queue[tuple[EventBatch | None, BaseException | None]] = queue.Queue(maxsize=AHEAD)
-        stop = threading.Event()
-
-        def give(item: tuple[EventBatch | None, BaseException | None]) -> bool:
-            while not stop.is_set():
-                try:
-                    ready.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        def work() -> None:
-            try:
-                for batch in self.batches(plane):
-                    if len(batch) and wanted(batch):
-                        batch.decode(stats)
-                    if not give((batch, None)):
-                        return
-            except BaseException as exc:  # raised on the caller's thread, in its place
-                give((None, exc))
-                return
-            give((None, None))
-
-        worker = threading.Thread(target=work, name="tracelake-xspace-decode", daemon=True)
-        worker.start()
-        try:
-            while True:
-                batch, error = ready.get()
-                if error is not None:
-                    raise error
-                if batch is None:
-                    return
+        def work() -> Iterator[EventBatch]:
+            for batch in self.batches(plane):
+                if len(batch) and wanted(batch):
+                    batch.decode(stats)
                 yield batch
-        finally:
-            stop.set()
-            worker.join()
+
+        return read_ahead(work(), AHEAD, "tracelake-xspace-decode")
 
     def _line_batches(self, plane: Plane, start: int, end: int) -> Iterator[EventBatch]:
         """One line's runs (see :meth:`batches`): header fields walked one by one, events a window at a time."""
