@@ -324,9 +324,9 @@ class Space:
         caller: each batch ``wanted`` picks (by its header, say) comes with its events' fields decoded (and with
         ``stats``, their stats' fields; see :meth:`EventBatch.decode`), while the caller works on the one before.
 
-        The decoding is numpy over whole arrays, which lets go of the GIL; the same batches come in the same
-        order, and an error reading one is raised when the caller gets to it. Nothing else may use this
-        :class:`Space` until the iterator is done or closed: a caller that may leave early (an error of its own)
+        The decoding (C, or numpy over whole arrays: :mod:`.xspace_events`) lets go of the GIL; the same batches
+        come in the same order, and an error reading one is raised when the caller gets to it. Nothing else may use
+        this :class:`Space` until the iterator is done or closed: a caller that may leave early (an error of its own)
         closes it on the way out (``contextlib.closing``), so that the thread stops before the file is closed,
         not whenever the garbage collector gets to the iterator.
         """

@@ -14,15 +14,22 @@ costs about half a microsecond per event; here the work is done on whole arrays:
 
 Positions are relative to the window's bytes; errors are :class:`WireError`
 with the relative offset, which the caller turns into a file offset.
+
+The three decoders (:func:`find_events`, :func:`event_fields`, :func:`stat_fields`) run in C
+(``_xspace.c``: one pass, with the GIL released) where that is built; the numpy versions here
+are the reference, run where it is not, and say where the bytes are damaged when the C one finds
+they are (it only says whether). Tests keep the two equal.
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import numpy as np
 
-from .protowire import I32, I64, LEN, VARINT, WireError
+from .protowire import I32, I64, LEN, VARINT, WireError, padded, varints
 
 EVENT_TAG = 0x22  # XLine.events: field 4, length-delimited
 _XEVENT_METADATA_ID, _XEVENT_OFFSET_PS, _XEVENT_DURATION_PS, _XEVENT_STATS, _XEVENT_NUM_OCCURRENCES = 1, 2, 3, 4, 5
@@ -31,109 +38,20 @@ SWEEP_ROUNDS = 64
 
 _EMPTY = np.empty(0, dtype=np.int64)
 
-
-_HIGH_BITS = np.uint64(0x8080808080808080)
-_LOW_BITS = np.uint64(0x7F7F7F7F7F7F7F7F)
-_ONE = np.uint64(1)
-#: Joining the eight 7-bit groups of a little-endian word of varint bytes in three rounds, each joining pairs
-#: of neighbours: (mask of the upper member of each pair, how far it moves down, mask of the lower member).
-_JOINS = [(np.uint64(0x7F007F007F007F00), np.uint64(1), np.uint64(0x007F007F007F007F)),
-          (np.uint64(0x3FFF00003FFF0000), np.uint64(2), np.uint64(0x00003FFF00003FFF)),
-          (np.uint64(0x0FFFFFFF00000000), np.uint64(4), np.uint64(0x000000000FFFFFFF))]
+_native: ModuleType | None
+try:
+    _native = importlib.import_module(f"{__package__}._xspace")
+except ImportError:  # no compiler where it was installed: the numpy decoders
+    _native = None
 
 
-def padded(data: np.ndarray) -> np.ndarray:
-    """``data`` followed by 8 zero bytes, as :func:`varints` wants it."""
-    out = np.zeros(len(data) + 8, dtype=np.uint8)
-    out[: len(data)] = data
-    return out
+def native() -> bool:
+    """Whether the C decoders are in use."""
+    return _native is not None
 
 
-def varints(
-    data: np.ndarray, pos: np.ndarray, limit: np.ndarray | int, *, strict: bool = True
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Decode the varint at each of ``pos``, none reaching ``limit`` (at most ``len(data) - 8``).
-
-    ``data`` ends with 8 bytes of padding (see :func:`padded`): each varint is read
-    as the little-endian 64-bit word at its position, so that one of up to 8 bytes
-    takes a handful of whole-array operations; longer ones (negative numbers, values
-    past 2**56) take a byte-at-a-time loop.
-
-    Returns ``(values as uint64, position after each, ok)``. Values longer than 64
-    bits are truncated, as protobuf does.
-
-    Raises:
-        WireError: with ``strict``, a varint that reaches its limit or runs past 10 bytes;
-            without it such varints are only marked not ``ok``.
-    """
-    n = len(pos)
-    pos = pos.astype(np.int64, copy=False)
-    lim = np.broadcast_to(np.asarray(limit, dtype=np.int64), (n,))
-    ok = pos < lim
-    if not ok.all():
-        if strict:
-            raise WireError("truncated varint (file cut short?)", int(pos[np.argmin(ok)]))
-        pos = np.where(ok, pos, 0)
-    first = data[pos]
-    if not (first & 0x80).any():  # all one byte: tags, small ids and lengths
-        return first.astype(np.uint64), pos + 1, ok
-    # In place where it can be: this runs on every field of every event.
-    values = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))[pos]
-    ends = np.invert(values)
-    ends &= _HIGH_BITS  # the high bits of the bytes that may end the varint (none: longer than 8)
-    mask = ends - _ONE
-    mask ^= ends  # the first of them and the bits below it: the varint's bytes (all 8 when it is the 8th)
-    long = np.flatnonzero(ends == 0)
-    if long.size:
-        mask[long] = 0
-        long = long[ok[long]]
-    values &= mask
-    values &= _LOW_BITS
-    for upper, shift, lower in _JOINS:
-        high = values & upper
-        high >>= shift
-        values &= lower
-        values |= high
-    after = pos + (np.bitwise_count(mask) >> 3)
-    if long.size:
-        values[long], after[long], ok[long] = _long_varints(data, pos[long], lim[long], strict)
-    short = after > lim
-    if short.any():
-        if strict:
-            raise WireError("truncated varint (file cut short?)", int(pos[np.argmax(short)]))
-        ok &= ~short
-    return values, after, ok
-
-
-def _long_varints(
-    data: np.ndarray, pos: np.ndarray, lim: np.ndarray, strict: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`varints` one byte at a time, for varints of more than 8 bytes."""
-    n = len(pos)
-    ok = np.ones(n, dtype=bool)
-    values = np.zeros(n, dtype=np.uint64)
-    after = pos.copy()
-    more = np.arange(n)
-    shift = 0
-    while more.size:
-        if shift >= 70:
-            if strict:
-                raise WireError("varint longer than 10 bytes", int(pos[more[0]]))
-            ok[more] = False
-            break
-        at = after[more]
-        short = at >= lim[more]
-        if short.any():
-            if strict:
-                raise WireError("truncated varint (file cut short?)", int(pos[more[np.argmax(short)]]))
-            ok[more[short]] = False
-            more, at = more[~short], at[~short]
-        byte = data[at]
-        values[more] |= (byte & 0x7F).astype(np.uint64) << np.uint64(shift)
-        after[more] = at + 1
-        more = more[byte >= 0x80]
-        shift += 7
-    return values, after, ok
+def _int64s(data: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(data, dtype=np.int64)
 
 
 @dataclass
@@ -153,6 +71,15 @@ class Located:
 
 
 def find_events(data: np.ndarray, size: int) -> Located:
+    """Locate the run of events at the start of ``data[:size]`` (``data[0]`` is an event tag); in C where it is
+    built, else :func:`find_events_numpy`."""
+    if _native is None:
+        return find_events_numpy(data, size)
+    starts, ends, stop, cut = _native.find_events(data, size)
+    return Located(np.frombuffer(starts, dtype=np.int64), np.frombuffer(ends, dtype=np.int64), stop, cut)
+
+
+def find_events_numpy(data: np.ndarray, size: int) -> Located:
     """Locate the run of events at the start of ``data[:size]`` (``data[0]`` is an event tag).
 
     ``data`` has at least 8 bytes of padding after ``size`` (see :func:`padded`).
@@ -346,6 +273,20 @@ class EventFields:
 
 
 def event_fields(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> EventFields:
+    """:func:`event_fields_numpy`, in C where it is built (damaged bytes: the numpy decoder says where).
+
+    Raises:
+        WireError: damaged event bytes.
+    """
+    if _native is not None:
+        got = _native.event_fields(data, _int64s(starts), _int64s(ends))
+        if got is not None:
+            md, offset, duration, occurrences, who, start, end = (np.frombuffer(x, dtype=np.int64) for x in got)
+            return EventFields(md, offset, duration, occurrences, (who, start, end))
+    return event_fields_numpy(data, starts, ends)
+
+
+def event_fields_numpy(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> EventFields:
     """Decode ``XEvent`` bodies (``data[starts[i]:ends[i]]``, padded): ids, offsets, durations, occurrences, stats.
 
     ``offset_ps`` and ``num_occurrences`` are a oneof: the one written last wins and
@@ -396,6 +337,22 @@ class StatFields:
 
 
 def stat_fields(data: np.ndarray, event: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> StatFields:
+    """:func:`stat_fields_numpy`, in C where it is built (damaged bytes: the numpy decoder says where).
+
+    Raises:
+        WireError: damaged stat bytes.
+    """
+    if _native is not None:
+        got = _native.stat_fields(data, _int64s(starts), _int64s(ends))
+        if got is not None:
+            md, kind, value, start, end = got
+            return StatFields(event, np.frombuffer(md, dtype=np.int64), np.frombuffer(kind, dtype=np.int64),
+                              np.frombuffer(value, dtype=np.uint64), np.frombuffer(start, dtype=np.int64),
+                              np.frombuffer(end, dtype=np.int64))
+    return stat_fields_numpy(data, event, starts, ends)
+
+
+def stat_fields_numpy(data: np.ndarray, event: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> StatFields:
     """Decode ``XStat`` bodies (``data[starts[i]:ends[i]]``, padded; ``event[i]`` the event each belongs to).
 
     The value is a oneof: of the value fields, the one written last wins, as in protobuf.

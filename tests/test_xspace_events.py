@@ -1,8 +1,9 @@
-"""The vectorised XPlane event decoder (ingest/xspace_events.py) against protobuf's own decoding.
+"""The bulk XPlane event decoders (ingest/xspace_events.py, in numpy and in C) against protobuf's own decoding.
 
 Event batches decoded in bulk equal protobuf's ``XLine`` decoding, on the TPU sample, the real XLA
 profiles and random lines (in whole lines and in read windows of any size); varints of every length;
-damaged events name the file and the byte.
+damaged events name the file and the byte. Every test here runs with each decoder (the ``engine``
+fixture); tests/test_xspace_native.py compares the two directly.
 """
 
 from __future__ import annotations
@@ -21,7 +22,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from support import TPU_SAMPLE, len_field, real_xplanes, varint
+from tracelake.ingest import xspace_events
 from tracelake.ingest.xspace import Space
+
+ENGINES = ["native", "numpy"]
+
+
+@pytest.fixture(autouse=True, params=ENGINES)
+def engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test with the C decoders (skipped where they are not built) and with the numpy ones."""
+    if request.param == "numpy":
+        monkeypatch.setattr(xspace_events, "_native", None)
+    elif not xspace_events.native():
+        pytest.skip("the C decoders (ingest/_xspace.c) are not built here")
+    return str(request.param)
 
 
 def _random_value(rng: random.Random) -> int:
@@ -289,3 +303,4 @@ def test_a_damaged_event_ends_the_decoding_thread_with_the_parse(tmp_path: Path)
         ingest.parse_into(path, staging, ingest.ParseOptions(source_name=path.name, trace_id="t"))
     assert caught.value.source == "random.xplane.pb"
     assert not any(t.name.startswith("tracelake-xspace-decode") for t in threading.enumerate())
+
