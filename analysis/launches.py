@@ -59,14 +59,20 @@ def launch_calls(
         The distinct correlation ids, sorted, with the ``launch_ns`` and ``call_ns`` of each one's call
         and whether some event with the id is a graph launch call.
     """
-    flags = np.zeros(len(correlation), dtype=bool) if graph_call is None else graph_call.astype(bool)
-    if (correlation[1:] > correlation[:-1]).all():  # distinct and in order already: nothing to sort
-        return correlation, ts_ns, dur_ns, flags
-    order, first = _first_of_each(correlation, ts_ns, dur_ns)
-    chosen = order[first]
-    # any event of the id a graph call: OR over each run of equal ids
-    graph = np.logical_or.reduceat(flags[order], np.flatnonzero(first)) if len(order) else flags[:0]
-    return correlation[chosen], ts_ns[chosen], dur_ns[chosen], graph
+    ids, rows = launch_call_rows(correlation, ts_ns, dur_ns)
+    # any event of the id a graph call: the graph calls' ids (few), looked up
+    graph = np.zeros(len(ids), dtype=bool) if graph_call is None or not graph_call.any() else \
+        member(ids, np.unique(correlation[graph_call.astype(bool)]))
+    if ids is correlation:  # distinct and in order already: each event is its id's call
+        return ids, ts_ns, dur_ns, graph
+    return ids, ts_ns[rows], dur_ns[rows], graph
+
+
+def member(values: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Whether each value is in ``known`` (sorted, distinct): ``np.isin`` by binary search, without its sort of both."""
+    if not len(known):
+        return np.zeros(len(values), dtype=bool)
+    return known[np.minimum(np.searchsorted(known, values), len(known) - 1)] == values
 
 
 def launch_call_rows(correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +81,10 @@ def launch_call_rows(correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndar
     if (correlation[1:] > correlation[:-1]).all():
         return correlation, np.arange(len(correlation))
     order, first = _first_of_each(correlation, ts_ns, dur_ns)
-    return correlation[order[first]], order[first]
+    if first.all():  # each id once (the usual case): the order is the choice
+        return correlation[order], order
+    chosen = order[first]
+    return correlation[chosen], chosen
 
 
 def _first_of_each(correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

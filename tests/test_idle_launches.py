@@ -251,3 +251,32 @@ def test_launch_parts_in_windows_equal_the_sql_on_random_timelines(rng: random.R
     queues = con.sql(queue_lengths_sql("d", "h")).pl()
     got_queues = parts.queues("t", 2)
     assert got_queues.rows() == queues.cast(got_queues.schema).rows()  # type: ignore[arg-type]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(-5, 5), st.integers(0, 3), st.booleans()), max_size=40),
+       st.sampled_from(["as drawn", "distinct", "distinct and sorted"]))
+def test_launch_calls_pick_each_ids_first_call_as_a_loop_does(
+    events: list[tuple[int, int, int, bool]], shape: str,
+) -> None:
+    """Each correlation id's call is its first event by start, then the shorter; its graph flag is any of its
+    events' (ids repeated or not, in order or not), as a plain loop over the events finds them."""
+    import numpy as np
+
+    from tracelake.analysis.launches import launch_calls
+
+    if shape != "as drawn":
+        events = list({e[0]: e for e in events}.values())
+        events = sorted(events) if shape == "distinct and sorted" else events
+    expected: dict[int, tuple[int, int, bool]] = {}
+    for correlation, ts, dur, graph in events:
+        best = expected.get(correlation)
+        if best is None or (ts, dur) < best[:2]:
+            expected[correlation] = (ts, dur, graph or (best is not None and best[2]))
+        else:
+            expected[correlation] = (*best[:2], best[2] or graph)
+    columns = [np.array([e[i] for e in events], dtype=np.int64) for i in range(3)]
+    ids, starts, durations, graph = launch_calls(*columns, np.array([e[3] for e in events], dtype=bool))
+    assert ids.tolist() == sorted(expected)
+    assert [(int(s), int(d), bool(g)) for s, d, g in zip(starts, durations, graph, strict=True)] == \
+        [expected[k] for k in sorted(expected)]

@@ -74,7 +74,9 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
     ranks = keys(parsed / "device_ops.parquet")
 
     def rows(key: tuple[str, int]) -> RankRows:
-        return tables.rank_rows(*key, _windows(parsed / "device_ops.parquet", *key, CHUNK_ROWS))
+        done = tables.rank_rows(*key, _windows(parsed / "device_ops.parquet", *key, CHUNK_ROWS))
+        release_free_memory()  # the rank's windows and accumulators, back before the next rank's
+        return done
 
     if threads > 1 and len(ranks) > 1:
         with ThreadPoolExecutor(min(threads, len(ranks)), thread_name_prefix="tracelake-derived") as pool:
