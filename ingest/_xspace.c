@@ -217,119 +217,147 @@ static PyObject *find_events(PyObject *self, PyObject *args) {
     return out;
 }
 
-enum { EV_METADATA_ID = 1, EV_OFFSET_PS = 2, EV_DURATION_PS = 3, EV_STATS = 4, EV_NUM_OCCURRENCES = 5 };
+/* What a decoder does with each field of message i (value: a varint field's value), and after the message's last;
+ * visit returns -1 when out of memory. */
+typedef int (*Visit)(void *state, Py_ssize_t i, uint64_t number, int wire, const uint8_t *d, int64_t at, int64_t end,
+                     uint64_t value);
+typedef void (*Close)(void *state, Py_ssize_t i);
 
-static PyObject *event_fields(PyObject *self, PyObject *args) {
-    (void)self;
-    Py_buffer data;
-    Ints starts, ends;
-    if (messages(args, &data, &starts, &ends) < 0) return NULL;
-    const uint8_t *d = data.buf;
-    Py_ssize_t n = starts.n;
-    int64_t *cols = calloc((size_t)(4 * n + 1), sizeof(int64_t));
-    int64_t *md = cols, *offset = cols + n, *duration = cols + 2 * n, *occurrences = cols + 3 * n;
-    Vec who = {0}, stat_start = {0}, stat_end = {0};
-    int damaged = 0, failed = cols == NULL;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; !failed && !damaged && i < n; i++) {
-        int64_t pos = starts.p[i], lim = ends.p[i], at_offset = -1, at_occurrences = -1;
-        uint64_t offset_value = 0, occurrences_value = 0;
+enum { DONE = 0, DAMAGED = 1, NO_MEMORY = -1 };
+
+/* Every field of every message data[starts[i]:ends[i]], in order, to visit; close after each message. Returns DONE,
+ * DAMAGED (the first damaged message ends the walk) or NO_MEMORY. Runs without the GIL. Inlined into each
+ * decoder, so that its visit is inlined too: called through the pointer, the decoding took 20-30% longer. */
+static inline __attribute__((always_inline)) int walk(const uint8_t *d, const Ints *starts, const Ints *ends,
+                                                      Visit visit, Close close, void *state) {
+    for (Py_ssize_t i = 0; i < starts->n; i++) {
+        int64_t pos = starts->p[i], lim = ends->p[i];
         while (pos < lim) {
             uint64_t number, value = 0;
             int wire;
             int64_t at, end;
-            if (next_field(d, &pos, lim, &number, &wire, &at, &end, &value) < 0) {
-                damaged = 1;
-                break;
-            }
-            if (wire == VARINT) {
-                if (number == EV_METADATA_ID) md[i] = (int64_t)value;
-                else if (number == EV_OFFSET_PS) offset_value = value, at_offset = at;
-                else if (number == EV_DURATION_PS) duration[i] = (int64_t)value;
-                else if (number == EV_NUM_OCCURRENCES) occurrences_value = value, at_occurrences = at;
-            } else if (wire == LEN && number == EV_STATS) {
-                if (push(&who, i) < 0 || push(&stat_start, at) < 0 || push(&stat_end, end) < 0) {
-                    failed = 1;
-                    break;
-                }
-            }
+            if (next_field(d, &pos, lim, &number, &wire, &at, &end, &value) < 0) return DAMAGED;
+            if (visit(state, i, number, wire, d, at, end, value) < 0) return NO_MEMORY;
         }
-        if (at_occurrences > at_offset) occurrences[i] = (int64_t)occurrences_value;
-        else offset[i] = (int64_t)offset_value;
+        close(state, i);
     }
-    Py_END_ALLOW_THREADS
+    return DONE;
+}
+
+/* Decode (data, starts, ends) with visit/close into k zeroed columns of n int64s (*cols and *count, n the messages'
+ * number, are set before the walk; state holds them), then return them and the vecs as bytearrays: a tuple, None
+ * for DAMAGED, or NULL with an exception. */
+static inline __attribute__((always_inline)) PyObject *decode(PyObject *args, int k, int64_t **cols,
+                                                              Py_ssize_t *count, Visit visit, Close close,
+                                                              void *state, Vec *vecs, int nvec) {
+    Py_buffer data;
+    Ints starts, ends;
+    if (messages(args, &data, &starts, &ends) < 0) return NULL;
+    Py_ssize_t n = *count = starts.n;
+    *cols = calloc((size_t)(k * n + 1), sizeof(int64_t));
+    int status = NO_MEMORY;
+    if (*cols != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        status = walk(data.buf, &starts, &ends, visit, close, state);
+        Py_END_ALLOW_THREADS
+    }
     release3(&data, &starts, &ends);
     PyObject *out = NULL;
-    if (failed) PyErr_NoMemory();
-    else if (damaged) out = Py_NewRef(Py_None);
-    else {
-        PyObject *o[7] = {ints(md, n), ints(offset, n), ints(duration, n), ints(occurrences, n),
-                          ints(who.p, who.n), ints(stat_start.p, stat_start.n), ints(stat_end.p, stat_end.n)};
-        int ok = 1;
-        for (int k = 0; k < 7; k++) ok = ok && o[k] != NULL;
-        if (ok) out = Py_BuildValue("(NNNNNNN)", o[0], o[1], o[2], o[3], o[4], o[5], o[6]);
-        else
-            for (int k = 0; k < 7; k++) Py_XDECREF(o[k]);
+    if (status == NO_MEMORY) PyErr_NoMemory();
+    else if (status == DAMAGED) out = Py_NewRef(Py_None);
+    else if ((out = PyTuple_New(k + nvec)) != NULL) {
+        for (int c = 0; c < k + nvec; c++) {
+            PyObject *column = c < k ? ints(*cols + c * n, n) : ints(vecs[c - k].p, vecs[c - k].n);
+            if (column == NULL) {
+                Py_CLEAR(out);
+                break;
+            }
+            PyTuple_SET_ITEM(out, c, column);
+        }
     }
-    free(cols);
-    free(who.p);
-    free(stat_start.p);
-    free(stat_end.p);
+    free(*cols);
+    for (int v = 0; v < nvec; v++) free(vecs[v].p);
     return out;
+}
+
+enum { EV_METADATA_ID = 1, EV_OFFSET_PS = 2, EV_DURATION_PS = 3, EV_STATS = 4, EV_NUM_OCCURRENCES = 5 };
+
+/* The XEvents' columns (metadata_id, offset_ps, duration_ps, num_occurrences), their stats' bodies, and what the
+ * current event's oneof holds so far. */
+typedef struct {
+    int64_t *cols;
+    Py_ssize_t n;
+    Vec stats[3];  /* event, start, end */
+    uint64_t offset, occurrences;
+    int64_t at_offset, at_occurrences;
+} Events;
+
+static int event_field(void *state, Py_ssize_t i, uint64_t number, int wire, const uint8_t *d, int64_t at,
+                       int64_t end, uint64_t value) {
+    (void)d;
+    Events *e = state;
+    if (wire == VARINT) {
+        if (number == EV_METADATA_ID) e->cols[i] = (int64_t)value;
+        else if (number == EV_OFFSET_PS) e->offset = value, e->at_offset = at;
+        else if (number == EV_DURATION_PS) e->cols[2 * e->n + i] = (int64_t)value;
+        else if (number == EV_NUM_OCCURRENCES) e->occurrences = value, e->at_occurrences = at;
+    } else if (wire == LEN && number == EV_STATS) {
+        if (push(&e->stats[0], i) < 0 || push(&e->stats[1], at) < 0 || push(&e->stats[2], end) < 0) return -1;
+    }
+    return 0;
+}
+
+static void event_done(void *state, Py_ssize_t i) {
+    Events *e = state;
+    if (e->at_occurrences > e->at_offset) e->cols[3 * e->n + i] = (int64_t)e->occurrences;
+    else e->cols[e->n + i] = (int64_t)e->offset;
+    e->offset = e->occurrences = 0;
+    e->at_offset = e->at_occurrences = -1;
+}
+
+static PyObject *event_fields(PyObject *self, PyObject *args) {
+    (void)self;
+    Events e = {.at_offset = -1, .at_occurrences = -1};
+    return decode(args, 4, &e.cols, &e.n, event_field, event_done, &e, e.stats, 3);
 }
 
 enum { ST_METADATA_ID = 1, ST_DOUBLE = 2, ST_UINT64 = 3, ST_INT64 = 4, ST_STR = 5, ST_BYTES = 6, ST_REF = 7 };
 
+/* The XStats' columns: metadata_id, kind, value, start, end. */
+typedef struct {
+    int64_t *cols;
+    Py_ssize_t n;
+} Stats;
+
+static int stat_field(void *state, Py_ssize_t i, uint64_t number, int wire, const uint8_t *d, int64_t at,
+                      int64_t end, uint64_t value) {
+    Stats *s = state;
+    int64_t *md = s->cols, *kind = s->cols + s->n, *raw = s->cols + 2 * s->n, *vstart = s->cols + 3 * s->n,
+            *vend = s->cols + 4 * s->n;
+    if (wire == VARINT) {
+        if (number == ST_METADATA_ID) md[i] = (int64_t)value;
+        else if (number == ST_UINT64 || number == ST_INT64 || number == ST_REF)
+            kind[i] = (int64_t)number, raw[i] = (int64_t)value;
+    } else if (wire == I64 && number == ST_DOUBLE) {
+        memcpy(&value, d + at, 8);  /* little-endian, as the wire format */
+        kind[i] = ST_DOUBLE, raw[i] = (int64_t)value;
+    } else if (wire == LEN && (number == ST_STR || number == ST_BYTES)) {
+        kind[i] = (int64_t)number, vstart[i] = at, vend[i] = end;
+    }
+    return 0;
+}
+
+static void stat_done(void *state, Py_ssize_t i) {
+    Stats *s = state;
+    int64_t kind = s->cols[s->n + i];
+    if (kind == ST_STR || kind == ST_BYTES) s->cols[2 * s->n + i] = 0;  /* the value is its bytes */
+    else s->cols[3 * s->n + i] = s->cols[4 * s->n + i] = 0;  /* the value is its 64 bits (or none) */
+}
+
 static PyObject *stat_fields(PyObject *self, PyObject *args) {
     (void)self;
-    Py_buffer data;
-    Ints starts, ends;
-    if (messages(args, &data, &starts, &ends) < 0) return NULL;
-    const uint8_t *d = data.buf;
-    Py_ssize_t n = starts.n;
-    int64_t *cols = calloc((size_t)(5 * n + 1), sizeof(int64_t));
-    int64_t *md = cols, *kind = cols + n, *value = cols + 2 * n, *vstart = cols + 3 * n, *vend = cols + 4 * n;
-    int damaged = 0, failed = cols == NULL;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; !failed && !damaged && i < n; i++) {
-        int64_t pos = starts.p[i], lim = ends.p[i];
-        while (pos < lim) {
-            uint64_t number, v = 0;
-            int wire;
-            int64_t at, end;
-            if (next_field(d, &pos, lim, &number, &wire, &at, &end, &v) < 0) {
-                damaged = 1;
-                break;
-            }
-            if (wire == VARINT) {
-                if (number == ST_METADATA_ID) md[i] = (int64_t)v;
-                else if (number == ST_UINT64 || number == ST_INT64 || number == ST_REF)
-                    kind[i] = (int64_t)number, value[i] = (int64_t)v;
-            } else if (wire == I64 && number == ST_DOUBLE) {
-                memcpy(&v, d + at, 8);  /* little-endian, as the wire format */
-                kind[i] = ST_DOUBLE, value[i] = (int64_t)v;
-            } else if (wire == LEN && (number == ST_STR || number == ST_BYTES)) {
-                kind[i] = (int64_t)number, vstart[i] = at, vend[i] = end;
-            }
-        }
-        if (kind[i] == ST_STR || kind[i] == ST_BYTES) value[i] = 0;
-        else vstart[i] = vend[i] = 0;
-    }
-    Py_END_ALLOW_THREADS
-    release3(&data, &starts, &ends);
-    PyObject *out = NULL;
-    if (failed) PyErr_NoMemory();
-    else if (damaged) out = Py_NewRef(Py_None);
-    else {
-        PyObject *o[5] = {ints(md, n), ints(kind, n), ints(value, n), ints(vstart, n), ints(vend, n)};
-        int ok = 1;
-        for (int k = 0; k < 5; k++) ok = ok && o[k] != NULL;
-        if (ok) out = Py_BuildValue("(NNNNN)", o[0], o[1], o[2], o[3], o[4]);
-        else
-            for (int k = 0; k < 5; k++) Py_XDECREF(o[k]);
-    }
-    free(cols);
-    return out;
+    Stats s = {0};
+    return decode(args, 5, &s.cols, &s.n, stat_field, stat_done, &s, NULL, 0);
 }
 
 static PyMethodDef METHODS[] = {
@@ -340,8 +368,11 @@ static PyMethodDef METHODS[] = {
 };
 
 static struct PyModuleDef MODULE = {
-    PyModuleDef_HEAD_INIT, "_xspace", "The XEvent and XStat decoders, in C.", -1, METHODS,
-    NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_xspace",
+    .m_doc = "The XEvent and XStat decoders, in C.",
+    .m_size = -1,
+    .m_methods = METHODS,
 };
 
 PyMODINIT_FUNC PyInit__xspace(void) { return PyModule_Create(&MODULE); }
