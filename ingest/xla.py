@@ -155,15 +155,14 @@ class _Parser(HostLines):
             # closed on the way out, errors included (see Space.decoded)
             with closing(self.space.decoded(plane, partial(_decoded_line, kind), stats=kind == "gpu")) as batches:
                 for batch in batches:
-                    name = str(batch.header.name)
-                    if kind == "tpu" and name == "XLA Ops":
-                        self._tpu_ops(plane, index, batch, device_ops)
-                    elif kind == "tpu" and name == "Async XLA Ops":
-                        self._tpu_async(plane, index, batch)
-                    elif kind == "gpu" and STREAM_LINE.match(name):
-                        self._gpu_stream(plane, index, batch, rows)
-                    else:
+                    if not _decoded_line(kind, batch):
                         self.events += len(batch)
+                    elif kind == "gpu":
+                        self._gpu_stream(plane, index, batch, rows)
+                    elif str(batch.header.name) == "XLA Ops":
+                        self._tpu_ops(plane, index, batch, device_ops)
+                    else:
+                        self._tpu_async(plane, index, batch)
                     if batch.last:
                         self._number_collectives()
                     if rows.rows >= FLUSH_ROWS:
@@ -322,14 +321,17 @@ class _Parser(HostLines):
             "source": pa.array(["xla"] * len(rows), type=pa.string()),
         })
 
-    # ---- the small tables and the trace facts
+
 def _decoded_line(kind: str, batch: EventBatch) -> bool:
-    """Whether :meth:`_Parser.read_devices` decodes the events of the batch's line on a ``kind`` plane (the
-    others are only counted)."""
+    """Whether :meth:`_Parser.read_devices` reads the events of the batch's line on a ``kind`` plane (TPU: its
+    ops and async ops; GPU: its streams), decoded ahead; the others are only counted."""
     name = str(batch.header.name)
-    return name in ("XLA Ops", "Async XLA Ops") if kind == "tpu" else STREAM_LINE.match(name) is not None
+    if kind == "tpu":
+        return name in ("XLA Ops", "Async XLA Ops")
+    return kind == "gpu" and STREAM_LINE.match(name) is not None
 
 
+# ---- the small tables and the trace facts
 def _device_row(plane: Plane, kind: str, rank: int, index: int) -> dict[str, object]:
     stats = plane.stats()
     row: dict[str, object] = {"rank": rank, "device": index, "kind": kind}
