@@ -1,4 +1,5 @@
-/* A strict JSON syntax check of one array of trace events, for ingest/chrome_json.py.
+/* A strict JSON syntax check of one array of trace events, for ingest/chrome_json.py (the check
+ * itself is in _json_check.h, which the scanner shares).
  *
  * The batch cutter must know that a batch is valid JSON before the scanner reads it. msgspec
  * did that by decoding the batch into a list of raw values, holding the GIL, at about a third
@@ -12,150 +13,7 @@
 #include <Python.h>
 #include <stdint.h>
 
-#define MAX_DEPTH 64
-
-typedef struct {
-    const unsigned char *p, *end;
-} Cursor;
-
-static inline void skip_ws(Cursor *c) {
-    while (c->p < c->end && (*c->p == ' ' || *c->p == '\n' || *c->p == '\r' || *c->p == '\t')) c->p++;
-}
-
-static inline int is_hex(unsigned char ch) {
-    return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f') || (ch >= 'A' && ch <= 'F');
-}
-
-#define ONES 0x0101010101010101ULL
-#define HIGHS 0x8080808080808080ULL
-
-/* The bytes of ``w`` that are '"', '\\' or below 0x20 (control characters), as their high bits. */
-static inline uint64_t special_bytes(uint64_t w) {
-    uint64_t quote = w ^ (ONES * '"'), slash = w ^ (ONES * '\\');
-    return (((quote - ONES) & ~quote) | ((slash - ONES) & ~slash) | ((w - ONES * 0x20) & ~w)) & HIGHS;
-}
-
-/* At the opening quote; on success, just past the closing one. */
-static int check_string(Cursor *c) {
-    const unsigned char *p = c->p + 1, *end = c->end;
-    for (;;) {
-        while (end - p >= 8) { /* eight bytes at a time up to the first one that matters */
-            uint64_t w;
-            memcpy(&w, p, 8);
-            uint64_t hits = special_bytes(w);
-            if (hits) {
-                p += __builtin_ctzll(hits) >> 3;
-                break;
-            }
-            p += 8;
-        }
-        while (p < end && *p != '"' && *p != '\\' && *p >= 0x20) p++;
-        if (p >= end || *p < 0x20) return 0;
-        if (*p == '"') {
-            c->p = p + 1;
-            return 1;
-        }
-        if (p + 1 >= end) return 0;
-        unsigned char e = p[1];
-        if (e == 'u') {
-            if (p + 6 > end || !is_hex(p[2]) || !is_hex(p[3]) || !is_hex(p[4]) || !is_hex(p[5])) return 0;
-            /* D800-DFFF: a surrogate; msgspec checks the pairs, and says where they go wrong */
-            if ((p[2] == 'd' || p[2] == 'D') && (p[3] >= '8' && p[3] <= '9')) return 0;
-            if ((p[2] == 'd' || p[2] == 'D') && ((p[3] >= 'a' && p[3] <= 'f') || (p[3] >= 'A' && p[3] <= 'F'))) return 0;
-            p += 6;
-        } else if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' || e == 'r' || e == 't') {
-            p += 2;
-        } else {
-            return 0;
-        }
-    }
-}
-
-static int check_number(Cursor *c) {
-    const unsigned char *p = c->p, *end = c->end;
-    if (p < end && *p == '-') p++;
-    if (p >= end) return 0;
-    if (*p == '0') {
-        p++;
-    } else if (*p >= '1' && *p <= '9') {
-        while (p < end && *p >= '0' && *p <= '9') p++;
-    } else {
-        return 0;
-    }
-    if (p < end && *p == '.') {
-        p++;
-        if (p >= end || *p < '0' || *p > '9') return 0;
-        while (p < end && *p >= '0' && *p <= '9') p++;
-    }
-    if (p < end && (*p == 'e' || *p == 'E')) {
-        p++;
-        if (p < end && (*p == '+' || *p == '-')) p++;
-        if (p >= end || *p < '0' || *p > '9') return 0;
-        while (p < end && *p >= '0' && *p <= '9') p++;
-    }
-    c->p = p;
-    return 1;
-}
-
-static int check_literal(Cursor *c, const char *word, size_t n) {
-    if ((size_t)(c->end - c->p) < n || memcmp(c->p, word, n) != 0) return 0;
-    c->p += n;
-    return 1;
-}
-
-static int check_value(Cursor *c, int depth);
-
-/* At '{' or '['; on success, just past the closing bracket. */
-static int check_container(Cursor *c, int depth) {
-    if (depth >= MAX_DEPTH) return 0;
-    unsigned char close = *c->p == '{' ? '}' : ']';
-    int object = close == '}';
-    c->p++;
-    skip_ws(c);
-    if (c->p < c->end && *c->p == close) {
-        c->p++;
-        return 1;
-    }
-    for (;;) {
-        skip_ws(c);
-        if (object) {
-            if (c->p >= c->end || *c->p != '"' || !check_string(c)) return 0;
-            skip_ws(c);
-            if (c->p >= c->end || *c->p != ':') return 0;
-            c->p++;
-            skip_ws(c);
-        }
-        if (!check_value(c, depth + 1)) return 0;
-        skip_ws(c);
-        if (c->p >= c->end) return 0;
-        if (*c->p == ',') {
-            c->p++;
-            continue;
-        }
-        if (*c->p != close) return 0;
-        c->p++;
-        return 1;
-    }
-}
-
-static int check_value(Cursor *c, int depth) {
-    if (c->p >= c->end) return 0;
-    switch (*c->p) {
-    case '{':
-    case '[':
-        return check_container(c, depth);
-    case '"':
-        return check_string(c);
-    case 't':
-        return check_literal(c, "true", 4);
-    case 'f':
-        return check_literal(c, "false", 5);
-    case 'n':
-        return check_literal(c, "null", 4);
-    default:
-        return check_number(c);
-    }
-}
+#include "_json_check.h"
 
 /* The number of elements of the array that is the whole of ``buf`` (whitespace around it
  * allowed), or -1 where the check does not vouch for it. */
@@ -165,27 +23,14 @@ static Py_ssize_t count_elements(const unsigned char *buf, Py_ssize_t len) {
     if (c.p >= c.end || *c.p != '[') return -1;
     c.p++;
     skip_ws(&c);
-    Py_ssize_t count = 0;
     if (c.p < c.end && *c.p == ']') {
         c.p++;
-    } else {
-        for (;;) {
-            skip_ws(&c);
-            if (!check_value(&c, 1)) return -1;
-            count++;
-            skip_ws(&c);
-            if (c.p >= c.end) return -1;
-            if (*c.p == ',') {
-                c.p++;
-                continue;
-            }
-            if (*c.p != ']') return -1;
-            c.p++;
-            break;
-        }
+        skip_ws(&c);
+        return c.p == c.end ? 0 : -1;
     }
-    skip_ws(&c);
-    return c.p == c.end ? count : -1;
+    int64_t count = 1;
+    if (!check_value(&c, 1) || !check_array_rest(&c, &count)) return -1;
+    return (Py_ssize_t)count;
 }
 
 PyObject *tracelake_json_array_length(PyObject *self, PyObject *arg) {

@@ -2,7 +2,9 @@
  * Native scanner for batches of PyTorch profiler (Kineto) trace events.
  *
  * Input: one batch as the cutter writes it, a JSON array of whole events
- * (``[{...},{...}]``), already checked to be valid JSON. Output: the columns of
+ * (``[{...},{...}]``), either already checked to be valid JSON or, with ``strict``, cut
+ * without a check: the scanner then checks the syntax as it reads (_json_check.h), and
+ * reports a batch it cannot vouch for as "unvouched" (docs/formats.md, section 1). Output: the columns of
  * the per-batch tables (device ops, host ops, step marks, collective args,
  * memory counters) as Arrow buffers, built in one pass with the GIL released.
  *
@@ -24,6 +26,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "_json_check.h"
 
 /* ---------------------------------------------------------------------------
  * Growable buffers and Arrow columns
@@ -234,11 +238,11 @@ typedef struct {
 /* Problems, reported to Python by name. */
 enum Problem {
     P_OK, P_SYNTAX, P_NOMEM, P_MISSING, P_PHASE, P_TS, P_DUR, P_ID, P_TS_TYPE, P_DUR_TYPE,
-    P_TS_RANGE, P_DUR_RANGE, P_ARGS, P_RANGE, P_ESCAPE, P_UTF8, P_TOO_LARGE
+    P_TS_RANGE, P_DUR_RANGE, P_ARGS, P_RANGE, P_ESCAPE, P_UTF8, P_TOO_LARGE, P_UNVOUCHED
 };
 static const char *PROBLEM_NAMES[] = {
     "ok", "syntax", "memory", "missing", "phase", "ts", "dur", "id", "ts type", "dur type",
-    "ts range", "dur range", "args", "range", "escape", "utf8", "too large",
+    "ts range", "dur range", "args", "range", "escape", "utf8", "too large", "unvouched",
 };
 
 /* Scratch buffers: keys and the phase, the category, numbers, the name, column values, minify's temporary. */
@@ -246,6 +250,8 @@ enum { S_PH, S_CAT, S_NUM, S_NAME, S_VALUE, S_TMP, N_SCRATCH };
 
 typedef struct {
     const char *p, *end, *start;
+    int strict;              /* check the syntax while reading (the batch was cut without a check) */
+    int depth;               /* how deep the values read are in the batch's array: 2 an event's, 3 its args' */
     int problem;
     const char *problem_arg; /* the args key of a bad id, or the field out of range */
     int64_t bad_event;       /* index in the batch of the bad event, or -1 */
@@ -280,11 +286,33 @@ static int skip_string(Scan *s, int *esc) {
     return -1;
 }
 
+/* parse_value's strict reading: the value's syntax as _json_check.h checks it. */
+static int strict_value(Scan *s, Ref *r) {
+    Cursor c = {(const unsigned char *)s->p, (const unsigned char *)s->end};
+    const char *start = s->p;
+    int ok;
+    switch (*s->p) {
+    case '"': ok = check_string(&c, &r->esc); r->type = V_STR; break;
+    case '{': ok = check_value(&c, s->depth); r->type = V_OBJ; break;
+    case '[': ok = check_value(&c, s->depth); r->type = V_ARR; break;
+    case 't': ok = check_literal(&c, "true", 4); r->type = V_TRUE; break;
+    case 'f': ok = check_literal(&c, "false", 5); r->type = V_FALSE; break;
+    case 'n': ok = check_literal(&c, "null", 4); r->type = V_NULL; break;
+    default: ok = check_number(&c); r->type = V_NUM; break;
+    }
+    if (!ok) return -1;
+    s->p = (const char *)c.p;
+    r->s = r->type == V_STR ? start + 1 : start;
+    r->e = r->type == V_STR ? s->p - 1 : s->p;
+    return 0;
+}
+
 static int parse_value(Scan *s, Ref *r) {
     ws(s);
     if (s->p >= s->end) return -1;
     char c = *s->p;
     r->esc = 0;
+    if (s->strict) return strict_value(s, r);
     if (c == '"') {
         const char *start = s->p;
         if (skip_string(s, &r->esc)) return -1;
@@ -897,7 +925,10 @@ static int parse_event(Scan *s, Event *ev) {
                 ws(s);
                 if (s->p < s->end && *s->p == '{') {
                     memset(ev->args, 0, sizeof ev->args);
-                    if (parse_args(s, ev)) return -1;
+                    s->depth = 3;
+                    int failed = parse_args(s, ev);
+                    s->depth = 2;
+                    if (failed) return -1;
                     goto next;
                 }
                 Ref r;
@@ -1268,28 +1299,47 @@ static Py_ssize_t invalid_utf8(const unsigned char *p, size_t n) {
     return -1;
 }
 
+/* In a strict scan, after the event that stopped it: the rest of the batch must be valid too, or a checked
+ * scan (which checks the whole batch first) could report another error. */
+static void check_rest(Scan *s) {
+    Cursor c = {(const unsigned char *)s->p, (const unsigned char *)s->end};
+    int64_t more = 0;
+    if (!check_array_rest(&c, &more)) s->problem = P_UNVOUCHED;
+}
+
 static void scan_events(Scan *s, int64_t first, int64_t *count, Event *ev) {
     *count = 0;
     ws(s);
     if (s->p >= s->end || *s->p != '[') { s->problem = P_SYNTAX; return; }
     s->p++;
     ws(s);
-    if (s->p < s->end && *s->p == ']') return;
+    if (s->p < s->end && *s->p == ']') {
+        s->p++;
+        ws(s);
+        if (s->strict && s->p != s->end) s->problem = P_SYNTAX;
+        return;
+    }
     for (;;) {
         if (parse_event(s, ev)) {
-            if (s->problem == P_OK) s->problem = P_SYNTAX;
+            if (s->problem == P_OK || s->strict) s->problem = P_SYNTAX;
             s->bad_event = *count;
             return;
         }
         if (s->problem != P_OK || emit(s, ev, first + *count)) {
             s->bad_event = *count;
+            if (s->strict && s->problem != P_NOMEM) check_rest(s);
             return;
         }
         (*count)++;
         ws(s);
         if (s->p >= s->end) { s->problem = P_SYNTAX; return; }
         if (*s->p == ',') { s->p++; continue; }
-        if (*s->p == ']') return;
+        if (*s->p == ']') {
+            s->p++;
+            ws(s);
+            if (s->strict && s->p != s->end) s->problem = P_SYNTAX;
+            return;
+        }
         s->problem = P_SYNTAX;
         return;
     }
@@ -1329,8 +1379,9 @@ static void free_scan(Scan *s) {
 static PyObject *scan(PyObject *self, PyObject *args) {
     Py_buffer view;
     long long first;
+    int strict = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*L", &view, &first)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*L|p", &view, &first, &strict)) return NULL;
     Scan *s = calloc(1, sizeof *s);
     Event *ev = malloc(sizeof *ev);
     if (s == NULL || ev == NULL) {
@@ -1343,15 +1394,22 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     }
     s->start = s->p = view.buf;
     s->end = s->p + view.len;
+    s->strict = strict;
+    s->depth = 2;
     s->bad_event = -1;
     int64_t count = 0;
     Py_ssize_t bad_utf8;
     Py_BEGIN_ALLOW_THREADS
     offsets_overflowed = 0;
     bad_utf8 = invalid_utf8((const unsigned char *)view.buf, (size_t)view.len);
-    if (bad_utf8 >= 0) s->end = s->start + bad_utf8; /* scan up to the bad byte to find its event */
-    scan_events(s, first, &count, ev);
-    if (s->problem == P_NOMEM && offsets_overflowed) s->problem = P_TOO_LARGE;
+    if (bad_utf8 >= 0 && strict) {
+        s->problem = P_UNVOUCHED; /* a checked scan finds the bad byte's event */
+    } else {
+        if (bad_utf8 >= 0) s->end = s->start + bad_utf8; /* scan up to the bad byte to find its event */
+        scan_events(s, first, &count, ev);
+        if (s->problem == P_NOMEM && offsets_overflowed) s->problem = P_TOO_LARGE;
+        if (strict && s->problem == P_SYNTAX) s->problem = P_UNVOUCHED;
+    }
     Py_END_ALLOW_THREADS
     if (bad_utf8 >= 0 && (s->problem == P_OK || s->problem == P_SYNTAX)) {
         s->problem = P_UTF8;
@@ -1369,7 +1427,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         PyObject *name_obj = Py_None, *ph_obj = Py_None;
         Py_INCREF(name_obj);
         Py_INCREF(ph_obj);
-        if (s->problem != P_SYNTAX && s->problem != P_UTF8 && s->problem != P_ESCAPE) {
+        if (s->problem != P_SYNTAX && s->problem != P_UTF8 && s->problem != P_ESCAPE && s->problem != P_UNVOUCHED) {
             if (text_of(s, &ev->name, S_NAME, &name) == 0 && name.ok) {
                 Py_DECREF(name_obj);
                 name_obj = PyUnicode_DecodeUTF8(name.s, (Py_ssize_t)name.n, "replace");
@@ -1684,8 +1742,10 @@ static PyMethodDef METHODS[] = {
      "json_array_length(data) -> int | None: the elements of the JSON array ``data`` is, where a strict\n"
      "check (GIL released) vouches for its syntax; None where msgspec must judge it."},
     {"scan", scan, METH_VARARGS,
-     "scan(batch, first) -> (tables, events, hip_calls, mtia_ops, counter_events, error)\n\n"
-     "Scan a JSON array of trace events whose first has index ``first``. ``tables`` maps each table to its\n"
+     "scan(batch, first, strict=False) -> (tables, events, hip_calls, mtia_ops, counter_events, error)\n\n"
+     "Scan a JSON array of trace events whose first has index ``first``. ``strict``: the batch was cut\n"
+     "without a check, so check its syntax while reading (problem 'unvouched' where the check would not\n"
+     "vouch for it, or where it holds invalid UTF-8). ``tables`` maps each table to its\n"
      "columns as (name, type, length, null count, validity, offsets, data, child length, child null count,\n"
      "child validity), None when ``error`` is (event index, problem, args key, event name, phase)."},
     {"layout", layout, METH_NOARGS, "The tables' columns: {table: [(name, type), ...]}."},

@@ -70,6 +70,7 @@ class ChromeTraceReader(Generic[T]):
         if self.count_events is not None and self.event_type is not msgspec.Raw:
             raise ValueError("count_events is for msgspec.Raw events only")
         self._decoder = msgspec.json.Decoder(list[self.event_type])  # type: ignore[name-defined]
+        self._unchecked = False
         self._buf = bytearray()
         self._base = 0  # offset in the decoded file of self._buf[0]
         self._eof = False
@@ -149,6 +150,20 @@ class ChromeTraceReader(Generic[T]):
             raise self._error("JSON nested too deeply (a thousand levels or more: not trace events)",
                               self._base) from None
 
+    def unchecked_batches(self) -> Iterator[bytes]:
+        """The batches' array texts alone, each but the last cut at the last likely boundary without decoding
+        or counting its events, for a reader that checks every batch strictly as it goes (the native scanner's
+        strict scan).
+
+        A cut inside a string makes a batch that check refuses: the caller then reads the trace again with
+        :meth:`batches`, which also names any error. The last batch is checked as :meth:`batches` checks it:
+        where the array ends is only known by the events before it decoding (a ``]`` in the keys after
+        ``traceEvents`` looks the same). ``event_count`` stays 0 but for the last batch.
+        """
+        self._unchecked = True
+        for _, _, data in self.batches():
+            yield data
+
     def _batches(self) -> Iterator[tuple[int, list[T], bytes]]:
         self._fill(self.batch_bytes)
         self._read_header()
@@ -188,13 +203,13 @@ class ChromeTraceReader(Generic[T]):
             comma = _skip_ws(buf, end + 1)
             if comma < len(buf) and buf[comma] == 0x2C and _at(buf, _skip_ws(buf, comma + 1), 0x7B):
                 attempts += 1
-                decoded = self._try_decode(end + 1)
+                decoded = self._try_decode(end + 1, check=not self._unchecked)
                 if decoded is not None:
                     return (*decoded, comma + 1)
         boundary = _last_top_level_comma(buf)
         if boundary is None:
             return None
-        events, data = self._decode_or_raise(boundary)
+        events, data = self._decode_or_raise(boundary, check=not self._unchecked)
         return events, data, boundary + 1
 
     def _read_last(self) -> Iterator[tuple[int, list[T], bytes]]:
@@ -308,8 +323,10 @@ class ChromeTraceReader(Generic[T]):
         count = self.count_events(data)
         return None if count is None else [_PLACEHOLDER] * count  # type: ignore[list-item]
 
-    def _try_decode(self, stop: int) -> tuple[list[T], bytes] | None:
+    def _try_decode(self, stop: int, check: bool = True) -> tuple[list[T], bytes] | None:
         data = self._array(stop)
+        if not check:
+            return [], data
         checked = self._checked(data)
         if checked is not None:
             return checked, data
@@ -321,8 +338,10 @@ class ChromeTraceReader(Generic[T]):
         except msgspec.DecodeError:
             return None
 
-    def _decode_or_raise(self, stop: int) -> tuple[list[T], bytes]:
+    def _decode_or_raise(self, stop: int, check: bool = True) -> tuple[list[T], bytes]:
         data = self._array(stop)
+        if not check:
+            return [], data
         checked = self._checked(data)
         if checked is not None:
             return checked, data

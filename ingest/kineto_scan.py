@@ -14,12 +14,14 @@ from __future__ import annotations
 import ctypes
 import heapq
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracelake.contracts.concrete import CONCRETE_OPS
 from tracelake.contracts.errors import TraceFormatError
@@ -59,6 +61,8 @@ class ScannedBatch:
     ``memory_events``)."""
 
     tables: dict[str, pa.Table]
+    #: The index of its first event in ``traceEvents``.
+    first: int
     events: int
     hip_calls: int
     #: Complete events of MTIA's device category (``mtia_ccp_events``): the trace is of an MTIA.
@@ -103,20 +107,43 @@ def _array(column: tuple[Any, ...]) -> pa.Array:
     return pa.Array.from_buffers(_PRIMITIVE[type_], length, [validity, pa.py_buffer(data)], null_count=nulls)
 
 
-def scan(batch: bytes, first: int, source: str) -> ScannedBatch:
-    """Scan one batch whose first event is ``traceEvents[first]``.
+class Unvouched(Exception):
+    """A batch cut without a check is not one the strict check vouches for: cut inside a string, or not
+    valid JSON (or beyond what the check knows, or not UTF-8). Never reaches a user: the caller cuts
+    again with the check, which finds the true boundary or names the error (docs/formats.md, section 1)."""
+
+
+#: Where a batch's events are in ``traceEvents``, when that is only known once the batches before it are read:
+#: called with its number of events (None: one of them cannot be read), it returns the index of its first.
+Place = Callable[[int | None], int]
+
+
+def scan(batch: bytes, first: int | Place, source: str, *, strict: bool = False) -> ScannedBatch:
+    """Scan one batch whose first event is ``traceEvents[first]`` (or where ``first`` places it, once read).
+
+    ``strict``: the batch was cut without a check, so its syntax is checked while it is read.
 
     Raises:
         TraceFormatError: an event cannot be read; the message names it by index.
+        Unvouched: (``strict`` only) the batch may be no whole events; it is not read.
     """
-    columns, events, hip_calls, mtia_ops, counter_events, error = _native().scan(batch, first)
+    columns, events, hip_calls, mtia_ops, counter_events, error = _native().scan(
+        batch, first if isinstance(first, int) else 0, strict)
+    if error is not None and error[1] == "unvouched":
+        raise Unvouched()
+    base = first if isinstance(first, int) else first(None if error is not None else events)
     if error is not None:
-        raise _error(error, first, source)
+        raise _error(error, base, source)
     tables = {
         table: pa.Table.from_arrays([_array(c) for c in cols], names=[c[0] for c in cols])
         for table, cols in columns.items()
     }
-    return ScannedBatch(tables=tables, events=events, hip_calls=hip_calls, mtia_ops=mtia_ops,
+    if base and not isinstance(first, int):  # read as if from event 0: the ids move on
+        for table, data in tables.items():
+            if "event_id" in data.column_names:
+                at = data.column_names.index("event_id")
+                tables[table] = data.set_column(at, "event_id", pc.add(data.column(at), pa.scalar(base, pa.int64())))
+    return ScannedBatch(tables=tables, first=base, events=events, hip_calls=hip_calls, mtia_ops=mtia_ops,
                         counter_events=counter_events)
 
 

@@ -4,8 +4,10 @@ Two stages keep memory bounded whatever the trace size, and put the heavy
 lifting in native code on every core:
 
 1. Cut (Python): the ``traceEvents`` array is streamed and cut into batches of
-   whole events, each checked to be valid JSON. Nothing is decoded into Python
-   objects.
+   whole events. Nothing is decoded into Python objects. Natively the cuts are
+   not checked: the scanner checks each batch strictly as it reads it, and where
+   one fails the trace is read again with every batch checked first
+   (:func:`_cut_and_load`; docs/formats.md, section 1).
 2. Load, on two threads while the next batch is cut: the native scanner
    (:mod:`tracelake.ingest.kineto_scan`) turns each batch into columns and
    writes the row-local ones as Parquet parts; where it is not built (or with
@@ -25,6 +27,7 @@ import queue
 import re
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -137,13 +140,73 @@ GROUP_BATCHES = 4
 
 def _cut_and_load(
     source: Path, options: ParseOptions, normaliser: pytorch_profiler_sql.Normaliser
-) -> ChromeTraceReader[msgspec.Raw]:
+) -> tuple[ChromeTraceReader[msgspec.Raw], int]:
     """Cut the events into batches and load them: natively from memory, or with DuckDB from batch files.
 
-    Returns the reader (header, tail, counts). Batches holding counter (``"ph": "C"``)
-    events stay on disk for the normaliser's second look (the native scanner tells
-    which; the DuckDB path looks for ``"C"``).
+    Returns the reader (header, tail) and the number of events. Batches holding counter (``"ph": "C"``)
+    events stay on disk for the normaliser's second look (the native scanner tells which; the DuckDB path
+    looks for ``"C"``).
+
+    Natively, the batches are first cut without a check and checked by the scanner as it reads them (one
+    pass over the text, not two). Where any batch fails, the trace is read again as the DuckDB path reads
+    it, every batch checked before it is scanned: that pass finds the true boundaries of a cut that fell
+    inside a string, and names any error exactly as it always has (docs/formats.md, section 1).
     """
+    if normaliser.native:
+        seen = _Seen(options.on_bytes)
+        try:
+            return _scan_unchecked(source, options, normaliser, seen)
+        except (TraceFormatError, kineto_scan.Unvouched, pytorch_profiler_sql.Abandoned):
+            normaliser.restart()
+            return _load(source, replace(options, on_bytes=seen.again()), normaliser)
+    return _load(source, options, normaliser)
+
+
+class _Seen:
+    """Passes on the bytes read, and on a second pass over the file only those beyond the first's."""
+
+    def __init__(self, on_bytes: Callable[[int], None] | None) -> None:
+        self._on_bytes = on_bytes
+        self.count = 0
+
+    def first(self, count: int) -> None:
+        self.count += count
+        if self._on_bytes is not None:
+            self._on_bytes(count)
+
+    def again(self) -> Callable[[int], None] | None:
+        if self._on_bytes is None:
+            return None
+        on_bytes, left, read = self._on_bytes, self.count, 0
+
+        def beyond(count: int) -> None:
+            nonlocal read
+            new = max(0, read + count - max(read, left))
+            read += count
+            if new:
+                on_bytes(new)
+        return beyond
+
+
+def _scan_unchecked(source: Path, options: ParseOptions, normaliser: pytorch_profiler_sql.Normaliser,
+                    seen: _Seen) -> tuple[ChromeTraceReader[msgspec.Raw], int]:
+    chunks = read_ahead(iter_chunks(source, on_bytes=seen.first, name=options.source_name))
+    reader: ChromeTraceReader[msgspec.Raw] = ChromeTraceReader(
+        chunks, msgspec.Raw, options.source_name, batch_bytes=options.batch_bytes,
+        count_events=kineto_scan.json_array_length)
+    numbering = pytorch_profiler_sql.EventNumbering()
+    scanner: _Loader[bytes] = _Loader(lambda n, batch: normaliser.scan_unchecked(n, batch, numbering))
+    try:
+        for data in reader.unchecked_batches():
+            scanner.put(data)
+    finally:
+        scanner.close()
+    return reader, numbering.total
+
+
+def _load(source: Path, options: ParseOptions, normaliser: pytorch_profiler_sql.Normaliser
+          ) -> tuple[ChromeTraceReader[msgspec.Raw], int]:
+    """The checked cut: every batch decoded (or checked natively) before it is loaded."""
     chunks = read_ahead(iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name))
     reader: ChromeTraceReader[msgspec.Raw] = ChromeTraceReader(
         chunks, msgspec.Raw, options.source_name, batch_bytes=options.batch_bytes,
@@ -157,7 +220,7 @@ def _cut_and_load(
                     scanner.put((first, data))
         finally:
             scanner.close()
-        return reader
+        return reader, reader.event_count
 
     def remove_loaded(batches: list[tuple[Path, int]]) -> None:
         for path, _ in batches:
@@ -179,7 +242,7 @@ def _cut_and_load(
             loader.put(group)
     finally:
         loader.close()
-    return reader
+    return reader, reader.event_count
 
 
 # -- locating a bad value precisely ---------------------------------------------------
@@ -300,10 +363,10 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     )
     try:
         try:
-            reader = _cut_and_load(source, options, normaliser)
+            reader, event_count = _cut_and_load(source, options, normaliser)
             kineto_scan.release_free_memory()
             top = {**reader.header, **reader.tail}
-            info = _trace_info(options, top, reader.event_count, reader.json_bytes)
+            info = _trace_info(options, top, event_count, reader.json_bytes)
             normaliser.finish(
                 info,
                 trace_id=options.final_trace_id,  # asked for when the final tables are written, not before

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+import functools
 import logging
 import threading
 import time
@@ -55,6 +56,61 @@ def _translate(exc: duckdb.Error, source: str) -> Exception:
     if isinstance(exc, duckdb.ConversionException | duckdb.InvalidInputException):
         return UnreadableValue(str(exc).splitlines()[0])
     return TraceFormatError(source, f"could not normalise the trace ({exc})")
+
+
+class Abandoned(Exception):
+    """A batch after one that failed: where its events are is never known (the earlier error is raised)."""
+
+
+class EventNumbering:
+    """The index of each batch's first event, for batches cut without counting their events and read on two
+    threads: batch ``n`` learns it once batches ``0 .. n-1`` have said how many events they hold."""
+
+    def __init__(self) -> None:
+        self._ready = threading.Condition()
+        self._counts: dict[int, int] = {}
+        self._firsts: list[int] = []  # of the batches 0 .. len - 1, all counted
+        self._total = 0
+        self._failed: int | None = None
+
+    def place(self, batch: int, count: int | None) -> int:
+        """Batch ``batch`` holds ``count`` events (None: it failed); returns the index of its first, waiting
+        for the batches before it.
+
+        Raises:
+            Abandoned: a batch before it failed.
+        """
+        with self._ready:
+            if count is None:
+                self._fail(batch)
+            else:
+                self._counts[batch] = count
+                while len(self._firsts) in self._counts:
+                    self._firsts.append(self._total)
+                    self._total += self._counts.pop(len(self._firsts) - 1)
+            self._ready.notify_all()
+            while len(self._firsts) < batch and not self._abandons(batch):  # until every batch before it is counted
+                self._ready.wait()
+            if self._abandons(batch):
+                raise Abandoned()
+            return self._firsts[batch] if batch < len(self._firsts) else self._total
+
+    def fail(self, batch: int) -> None:
+        """Batch ``batch`` failed: the batches after it never learn where they are."""
+        with self._ready:
+            self._fail(batch)
+            self._ready.notify_all()
+
+    def _fail(self, batch: int) -> None:
+        self._failed = batch if self._failed is None else min(self._failed, batch)
+
+    def _abandons(self, batch: int) -> bool:
+        return self._failed is not None and self._failed < batch
+
+    @property
+    def total(self) -> int:
+        """The events of every batch, once all are placed."""
+        return self._total
 
 
 class Normaliser:
@@ -109,14 +165,33 @@ class Normaliser:
         return path
 
     def scan(self, group: int, first: int, batch: bytes) -> None:
-        """Scan batch number ``group`` (JSON array text; its first event is ``traceEvents[first]``) natively.
+        """Scan batch number ``group`` (JSON array text, checked; its first event is ``traceEvents[first]``)
+        natively.
 
         Raises:
             TraceFormatError: an event cannot be read.
         """
-        scanned = kineto_scan.scan(batch, first, self.source)
+        self._keep(group, batch, kineto_scan.scan(batch, first, self.source))
+
+    def scan_unchecked(self, group: int, batch: bytes, numbering: EventNumbering) -> None:
+        """Scan batch number ``group``, cut without a check or an event count, strictly; ``numbering`` places
+        its events after those of the batches before it.
+
+        Raises:
+            TraceFormatError: an event cannot be read.
+            kineto_scan.Unvouched: the batch is not one the strict check vouches for (see :meth:`restart`).
+            Abandoned: a batch before it failed.
+        """
+        try:
+            scanned = kineto_scan.scan(batch, functools.partial(numbering.place, group), self.source, strict=True)
+        except BaseException:
+            numbering.fail(group)
+            raise
+        self._keep(group, batch, scanned)
+
+    def _keep(self, group: int, batch: bytes, scanned: kineto_scan.ScannedBatch) -> None:
         if scanned.counter_events:
-            self.batch_file(first, batch, counters=True)
+            self.batch_file(scanned.first, batch, counters=True)
         for table in ("device", "host"):
             # Parts live for one ingest: plain encoding writes faster than dictionaries, and lz4 keeps them small.
             pq.write_table(scanned.tables[table], self.parts / f"{table}-{group:06d}.parquet", compression="lz4",
@@ -130,6 +205,15 @@ class Normaliser:
                     parts.append(scanned.tables[table])
             self._hip_calls += scanned.hip_calls
             self._mtia_ops += scanned.mtia_ops
+
+    def restart(self) -> None:
+        """Forget every batch read so far, to read the trace again (after :class:`kineto_scan.Unvouched`)."""
+        for folder in (self.parts, self.events):
+            for path in folder.iterdir():
+                path.unlink()
+        self._scanned = {name: [] for name in self._scanned}
+        self._hip_calls = self._mtia_ops = 0
+        self.counter_batches = []
 
     def load(self, group: int, batches: list[tuple[Path, int]]) -> None:
         """Parse group number ``group`` with DuckDB: consecutive batch files, each with the index of its first event.
