@@ -147,13 +147,15 @@ class Figures:
         return max(self.peak_rss_bytes)
 
 
-def run_child(python: str, code: str, inputs: list[Path], workdir: Path, timeout: float) -> tuple[dict[str, Any], int]:
-    """Run ``code`` in a new process; return its JSON result and its peak RSS in bytes."""
+def run_child(python: str, code: str, inputs: list[Path], workdir: Path, timeout: float,
+              env: dict[str, str] | None = None) -> tuple[dict[str, Any], int]:
+    """Run ``code`` in a new process (with ``env``, else this one's); return its JSON result and its peak RSS in
+    bytes."""
     result, log = workdir / "result.json", workdir / "child.log"
     result.unlink(missing_ok=True)
     with open(log, "wb") as log_fh:
         proc = subprocess.Popen([python, "-c", code, *map(str, inputs), str(result)],
-                                stdout=log_fh, stderr=subprocess.STDOUT)
+                                stdout=log_fh, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout
         while True:  # os.wait4 gives this child's own rusage (Popen.wait would not)
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -208,11 +210,13 @@ def warm_page_cache(path: Path) -> None:
             pass
 
 
-def measure_tracelake(fig: Figures, trace: Path, workdir: Path, timeout: float) -> None:
+def measure_tracelake(fig: Figures, trace: Path, workdir: Path, timeout: float, tree: Path | None = None) -> None:
+    """One tracelake ingest of ``trace``: of this checkout, or of the build installed in ``tree`` (``--old``)."""
     home = workdir / "warehouse"
     home.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(tree.resolve())} if tree else None
     try:
-        out, rss = run_child(sys.executable, TRACELAKE_CHILD, [trace, home], workdir, timeout)
+        out, rss = run_child(sys.executable, TRACELAKE_CHILD, [trace, home], workdir, timeout, env)
     except RuntimeError as exc:
         raise SystemExit(f"tracelake FAILED: {exc}") from None
     finally:
@@ -255,7 +259,13 @@ def report(figs: list[Figures], trace_bytes: int, events: int) -> dict[str, Any]
         rows[fig.tool] = row
         print(f"{fig.tool:<10} {s:>9.2f} {row['mb_per_s']:>8.1f} {row['events_per_s']:>11,.0f} "
               f"{row['peak_rss_mb']:>12,.0f} {row['rss_over_trace']:>10.2f}")
-    tl, hta = figs[0], figs[1] if len(figs) > 1 else None
+    tl = figs[0]
+    hta = next((f for f in figs if f.tool == "HTA"), None)
+    before = next((f for f in figs if f.tool == "before"), None)
+    if before is not None and before.seconds:
+        print(f"\nthis checkout takes {tl.best_seconds / before.best_seconds:.2f}x the time of the build before "
+              f"(--old), peak RSS {tl.peak_rss / MB:,.0f} MB vs {before.peak_rss / MB:,.0f} MB")
+        rows["against_before"] = {"time": tl.best_seconds / before.best_seconds, "peak_rss": tl.peak_rss / before.peak_rss}
     if hta is not None and hta.seconds and not hta.error:
         ratio = hta.best_seconds / tl.best_seconds
         print(f"\ntracelake is {ratio:.1f}x HTA's throughput, "
@@ -312,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a real-shaped trace instead: this real capture (default: the H200 GPT of "
                         "sample_traces/gpu_h200/train) repeated with shifted times and ids to --size-mb "
                         "(benchmarks/real_shaped.py); --steps and --layers do not apply")
+    parser.add_argument("--old", type=Path, metavar="TREE",
+                        help="also ingest with another build of tracelake, alternating with this checkout's: a "
+                        "folder it was installed into (pip install --no-deps --target TREE <its checkout>)")
     args = parser.parse_args(argv)
 
     if args.workdir:
@@ -336,16 +349,22 @@ def main(argv: list[str] | None = None) -> int:
               f"{written['events']:,} events, {written['steps']} steps; written in "
               f"{time.perf_counter() - started:.1f} s); tracelake sources {source_id}", flush=True)
         figs = [Figures("tracelake"), Figures("HTA", error="skipped (--skip-hta)" if args.skip_hta else None)]
+        before = Figures("before") if args.old else None
         for run in range(1, args.runs + 1):
             warm_page_cache(trace)
             measure_tracelake(figs[0], trace, workdir, args.timeout)
             print(f"run {run}: tracelake {figs[0].seconds[-1]:.2f} s", flush=True)
+            if before is not None:
+                warm_page_cache(trace)
+                measure_tracelake(before, trace, workdir, args.timeout, args.old)
+                print(f"run {run}: before (--old) {before.seconds[-1]:.2f} s", flush=True)
             if not figs[1].error:
                 warm_page_cache(trace)
             measure_hta(figs[1], trace_dir, workdir, args.timeout)
             if not figs[1].error:
                 print(f"run {run}: HTA {figs[1].seconds[-1]:.2f} s", flush=True)
-        rows = report(figs if not args.skip_hta else figs[:1], trace_bytes, figs[0].events)
+        shown = (figs if not args.skip_hta else figs[:1]) + ([before] if before is not None else [])
+        rows = report(shown, trace_bytes, figs[0].events)
         if args.json:
             meta = {"size_mb": args.size_mb, "gzip": args.gzip, "runs": args.runs, "layers": layers, "real": str(args.real) if args.real else None,
                     "trace_bytes": trace_bytes, "file_bytes": written["file_bytes"], "generator": written,
