@@ -158,23 +158,23 @@ def _cut_and_load(
             return _scan_unchecked(source, options, normaliser, seen)
         except (TraceFormatError, kineto_scan.Unvouched, pytorch_profiler_sql.Abandoned):
             normaliser.restart()
-            return _load(source, replace(options, on_bytes=seen.again()), normaliser)
+            return _load(source, replace(options, on_bytes=seen.second_pass()), normaliser)
     return _load(source, options, normaliser)
 
 
 class _Seen:
-    """Passes on the bytes read, and on a second pass over the file only those beyond the first's."""
+    """Progress over two passes: the bytes the first reads are passed on, of the second's only those beyond."""
 
     def __init__(self, on_bytes: Callable[[int], None] | None) -> None:
         self._on_bytes = on_bytes
         self.count = 0
 
-    def first(self, count: int) -> None:
+    def first_pass(self, count: int) -> None:
         self.count += count
         if self._on_bytes is not None:
             self._on_bytes(count)
 
-    def again(self) -> Callable[[int], None] | None:
+    def second_pass(self) -> Callable[[int], None] | None:
         if self._on_bytes is None:
             return None
         on_bytes, left, read = self._on_bytes, self.count, 0
@@ -190,7 +190,7 @@ class _Seen:
 
 def _scan_unchecked(source: Path, options: ParseOptions, normaliser: pytorch_profiler_sql.Normaliser,
                     seen: _Seen) -> tuple[ChromeTraceReader[msgspec.Raw], int]:
-    chunks = read_ahead(iter_chunks(source, on_bytes=seen.first, name=options.source_name))
+    chunks = read_ahead(iter_chunks(source, on_bytes=seen.first_pass, name=options.source_name))
     reader: ChromeTraceReader[msgspec.Raw] = ChromeTraceReader(
         chunks, msgspec.Raw, options.source_name, batch_bytes=options.batch_bytes,
         count_events=kineto_scan.json_array_length)
