@@ -203,13 +203,17 @@ class ChromeTraceReader(Generic[T]):
             comma = _skip_ws(buf, end + 1)
             if comma < len(buf) and buf[comma] == 0x2C and _at(buf, _skip_ws(buf, comma + 1), 0x7B):
                 attempts += 1
-                decoded = self._try_decode(end + 1, check=not self._unchecked)
+                if self._unchecked:  # the caller checks the batch (unchecked_batches)
+                    return [], self._array(end + 1), comma + 1
+                decoded = self._try_decode(end + 1)
                 if decoded is not None:
                     return (*decoded, comma + 1)
         boundary = _last_top_level_comma(buf)
         if boundary is None:
             return None
-        events, data = self._decode_or_raise(boundary, check=not self._unchecked)
+        if self._unchecked:
+            return [], self._array(boundary), boundary + 1
+        events, data = self._decode_or_raise(boundary)
         return events, data, boundary + 1
 
     def _read_last(self) -> Iterator[tuple[int, list[T], bytes]]:
@@ -323,10 +327,8 @@ class ChromeTraceReader(Generic[T]):
         count = self.count_events(data)
         return None if count is None else [_PLACEHOLDER] * count  # type: ignore[list-item]
 
-    def _try_decode(self, stop: int, check: bool = True) -> tuple[list[T], bytes] | None:
+    def _try_decode(self, stop: int) -> tuple[list[T], bytes] | None:
         data = self._array(stop)
-        if not check:
-            return [], data
         checked = self._checked(data)
         if checked is not None:
             return checked, data
@@ -338,10 +340,8 @@ class ChromeTraceReader(Generic[T]):
         except msgspec.DecodeError:
             return None
 
-    def _decode_or_raise(self, stop: int, check: bool = True) -> tuple[list[T], bytes]:
+    def _decode_or_raise(self, stop: int) -> tuple[list[T], bytes]:
         data = self._array(stop)
-        if not check:
-            return [], data
         checked = self._checked(data)
         if checked is not None:
             return checked, data

@@ -155,7 +155,7 @@ def _cut_and_load(
     if normaliser.native:
         seen = _Seen(options.on_bytes)
         try:
-            return _scan_unchecked(source, options, normaliser, seen)
+            return _scan_unchecked(source, replace(options, on_bytes=seen.first_pass), normaliser)
         except (TraceFormatError, kineto_scan.Unvouched, pytorch_profiler_sql.Abandoned):
             normaliser.restart()
             return _load(source, replace(options, on_bytes=seen.second_pass()), normaliser)
@@ -188,12 +188,17 @@ class _Seen:
         return beyond
 
 
-def _scan_unchecked(source: Path, options: ParseOptions, normaliser: pytorch_profiler_sql.Normaliser,
-                    seen: _Seen) -> tuple[ChromeTraceReader[msgspec.Raw], int]:
-    chunks = read_ahead(iter_chunks(source, on_bytes=seen.first_pass, name=options.source_name))
-    reader: ChromeTraceReader[msgspec.Raw] = ChromeTraceReader(
-        chunks, msgspec.Raw, options.source_name, batch_bytes=options.batch_bytes,
-        count_events=kineto_scan.json_array_length)
+def _reader(source: Path, options: ParseOptions) -> ChromeTraceReader[msgspec.Raw]:
+    """A reader of the trace's raw events, read ahead on a thread; batches checked natively where the scanner is
+    built."""
+    chunks = read_ahead(iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name))
+    return ChromeTraceReader(chunks, msgspec.Raw, options.source_name, batch_bytes=options.batch_bytes,
+                             count_events=kineto_scan.json_array_length if kineto_scan.AVAILABLE else None)
+
+
+def _scan_unchecked(source: Path, options: ParseOptions, normaliser: pytorch_profiler_sql.Normaliser
+                    ) -> tuple[ChromeTraceReader[msgspec.Raw], int]:
+    reader = _reader(source, options)
     numbering = pytorch_profiler_sql.EventNumbering()
     scanner: _Loader[bytes] = _Loader(lambda n, batch: normaliser.scan_unchecked(n, batch, numbering))
     try:
@@ -207,11 +212,7 @@ def _scan_unchecked(source: Path, options: ParseOptions, normaliser: pytorch_pro
 def _load(source: Path, options: ParseOptions, normaliser: pytorch_profiler_sql.Normaliser
           ) -> tuple[ChromeTraceReader[msgspec.Raw], int]:
     """The checked cut: every batch decoded (or checked natively) before it is loaded."""
-    chunks = read_ahead(iter_chunks(source, on_bytes=options.on_bytes, name=options.source_name))
-    reader: ChromeTraceReader[msgspec.Raw] = ChromeTraceReader(
-        chunks, msgspec.Raw, options.source_name, batch_bytes=options.batch_bytes,
-        count_events=kineto_scan.json_array_length if kineto_scan.AVAILABLE else None,
-    )
+    reader = _reader(source, options)
     if normaliser.native:
         scanner: _Loader[tuple[int, bytes]] = _Loader(lambda n, item: normaliser.scan(n, *item))
         try:
