@@ -80,20 +80,27 @@ def counted_mask(names: pl.Series) -> np.ndarray:
     return names.replace_strict(known, default=False, return_dtype=pl.Boolean).fill_null(False).to_numpy()
 
 
-def _parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
+def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
     """The position of each event's parent (-1 for none or one not among ``ids``), the first event of an id that
-    repeats. Parsers number events densely, so a table indexed by id does it without a sort; else a sort."""
+    repeats. Parsers number events densely, so a table indexed by id does it without a sort; else a sort.
+
+    Positions are int32 below 2**31 events (half the memory of the largest arrays here), and the temporaries take
+    the ids' own width: ids passed as int32 (a trace's event ids fit) keep them at half the size of int64."""
     n = len(ids)
     if not n:
         return np.zeros(0, dtype=np.int64)
-    kind = np.int32 if n < 2**31 else np.int64  # positions: half the memory of the largest arrays here
+    kind = np.int32 if n < 2**31 else np.int64
+    if ids.dtype != parent_ids.dtype:  # one width for both: the differences below stay in range
+        ids, parent_ids = ids.astype(np.int64), parent_ids.astype(np.int64)
     low, high = int(ids.min()), int(ids.max())
     inside = (parent_ids >= low) & (parent_ids <= high)
     if high - low < 4 * n + 1024:
         position = np.full(high - low + 1, -1, dtype=kind)
         position[ids[::-1] - low] = np.arange(n - 1, -1, -1, dtype=kind)  # written last to first: the first wins
-        found = position[np.where(inside, parent_ids - low, 0)]
-        del position
+        offset = parent_ids - low  # one temporary of the ids' width, made an index in place
+        offset[~inside] = 0
+        found = position[offset]
+        del position, offset
         found[~inside] = -1
         return found
     order = np.argsort(ids, kind="stable").astype(kind)
@@ -133,8 +140,9 @@ class Operators:
                                 ).filter(pl.col("sequence_number").is_not_null())
             autograd = Autograd(marks["row"].to_numpy().astype(np.int64),
                                 marks["sequence_number"].to_numpy().astype(np.int64), marks["backward"].to_numpy())
+        ids = host["event_id"].to_numpy().astype(np.int64)
         self._attribute(
-            host["event_id"].to_numpy().astype(np.int64), host["parent_id"].fill_null(-1).to_numpy().astype(np.int64),
+            ids, parent_rows(ids, host["parent_id"].fill_null(-1).to_numpy().astype(np.int64)),
             (host["cat"] == "cpu_op").fill_null(False).to_numpy(), counted_mask(host["name"]),
             calls["row"].to_numpy().astype(np.int64), calls["correlation"].to_numpy().astype(np.int64),
             calls["ts_ns"].to_numpy().astype(np.int64), calls["dur_ns"].fill_null(0).to_numpy().astype(np.int64),
@@ -148,27 +156,27 @@ class Operators:
                                  for r in self.scope_rows.tolist()], dtype=pl.String)))
 
     @classmethod
-    def from_arrays(cls, event_id: np.ndarray, parent_id: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray,
+    def from_arrays(cls, event_id: np.ndarray, parent: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray,
                     call_row: np.ndarray, correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray,
                     kind: np.ndarray | None = None, autograd: Autograd | None = None,
                     recompute: np.ndarray | None = None) -> Operators:
-        """From one trace's host events as arrays: every event's ``event_id``, ``parent_id`` (-1 for none), whether it
-        is a ``cpu_op`` and whether a counted one; of the events with a correlation and a start (``call_row``: their
-        positions), the ``correlation``, ``ts_ns`` and ``dur_ns`` (0 for none); every event's :func:`scope_kind` and
-        the autograd marks (:class:`~.op_scope.Autograd`), for the calls' modules (:attr:`scope_rows`); every
-        event's :func:`~.recompute.recompute_kind`, for :attr:`recomputed`. The calls have no name nor cost until
-        :meth:`set_keyed`."""
+        """From one trace's host events as arrays: every event's ``event_id``, its parent's position (``parent``,
+        :func:`parent_rows` of the ids and parent ids: a caller holding many events lets the parent ids go before
+        the rest is worked out), whether it is a ``cpu_op`` and whether a counted one; of the events with a
+        correlation and a start (``call_row``: their positions), the ``correlation``, ``ts_ns`` and ``dur_ns`` (0
+        for none); every event's :func:`scope_kind` and the autograd marks (:class:`~.op_scope.Autograd`), for the
+        calls' modules (:attr:`scope_rows`); every event's :func:`~.recompute.recompute_kind`, for
+        :attr:`recomputed`. The calls have no name nor cost until :meth:`set_keyed`."""
         self = cls.__new__(cls)
-        self._attribute(event_id, parent_id, is_op, is_counted, call_row, correlation, ts_ns, dur_ns, kind, autograd,
+        self._attribute(event_id, parent, is_op, is_counted, call_row, correlation, ts_ns, dur_ns, kind, autograd,
                         recompute)
         self.set_keyed(np.zeros(0, dtype=np.int64), pl.DataFrame(schema={c: pl.String for c in GROUP_COLUMNS}),
                        np.zeros(0, dtype=np.int64))
         return self
 
-    def _attribute(self, ids: np.ndarray, parent_ids: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray,
+    def _attribute(self, ids: np.ndarray, parent: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray,
                    call_row: np.ndarray, correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray,
                    kind: np.ndarray | None, autograd: Autograd | None, recompute: np.ndarray | None) -> None:
-        parent = _parent_rows(ids, parent_ids)
         found, chosen_rows = launch_call_rows(correlation, ts_ns, dur_ns)
         target = _owners(call_row[chosen_rows], parent, is_op, is_counted) if len(chosen_rows) else \
             np.zeros(0, dtype=np.int64)
@@ -182,7 +190,7 @@ class Operators:
         #: The input positions of the operator calls that launched device ops, ascending.
         self.rows = np.flatnonzero(marked[:-1])
         #: Their ``event_id`` (in the order of :attr:`rows`).
-        self.events = ids[self.rows]
+        self.events = ids[self.rows].astype(np.int64)
         #: The position of each call's scope event (docs/analyses.md, "Module"), -1 for none.
         self.scope_rows = np.full(len(self.rows), -1, dtype=np.int64) if kind is None else \
             scopes(self.rows, parent, kind, autograd or Autograd.empty(), ids)

@@ -20,10 +20,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given, settings, strategies as st
 from support import ROOT, real_kineto_files
 
 from tracelake import ingest
-from tracelake.analysis.op_stats import NO_OPERATOR, OpParts, Operators, peak_for
+from tracelake.analysis.op_stats import NO_OPERATOR, OpParts, Operators, parent_rows, peak_for
 from tracelake.analysis.peaks import lookup
 from tracelake.warehouse.derived import write_derived
 
@@ -265,3 +266,22 @@ def test_roofline_columns() -> None:
     assert out["above_roofline"].to_list() == [True, False]
     assert out["achieved_tflops"][1] == pytest.approx(500.0)
     assert np.isclose(out["arithmetic_intensity"][1], 1000.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 40), max_size=60), st.data(), st.sampled_from([np.int32, np.int64]),
+       st.sampled_from([np.int32, np.int64]), st.booleans())
+def test_parent_rows_match_a_lookup_made_here(ids, data, id_type, parent_type, sparse):
+    """Each event's parent position equals the first position of its parent id (-1: none among the ids), by a dict
+    made here, whatever the widths of the two arrays (the first pass keeps them as int32 where they fit) and on
+    both of parent_rows' paths (dense ids: a table; sparse ones, ``sparse`` spreading them apart: a sort)."""
+    ids = [i * 10**9 if sparse else i for i in ids]
+    parents = data.draw(st.lists(st.sampled_from([-1, 3 * 10**9 if sparse else 41, *ids]), min_size=len(ids),
+                                 max_size=len(ids)))
+    if sparse and (id_type is np.int32 or parent_type is np.int32):
+        id_type = parent_type = np.int64  # sparse ids do not fit 32 bits
+    first: dict[int, int] = {}
+    for at, i in enumerate(ids):
+        first.setdefault(i, at)
+    found = parent_rows(np.array(ids, dtype=id_type), np.array(parents, dtype=parent_type))
+    assert found.tolist() == [first.get(p, -1) for p in parents]

@@ -22,8 +22,8 @@ import pyarrow.parquet as pq
 from tracelake.analysis import breakdown
 from tracelake.analysis.derived import DerivedTables, RankRows, Window
 from tracelake.analysis.flops import counted
-from tracelake.analysis.op_scope import Autograd, scope_kind, scope_name
-from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators
+from tracelake.analysis.op_scope import Autograd, path_name, scope_kind
+from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators, parent_rows
 from tracelake.analysis.recompute import recompute_kind
 from tracelake.analysis.peaks import Override, Peaks, matches, resolve
 from tracelake.contracts import schema
@@ -115,7 +115,7 @@ def _hardware(devices: Path, overrides: tuple[Override, ...] = ()) -> dict[tuple
 def _operators(host_ops: Path) -> dict[str, Operators]:
     """Per trace, its operator calls and what each launch call is attributed to (:class:`Operators`).
 
-    Two passes a row group at a time, in Arrow and numpy: the first keeps 19 bytes per host event (the chain from
+    Two passes a row group at a time, in Arrow and numpy: the first keeps 12 bytes per host event (the chain from
     a launch call up to its operator runs through Python functions and annotations, so every event's parent is
     needed), 32 per launch call and the names of Python scope events; the second the names and shapes of the calls
     that launched device ops only, as dictionary codes.
@@ -147,6 +147,7 @@ def _operators(host_ops: Path) -> dict[str, Operators]:
         del part
         release_free_memory()  # each row group's Arrow buffers back before the next (mimalloc keeps them)
     found = {trace_id: trace.operators() for trace_id, trace in traces.items()}
+    release_free_memory()  # the attribution's arrays (every host event's), back before the second pass reads
     wanted = [c for c in ("event_id", "name", "rank", "dur_ns", *KEY_COLUMNS[1:]) if c in names]
     kept: dict[str, list[pa.Table]] = {}
     taken = dict.fromkeys(found, 0)  # per trace, how many of its calls' rows are read
@@ -207,7 +208,7 @@ class _Trace:
         kind = np.where(is_py, np.array([f[1] for f in flags], dtype=np.int8)[codes], 0).astype(np.int8)
         calls = np.flatnonzero(pc.and_(pc.is_valid(part["correlation"]), pc.is_valid(part["ts_ns"]))
                                .to_numpy(zero_copy_only=False))
-        columns = (_ints(part["event_id"], -1), _ints(part["parent_id"], -1), is_op,
+        columns = (_narrow(_ints(part["event_id"], -1)), _narrow(_ints(part["parent_id"], -1)), is_op,
                    is_op & np.array([f[0] for f in flags], dtype=bool)[codes], calls + offset,
                    *(_ints(part[c], 0)[calls] for c in ("correlation", "ts_ns", "dur_ns")), kind,
                    np.array([f[2] for f in flags], dtype=np.int8)[codes])
@@ -228,43 +229,53 @@ class _Trace:
         arrays = []
         while self.pieces:  # column by column, each one's pieces let go as it is joined: one copy at a time
             arrays.append(np.concatenate(self.pieces.pop(0)))
+            if len(arrays) == 2:  # the parents' positions, and the parent ids let go before the rest is joined
+                arrays[1] = parent_rows(*arrays)
         marks = Autograd(*(np.concatenate(piece) for piece in self.marks)) if self.marks[0] else Autograd.empty()
-        ids, parents, is_op, is_counted, call_row, correlation, ts_ns, dur_ns, kind, recompute = arrays
-        return Operators.from_arrays(ids, parents, is_op, is_counted, call_row, correlation, ts_ns, dur_ns,
+        ids, parent, is_op, is_counted, call_row, correlation, ts_ns, dur_ns, kind, recompute = arrays
+        del arrays
+        return Operators.from_arrays(ids, parent, is_op, is_counted, call_row, correlation, ts_ns, dur_ns,
                                      kind=kind, autograd=marks, recompute=recompute)
 
     def modules(self, scope_rows: np.ndarray, paths: dict[int, tuple[int, ...]]) -> tuple[np.ndarray, list[str | None]]:
         """For the positions ``scope_rows`` (-1: none) and each one's path of scope events, a code each into the
-        returned names (the last: none)."""
+        returned names (the last: none).
+
+        A path's text (:func:`~tracelake.analysis.op_scope.path_name`) is made once per distinct sequence of names:
+        the events' names are dictionary codes, and the 100,000s of paths of a long trace repeat a few thousand
+        sequences (the same modules, step after step), so no string is made or held per path."""
         code = np.zeros(len(scope_rows), dtype=np.int64)
         if not self.scope_names or not paths:
             return code, [None]
         rows = np.concatenate(self.scope_rows)
-        members = np.unique(np.fromiter((p for path in paths.values() for p in path), dtype=np.int64))
+        starts = np.fromiter(paths, dtype=np.int64, count=len(paths))
+        lengths = np.fromiter((len(path) for path in paths.values()), dtype=np.int64, count=len(paths))
+        members, inverse = np.unique(np.fromiter((p for path in paths.values() for p in path), dtype=np.int64,
+                                                 count=int(lengths.sum())), return_inverse=True)
         at = np.minimum(np.searchsorted(rows, members), len(rows) - 1)
-        fetched = pa.chunked_array(self.scope_names).take(pa.array(at)).cast(pa.string()).to_pylist()
-        name = {int(p): n if rows[a] == p else None for p, a, n in zip(members, at, fetched, strict=True)}
-        texts: dict[tuple[int, ...], str | None] = {(): None}  # a path's text, for the paths and their prefixes
-
-        def joined(path: tuple[int, ...]) -> str | None:
-            """:func:`~tracelake.analysis.op_scope.path_name` of the path's names; paths share their outer modules:
-            each prefix's text is made once."""
-            known = len(path)
-            while path[:known] not in texts:
-                known -= 1
-            text = texts[path[:known]]
-            for end in range(known, len(path)):
-                if part := scope_name(name[path[end]]):
-                    text = f"{text}/{part}" if text else part
-                texts[path[:end + 1]] = text
-            return text
-
-        shown = {start: joined(path) for start, path in paths.items()}
-        distinct = sorted({n for n in shown.values() if n is not None})
-        index = {n: i for i, n in enumerate(distinct)}
-        starts = np.array(sorted(shown), dtype=np.int64)
-        codes = np.array([index[t] if (t := shown[int(p)]) is not None else len(distinct) for p in starts] +
-                         [len(distinct)], dtype=np.int64)
+        named = pc.dictionary_encode(pa.chunked_array(self.scope_names).take(pa.array(at)).cast(pa.string())
+                                     ).combine_chunks()
+        words: list[str | None] = named.dictionary.to_pylist()
+        word = pc.fill_null(named.indices, len(words)).to_numpy(zero_copy_only=False).astype(np.int64)
+        word[rows[at] != members] = len(words)  # an event that is not a scope event: no name
+        words.append(None)
+        sequence = word[inverse.reshape(-1)].tolist()
+        ends = np.cumsum(lengths).tolist()
+        texts: dict[tuple[int, ...], str | None] = {}
+        shown: list[str | None] = []
+        begin = 0
+        for end in ends:
+            key = tuple(sequence[begin:end])
+            begin = end
+            if key not in texts:
+                texts[key] = path_name([words[w] for w in key])
+            shown.append(texts[key])
+        distinct = sorted({t for t in texts.values() if t is not None})
+        index = {t: i for i, t in enumerate(distinct)}
+        order = np.argsort(starts)
+        starts = starts[order]
+        codes = np.array([index[t] if t is not None else len(distinct) for t in shown] + [len(distinct)],
+                         dtype=np.int64)[np.append(order, len(order))]
         at = np.minimum(np.searchsorted(starts, scope_rows), len(starts) - 1)
         code[:] = codes[np.where((scope_rows >= 0) & (starts[at] == scope_rows), at, len(starts))]
         return code, [*distinct, None]
@@ -300,6 +311,14 @@ def _keyed(table: pa.Table, rows: int, module: tuple[np.ndarray, list[str | None
         distinct = distinct // len(known)
     return key.reshape(-1), pl.DataFrame({c: columns[c] for c in GROUP_COLUMNS},
                                          schema={c: pl.String for c in GROUP_COLUMNS})
+
+
+def _narrow(ids: np.ndarray) -> np.ndarray:
+    """Event ids as int32 where they fit (a trace's do: indexes of its events), else as they are: the first pass
+    keeps two of them per host event."""
+    if len(ids) and -2**31 <= int(ids.min()) and int(ids.max()) < 2**31:
+        return ids.astype(np.int32)
+    return ids
 
 
 #: Rows of a rank's device ops analysed at once: memory follows this, not the trace.
