@@ -254,7 +254,7 @@ class _Trace:
                                                  count=int(lengths.sum())), return_inverse=True)
         at = np.minimum(np.searchsorted(rows, members), len(rows) - 1)
         named = pc.dictionary_encode(pa.chunked_array(self.scope_names).take(pa.array(at)).cast(pa.string())
-                                     ).combine_chunks()
+                                     .combine_chunks())  # one array, so one dictionary
         words: list[str | None] = named.dictionary.to_pylist()
         word = pc.fill_null(named.indices, len(words)).to_numpy(zero_copy_only=False).astype(np.int64)
         word[rows[at] != members] = len(words)  # an event that is not a scope event: no name
