@@ -28,6 +28,7 @@ from tracelake.analysis.recompute import recompute_kind
 from tracelake.analysis.peaks import Override, Peaks, matches, resolve
 from tracelake.contracts import schema
 from tracelake.ingest.kineto_scan import release_free_memory
+from tracelake.ingest.source import read_ahead
 
 from .derived_inputs import ints as _ints, keys, launch_times, only
 
@@ -131,9 +132,8 @@ def _operators(host_ops: Path) -> dict[str, Operators]:
     known: dict[str, tuple[bool, int, int]] = {}
     # (row group, trace, first position, rows, whether the group is that trace's part as it is) of each trace's part
     spans: list[tuple[int, str, int, int, bool]] = []
-    for group in range(file.num_row_groups):
-        part = file.read_row_group(group, columns=["trace_id", "event_id", "parent_id", "cat", "name", "correlation",
-                                                   "ts_ns", "dur_ns", *autograd])
+    columns = ["trace_id", "event_id", "parent_id", "cat", "name", "correlation", "ts_ns", "dur_ns", *autograd]
+    for group, part in enumerate(_read_ahead(file, [(group, columns) for group in range(file.num_row_groups)])):
         whole = not (part["trace_id"].null_count or part["event_id"].null_count)
         if not whole:
             part = part.filter(pc.and_(pc.is_valid(part["trace_id"]), pc.is_valid(part["event_id"])))
@@ -151,15 +151,18 @@ def _operators(host_ops: Path) -> dict[str, Operators]:
     wanted = [c for c in ("event_id", "name", "rank", "dur_ns", *KEY_COLUMNS[1:]) if c in names]
     kept: dict[str, list[pa.Table]] = {}
     taken = dict.fromkeys(found, 0)  # per trace, how many of its calls' rows are read
+    reads: list[tuple[int, str, int, bool, np.ndarray]] = []  # the row groups holding calls, and the calls' positions
     for group, trace_id, first, count, whole in spans:
         rows = found[trace_id].rows
         stop = int(np.searchsorted(rows, first + count))
         if stop > taken[trace_id]:
-            part = file.read_row_group(group, columns=wanted if whole else ["trace_id", *wanted])
-            if not whole:
-                part = part.filter(pc.and_(pc.equal(part["trace_id"], trace_id), pc.is_valid(part["event_id"])))
-            kept.setdefault(trace_id, []).append(part.take(rows[taken[trace_id]:stop] - first).select(wanted))
+            reads.append((group, trace_id, first, whole, rows[taken[trace_id]:stop]))
             taken[trace_id] = stop
+    groups = _read_ahead(file, [(group, wanted if whole else ["trace_id", *wanted]) for group, _, _, whole, _ in reads])
+    for (_, trace_id, first, whole, calls), part in zip(reads, groups, strict=True):
+        if not whole:
+            part = part.filter(pc.and_(pc.equal(part["trace_id"], trace_id), pc.is_valid(part["event_id"])))
+        kept.setdefault(trace_id, []).append(part.take(calls - first).select(wanted))
     for trace_id, operators in found.items():
         parts = kept.get(trace_id)
         table = pa.concat_tables(parts).unify_dictionaries() if parts else pa.table({})
@@ -168,6 +171,13 @@ def _operators(host_ops: Path) -> dict[str, Operators]:
         operators.set_keyed(key, distinct, _ints(table["dur_ns"], 0) if "dur_ns" in table.column_names
                             else np.zeros(table.num_rows, dtype=np.int64))
     return found
+
+
+def _read_ahead(file: pq.ParquetFile, groups: list[tuple[int, list[str]]]) -> Iterator[pa.Table]:
+    """The row groups (each with its columns), in order, the next one read on a thread while the caller works on
+    this one (Parquet decoding lets go of the GIL)."""
+    return read_ahead((file.read_row_group(group, columns=columns) for group, columns in groups), depth=1,
+                      name="tracelake-operators-read")
 
 
 def _has_operators(host_ops: Path) -> bool:
