@@ -14,8 +14,7 @@ from __future__ import annotations
 import ctypes
 import heapq
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 from typing import Any
 
@@ -70,6 +69,18 @@ class ScannedBatch:
     #: ``"ph": "C"`` events (their args are read from the batch's text, as the DuckDB path does).
     counter_events: int
 
+    def starting_at(self, first: int) -> ScannedBatch:
+        """The same batch with its first event at ``traceEvents[first]``: every ``event_id`` moved on."""
+        shift = first - self.first
+        if not shift:
+            return self
+        tables = dict(self.tables)
+        for table, data in tables.items():
+            if "event_id" in data.column_names:
+                at = data.column_names.index("event_id")
+                tables[table] = data.set_column(at, "event_id", pc.add(data.column(at), pa.scalar(shift, pa.int64())))
+        return replace(self, tables=tables, first=first)
+
 
 def arrow_type(name: str) -> pa.DataType:
     """The Arrow type of a scanner column type name."""
@@ -113,13 +124,8 @@ class Unvouched(Exception):
     again with the check, which finds the true boundary or names the error (docs/formats.md, section 1)."""
 
 
-#: Where a batch's events are in ``traceEvents``, when that is only known once the batches before it are read:
-#: called with its number of events (None: one of them cannot be read), it returns the index of its first.
-Place = Callable[[int | None], int]
-
-
-def scan(batch: bytes, first: int | Place, source: str, *, strict: bool = False) -> ScannedBatch:
-    """Scan one batch whose first event is ``traceEvents[first]`` (or where ``first`` places it, once read).
+def scan(batch: bytes, first: int, source: str, *, strict: bool = False) -> ScannedBatch:
+    """Scan one batch whose first event is ``traceEvents[first]``.
 
     ``strict``: the batch was cut without a check, so its syntax is checked while it is read.
 
@@ -127,23 +133,16 @@ def scan(batch: bytes, first: int | Place, source: str, *, strict: bool = False)
         TraceFormatError: an event cannot be read; the message names it by index.
         Unvouched: (``strict`` only) the batch may be no whole events; it is not read.
     """
-    columns, events, hip_calls, mtia_ops, counter_events, error = _native().scan(
-        batch, first if isinstance(first, int) else 0, strict)
+    columns, events, hip_calls, mtia_ops, counter_events, error = _native().scan(batch, first, strict)
     if error is not None and error[1] == "unvouched":
         raise Unvouched()
-    base = first if isinstance(first, int) else first(None if error is not None else events)
     if error is not None:
-        raise _error(error, base, source)
+        raise _error(error, first, source)
     tables = {
         table: pa.Table.from_arrays([_array(c) for c in cols], names=[c[0] for c in cols])
         for table, cols in columns.items()
     }
-    if base and not isinstance(first, int):  # read as if from event 0: the ids move on
-        for table, data in tables.items():
-            if "event_id" in data.column_names:
-                at = data.column_names.index("event_id")
-                tables[table] = data.set_column(at, "event_id", pc.add(data.column(at), pa.scalar(base, pa.int64())))
-    return ScannedBatch(tables=tables, first=base, events=events, hip_calls=hip_calls, mtia_ops=mtia_ops,
+    return ScannedBatch(tables=tables, first=first, events=events, hip_calls=hip_calls, mtia_ops=mtia_ops,
                         counter_events=counter_events)
 
 

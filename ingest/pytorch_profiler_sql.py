@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-import functools
 import logging
 import threading
 import time
@@ -182,12 +181,13 @@ class Normaliser:
             kineto_scan.Unvouched: the batch is not one the strict check vouches for (see :meth:`restart`).
             Abandoned: a batch before it failed.
         """
-        try:
-            scanned = kineto_scan.scan(batch, functools.partial(numbering.place, group), self.source, strict=True)
+        try:  # read as if from event 0, then moved on once the batches before it are counted
+            scanned = kineto_scan.scan(batch, 0, self.source, strict=True)
+            first = numbering.place(group, scanned.events)
         except BaseException:
             numbering.fail(group)
             raise
-        self._keep(group, batch, scanned)
+        self._keep(group, batch, scanned.starting_at(first))
 
     def _keep(self, group: int, batch: bytes, scanned: kineto_scan.ScannedBatch) -> None:
         if scanned.counter_events:
