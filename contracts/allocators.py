@@ -7,7 +7,8 @@ windows' freed pages stay counted in the process's resident memory until the tra
 (docs/architecture.md, "Memory"). With the decays at 0 they go back at once: on a 1 GB
 Kineto trace the ingest's peak RSS fell by about 5% (622 to 592 MB, mean of 3 runs each,
 alternating), at the same time; the windows' own growth fell from 240 to 60 MB. jemalloc reads ``_RJEM_MALLOC_CONF`` once, when polars loads,
-so the entry points (:mod:`tracelake.api`, :mod:`tracelake.warehouse`) call
+so the packages that load the data libraries (:mod:`tracelake.api`, :mod:`tracelake.warehouse`, and
+:mod:`tracelake.ingest` and :mod:`tracelake.analysis` for those who use them as a library) call
 :func:`return_freed_memory_promptly` before anything imports polars. A value the user set is
 kept. This module imports nothing of the project's.
 

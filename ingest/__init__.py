@@ -9,6 +9,10 @@ tables in memory.
 
 from __future__ import annotations
 
+from tracelake.contracts.allocators import return_freed_memory_promptly
+
+return_freed_memory_promptly()  # before pyarrow and polars load (each reads its setting once)
+
 import hashlib
 import shutil
 import tempfile
