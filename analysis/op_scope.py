@@ -107,45 +107,94 @@ def scopes(calls: np.ndarray, parent: np.ndarray, kind: np.ndarray, autograd: Au
     return module
 
 
-def chains(positions: np.ndarray, parent: np.ndarray, kind: np.ndarray) -> dict[int, tuple[int, ...]]:
+@dataclass(frozen=True)
+class Paths:
+    """Of each scope event (:attr:`starts`, ascending), its path: the scope events
+    ``members[offsets[i]:offsets[i + 1]]``, outermost first. Flat arrays, so a long trace's 100,000s of paths
+    take a few bytes each (as tuples in a dict they took 50 MiB while made at 2 GB)."""
+
+    starts: np.ndarray
+    offsets: np.ndarray
+    members: np.ndarray
+
+    @classmethod
+    def empty(cls) -> Paths:
+        return cls(np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def of(self, start: int) -> tuple[int, ...]:
+        """The path of the scope event at position ``start`` (KeyError if it has none here)."""
+        i = int(np.searchsorted(self.starts, start))
+        if i == len(self.starts) or int(self.starts[i]) != start:
+            raise KeyError(start)
+        return tuple(self.members[self.offsets[i]:self.offsets[i + 1]].tolist())
+
+    def as_dict(self) -> dict[int, tuple[int, ...]]:
+        """Every path, by its scope event (for tests and small traces)."""
+        return {start: self.of(start) for start in self.starts.tolist()}
+
+
+def chains(positions: np.ndarray, parent: np.ndarray, kind: np.ndarray) -> Paths:
     """For each scope event (positions, each once), the modules it is nested in and itself, outermost first: the
     path the ``module`` column shows (``GPT_0/Block_3/Linear_12``). A frame is its own path.
 
-    Each module's link to the next module up is found for all of them at once (:func:`_module_links`), and a path
-    is its parent module's plus itself, each made once. A walk passes at most :data:`_MAX_DEPTH` events (a longer
-    chain is a cycle): a path whose walk would pass more is walked event by event (:func:`_walk`), as far as that.
+    Each module's link to the next module up is found for all of them at once (:func:`_module_links`), and then,
+    a level a round from the top, each one's depth and how many events the walk from it up to the top passes.
+    A walk passes at most :data:`_MAX_DEPTH` events (a longer chain is a cycle): a path whose walk would pass more,
+    or that never reaches the top (a cycle of modules), is walked event by event (:func:`_walk`), as far as that.
     """
-    found: dict[int, tuple[int, ...]] = {}
+    starts = np.unique(np.asarray(positions, dtype=np.int64))
     is_module = kind == MODULE
-    starts = positions[is_module[positions]] if len(positions) else positions
-    for start in positions[~is_module[positions]].tolist() if len(positions) else []:
-        found[start] = (start,)
-    up, hops = _module_links(np.unique(starts), parent, is_module)
-    made: dict[int, tuple[tuple[int, ...], int]] = {}  # a module's path and how many events its walk passes
-    for start in starts.tolist():
-        chain: list[int] = []
-        at = start
-        while at >= 0 and at not in made and len(chain) <= _MAX_DEPTH:
-            chain.append(at)
-            at = up[at]
-        if len(chain) > _MAX_DEPTH:
-            found[start] = _walk(start, parent, kind)
-            continue
-        path, passed = made[at] if at >= 0 else ((), 0)
-        for module in reversed(chain):
-            path, passed = (*path, module), passed + hops[module]
-            made[module] = (path, passed)
-        found[start] = path if passed <= _MAX_DEPTH else _walk(start, parent, kind)
-    return found
+    modules = starts[is_module[starts]]
+    linked, up, hops = _module_links(modules, parent, is_module)
+    above = np.searchsorted(linked, up)  # where each one's module above is among the linked (all are there)
+    above[up < 0] = -1
+    depth = np.where(above < 0, 1, 0)  # 0: not known yet
+    passed = np.where(above < 0, hops, 0)
+    pending = np.flatnonzero(above >= 0)
+    for _ in range(_MAX_DEPTH + 1):
+        known = depth[above[pending]] > 0
+        ready, pending = pending[known], pending[~known]
+        if not len(ready):
+            break
+        depth[ready] = depth[above[ready]] + 1
+        passed[ready] = passed[above[ready]] + hops[ready]
+    at = np.searchsorted(linked, modules)
+    whole = (depth[at] > 0) & (passed[at] <= _MAX_DEPTH)  # else walked event by event
+    lengths = np.ones(len(starts), dtype=np.int64)
+    in_starts = np.flatnonzero(is_module[starts])
+    lengths[in_starts[whole]] = depth[at[whole]]
+    walked = {int(i): _walk(int(starts[i]), parent, kind) for i in in_starts[~whole].tolist()}
+    for i, path in walked.items():
+        lengths[i] = len(path)
+    offsets = np.zeros(len(starts) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    members = np.empty(int(offsets[-1]), dtype=np.int64)
+    frames = np.flatnonzero(~is_module[starts])
+    members[offsets[frames]] = starts[frames]
+    rows, node, level = in_starts[whole], at[whole], np.zeros(int(whole.sum()), dtype=np.int64)
+    while len(rows):  # each path from its own module up, written from its end (the innermost) back
+        members[offsets[rows] + lengths[rows] - 1 - level] = linked[node]
+        node, level = above[node], level + 1
+        keep = node >= 0
+        rows, node, level = rows[keep], node[keep], level[keep]
+    for i, path in walked.items():
+        members[offsets[i]:offsets[i + 1]] = path
+    return Paths(starts, offsets, members)
 
 
-def _module_links(modules: np.ndarray, parent: np.ndarray, is_module: np.ndarray) -> tuple[dict[int, int],
-                                                                                           dict[int, int]]:
-    """For the modules and every module above them: the nearest module strictly above each (-1: none) and how many
-    events the walk up from it passes before that one (itself included; to the top where none), a level a round."""
-    up: dict[int, int] = {}
-    hops: dict[int, int] = {}
-    todo = modules.astype(np.int64)
+def _module_links(modules: np.ndarray, parent: np.ndarray, is_module: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The modules and every module above them (positions, ascending), with the nearest module strictly above
+    each (-1: none) and how many events the walk up from it passes before that one (itself included; to the top
+    where none), a level a round."""
+    linked: list[np.ndarray] = []
+    ups: list[np.ndarray] = []
+    passes: list[np.ndarray] = []
+    seen = np.zeros(0, dtype=np.int64)
+    todo = np.unique(modules.astype(np.int64))
     while len(todo):
         found = np.full(len(todo), -1, dtype=np.int64)
         passed = np.ones(len(todo), dtype=np.int64)
@@ -162,11 +211,17 @@ def _module_links(modules: np.ndarray, parent: np.ndarray, is_module: np.ndarray
             at[rest] = parent[at[rest]]
             live = rest[at[rest] >= 0]
         passed[live] += _MAX_DEPTH  # still walking after so many rounds: a cycle, walked event by event
-        up.update(zip(todo.tolist(), found.tolist()))
-        hops.update(zip(todo.tolist(), passed.tolist()))
+        linked.append(todo)
+        ups.append(found)
+        passes.append(passed)
+        seen = np.union1d(seen, todo)
         above = np.unique(found[found >= 0])
-        todo = above[[int(a) not in up for a in above.tolist()]] if len(above) else above
-    return up, hops
+        todo = above[~np.isin(above, seen)]
+    if not linked:
+        return seen, seen.copy(), seen.copy()
+    positions = np.concatenate(linked)
+    order = np.argsort(positions)
+    return positions[order], np.concatenate(ups)[order], np.concatenate(passes)[order]
 
 
 def _walk(start: int, parent: np.ndarray, kind: np.ndarray) -> tuple[int, ...]:

@@ -21,7 +21,7 @@ from tracelake.contracts.classify import Category
 
 from .flops import counted, op_cost
 from .launches import launch_call_rows
-from .op_scope import Autograd, chains, nearest, path_name, scope_kind, scopes
+from .op_scope import Autograd, Paths, chains, nearest, path_name, scope_kind, scopes
 from .recompute import recompute_kind, recomputed
 from .peaks import Peaks
 
@@ -152,7 +152,7 @@ class Operators:
         chosen = host[self.rows.tolist()]
         self.set_calls(chosen.select(*(pl.col(c).cast(t) if c in chosen.columns else pl.lit(None, dtype=t).alias(c)
                                        for c, t in CALL_SCHEMA.items())).with_columns(
-            pl.Series("module", [path_name([names[p] for p in self.scope_paths[r]]) if r >= 0 else None
+            pl.Series("module", [path_name([names[p] for p in self.scope_paths.of(r)]) if r >= 0 else None
                                  for r in self.scope_rows.tolist()], dtype=pl.String)))
 
     @classmethod
@@ -198,8 +198,8 @@ class Operators:
         self.recomputed = np.zeros(len(self.rows), dtype=bool) if recompute is None else \
             recomputed(self.rows, parent, recompute)
         #: Of each scope event, the scope events of its path, outermost first (:func:`.op_scope.chains`).
-        self.scope_paths = chains(np.unique(self.scope_rows[self.scope_rows >= 0]), parent, kind) \
-            if kind is not None else {}
+        self.scope_paths = chains(self.scope_rows[self.scope_rows >= 0], parent, kind) \
+            if kind is not None else Paths.empty()
 
     def set_calls(self, calls: pl.DataFrame) -> None:
         """The calls of :attr:`rows`, in that order: ``name``, ``dur_ns``, ``input_dims``, ``input_types`` and

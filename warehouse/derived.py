@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from tracelake.analysis import breakdown
 from tracelake.analysis.derived import DerivedTables, RankRows, Window
 from tracelake.analysis.flops import counted
-from tracelake.analysis.op_scope import Autograd, path_name, scope_kind
+from tracelake.analysis.op_scope import Autograd, Paths, path_name, scope_kind
 from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators, parent_rows
 from tracelake.analysis.recompute import recompute_kind
 from tracelake.analysis.peaks import Override, Peaks, matches, resolve
@@ -247,7 +247,7 @@ class _Trace:
         return Operators.from_arrays(ids, parent, is_op, is_counted, call_row, correlation, ts_ns, dur_ns,
                                      kind=kind, autograd=marks, recompute=recompute)
 
-    def modules(self, scope_rows: np.ndarray, paths: dict[int, tuple[int, ...]]) -> tuple[np.ndarray, list[str | None]]:
+    def modules(self, scope_rows: np.ndarray, paths: Paths) -> tuple[np.ndarray, list[str | None]]:
         """For the positions ``scope_rows`` (-1: none) and each one's path of scope events, a code each into the
         returned names (the last: none).
 
@@ -255,13 +255,10 @@ class _Trace:
         the events' names are dictionary codes, and the 100,000s of paths of a long trace repeat a few thousand
         sequences (the same modules, step after step), so no string is made or held per path."""
         code = np.zeros(len(scope_rows), dtype=np.int64)
-        if not self.scope_names or not paths:
+        if not self.scope_names or not len(paths):
             return code, [None]
         rows = np.concatenate(self.scope_rows)
-        starts = np.fromiter(paths, dtype=np.int64, count=len(paths))
-        lengths = np.fromiter((len(path) for path in paths.values()), dtype=np.int64, count=len(paths))
-        members, inverse = np.unique(np.fromiter((p for path in paths.values() for p in path), dtype=np.int64,
-                                                 count=int(lengths.sum())), return_inverse=True)
+        members, inverse = np.unique(paths.members, return_inverse=True)
         at = np.minimum(np.searchsorted(rows, members), len(rows) - 1)
         named = pc.dictionary_encode(pa.chunked_array(self.scope_names).take(pa.array(at)).cast(pa.string())
                                      .combine_chunks())  # one array, so one dictionary
@@ -270,24 +267,20 @@ class _Trace:
         word[rows[at] != members] = len(words)  # an event that is not a scope event: no name
         words.append(None)
         sequence = word[inverse.reshape(-1)].tolist()
-        ends = np.cumsum(lengths).tolist()
+        offsets = paths.offsets.tolist()
         texts: dict[tuple[int, ...], str | None] = {}
         shown: list[str | None] = []
-        begin = 0
-        for end in ends:
+        for begin, end in zip(offsets, offsets[1:]):
             key = tuple(sequence[begin:end])
-            begin = end
             if key not in texts:
                 texts[key] = path_name([words[w] for w in key])
             shown.append(texts[key])
         distinct = sorted({t for t in texts.values() if t is not None})
         index = {t: i for i, t in enumerate(distinct)}
-        order = np.argsort(starts)
-        starts = starts[order]
         codes = np.array([index[t] if t is not None else len(distinct) for t in shown] + [len(distinct)],
-                         dtype=np.int64)[np.append(order, len(order))]
-        at = np.minimum(np.searchsorted(starts, scope_rows), len(starts) - 1)
-        code[:] = codes[np.where((scope_rows >= 0) & (starts[at] == scope_rows), at, len(starts))]
+                         dtype=np.int64)
+        at = np.minimum(np.searchsorted(paths.starts, scope_rows), len(paths.starts) - 1)
+        code[:] = codes[np.where((scope_rows >= 0) & (paths.starts[at] == scope_rows), at, len(paths.starts))]
         return code, [*distinct, None]
 
 
