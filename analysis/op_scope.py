@@ -107,7 +107,7 @@ def scopes(calls: np.ndarray, parent: np.ndarray, kind: np.ndarray, autograd: Au
     return module
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays: compare :meth:`as_dict`
 class Paths:
     """Of each scope event (:attr:`starts`, ascending), its path: the scope events
     ``members[offsets[i]:offsets[i + 1]]``, outermost first. Flat arrays, so a long trace's 100,000s of paths
@@ -137,8 +137,8 @@ class Paths:
 
 
 def chains(positions: np.ndarray, parent: np.ndarray, kind: np.ndarray) -> Paths:
-    """For each scope event (positions, each once), the modules it is nested in and itself, outermost first: the
-    path the ``module`` column shows (``GPT_0/Block_3/Linear_12``). A frame is its own path.
+    """For each scope event (positions, in any order; one path each), the modules it is nested in and itself,
+    outermost first: the path the ``module`` column shows (``GPT_0/Block_3/Linear_12``). A frame is its own path.
 
     Each module's link to the next module up is found for all of them at once (:func:`_module_links`), and then,
     a level a round from the top, each one's depth and how many events the walk from it up to the top passes.

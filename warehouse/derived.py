@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -270,7 +271,7 @@ class _Trace:
         offsets = paths.offsets.tolist()
         texts: dict[tuple[int, ...], str | None] = {}
         shown: list[str | None] = []
-        for begin, end in zip(offsets, offsets[1:]):
+        for begin, end in pairwise(offsets):
             key = tuple(sequence[begin:end])
             if key not in texts:
                 texts[key] = path_name([words[w] for w in key])
