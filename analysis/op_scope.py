@@ -124,10 +124,16 @@ class Paths:
     def __len__(self) -> int:
         return len(self.starts)
 
+    def index(self, positions: np.ndarray) -> np.ndarray:
+        """Each position's index among :attr:`starts`; ``len(self)`` for a position that has no path here."""
+        at = np.minimum(np.searchsorted(self.starts, positions), max(len(self.starts) - 1, 0))
+        found = self.starts[at] == positions if len(self.starts) else np.zeros(len(positions), dtype=bool)
+        return np.where(found, at, len(self.starts))
+
     def of(self, start: int) -> tuple[int, ...]:
         """The path of the scope event at position ``start`` (KeyError if it has none here)."""
-        i = int(np.searchsorted(self.starts, start))
-        if i == len(self.starts) or int(self.starts[i]) != start:
+        i = int(self.index(np.array([start], dtype=np.int64))[0])
+        if i == len(self.starts):
             raise KeyError(start)
         return tuple(self.members[self.offsets[i]:self.offsets[i + 1]].tolist())
 
@@ -147,7 +153,8 @@ def chains(positions: np.ndarray, parent: np.ndarray, kind: np.ndarray) -> Paths
     """
     starts = np.unique(np.asarray(positions, dtype=np.int64))
     is_module = kind == MODULE
-    modules = starts[is_module[starts]]
+    in_starts = np.flatnonzero(is_module[starts])
+    modules = starts[in_starts]
     linked, up, hops = _module_links(modules, parent, is_module)
     above = np.searchsorted(linked, up)  # where each one's module above is among the linked (all are there)
     above[up < 0] = -1
@@ -164,7 +171,6 @@ def chains(positions: np.ndarray, parent: np.ndarray, kind: np.ndarray) -> Paths
     at = np.searchsorted(linked, modules)
     whole = (depth[at] > 0) & (passed[at] <= _MAX_DEPTH)  # else walked event by event
     lengths = np.ones(len(starts), dtype=np.int64)
-    in_starts = np.flatnonzero(is_module[starts])
     lengths[in_starts[whole]] = depth[at[whole]]
     walked = {int(i): _walk(int(starts[i]), parent, kind) for i in in_starts[~whole].tolist()}
     for i, path in walked.items():

@@ -280,8 +280,7 @@ class _Trace:
         index = {t: i for i, t in enumerate(distinct)}
         codes = np.array([index[t] if t is not None else len(distinct) for t in shown] + [len(distinct)],
                          dtype=np.int64)
-        at = np.minimum(np.searchsorted(paths.starts, scope_rows), len(paths.starts) - 1)
-        code[:] = codes[np.where((scope_rows >= 0) & (paths.starts[at] == scope_rows), at, len(paths.starts))]
+        code[:] = codes[paths.index(scope_rows)]  # -1 (no scope) has no path: the last code, none
         return code, [*distinct, None]
 
 
