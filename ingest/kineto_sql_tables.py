@@ -60,8 +60,11 @@ def _limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
 #: The share of the ingest's DuckDB memory limit a statement gets on a :func:`side_connection`, and the least it
 #: gets. The nesting's sort of the host events took about 280 MB of RSS under the whole 200 MB limit on a 1 GB
 #: trace, the peak of the ingest: at half the limit it spills sooner, 87 MB off that peak for +0.17 s of CPU in 12.
-#: (The final joins and the memory instants' sort took 15 MB off the peak this way, for 0.35 s: not done.) Not
-#: below 100 MB, where it would spill for little gain; a lower limit a person set holds.
+#: (The final joins and the memory instants' sort took 15 MB off the peak this way, for 0.35 s: not done. Tried
+#: again on 2026-12-05 with the whole of :func:`write_tables` under half the limit on ``con`` itself: 40-55 MiB off
+#: the 1 GB Qwen shape's peak for 3-5% more time, nothing off the 2 GB one's (the operators' pass sets it) for
+#: 5-10% more, its joins going by twice the ranges, each reading all the facts again: not done.) Not below 100 MB,
+#: where it would spill for little gain; a lower limit a person set holds.
 SIDE_SHARE = 0.5
 SIDE_FLOOR = 100 * 10**6
 

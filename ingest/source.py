@@ -34,11 +34,15 @@ class _CountingReader(io.RawIOBase):
 
     def readinto(self, buffer: memoryview) -> int:  # type: ignore[override]
         n = self._raw.readinto(buffer)  # type: ignore[attr-defined]
+        self.count(n or 0)
+        return n or 0
+
+    def count(self, n: int) -> None:
+        """Count ``n`` bytes read from the file (by :meth:`readinto`, or by the caller from the file itself)."""
         if n:
             self.position += n
             if self._on_bytes is not None:
                 self._on_bytes(n)
-        return n or 0
 
     def close(self) -> None:
         self._raw.close()
@@ -101,9 +105,12 @@ def iter_chunks(
     raw.seek(0)
     with counter:
         while True:
-            block = counter.read(chunk_bytes)
+            # From the file itself: ``read`` on the counting wrapper (io.RawIOBase's) would read into a bytearray and
+            # copy it into the bytes returned, a second pass over every byte of the trace.
+            block = raw.read(chunk_bytes)
             if not block:
                 return
+            counter.count(len(block))
             yield block
 
 

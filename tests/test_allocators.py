@@ -1,0 +1,90 @@
+"""glibc's thresholds (``contracts/allocators.py``; docs/architecture.md, "Memory"): importing tracelake fixes them so
+that a thread's arena hands a freed heap top back to the system, and a user's own setting is left alone.
+
+Each case runs in a child process (glibc reads its environment variables once, at start), which frees 24 MiB in a
+thread of its own and reports how much of it is still resident; the baseline is the same child with thresholds the
+user set (glibc's own behaviour with a grown threshold), so the test compares two processes, not a figure of ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tracelake.contracts import allocators
+
+_CHILD = """
+import ctypes, json, threading
+import tracelake.%s
+from tracelake.contracts import allocators
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+SIZE = 24 << 20
+
+def resident_kib():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+
+class Info(ctypes.Structure):  # glibc's struct mallinfo2
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = Info
+mapped = []
+
+def work():
+    before = libc.mallinfo2().hblkhd
+    block = libc.malloc(SIZE)
+    mapped.append(libc.mallinfo2().hblkhd - before)  # bytes of it mapped apart from the heaps
+    ctypes.memset(block, 1, SIZE)
+    libc.free(block)
+
+before = resident_kib()
+thread = threading.Thread(target=work)
+thread.start()
+thread.join()
+print(json.dumps({"kept_kib": resident_kib() - before, "mapped": mapped[0], "set": allocators.fix_glibc_thresholds()}))
+"""
+
+def _on_glibc() -> bool:
+    try:
+        return sys.platform.startswith("linux") and bool(os.confstr("CS_GNU_LIBC_VERSION"))
+    except (AttributeError, ValueError, OSError):  # no confstr, or a C library that does not know the name
+        return False
+
+
+_GLIBC = _on_glibc()
+
+
+def _run(module: str, **env: str) -> dict[str, object]:
+    clean = {k: v for k, v in os.environ.items() if k not in allocators.GLIBC_USER_SETTINGS and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", _CHILD % module], env={**clean, **env}, capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out)
+
+
+@pytest.mark.skipif(not _GLIBC, reason="glibc's allocator only")
+@pytest.mark.parametrize("module", ["warehouse", "ingest", "analysis", "api"])
+def test_a_thread_hands_its_freed_heap_back_once_tracelake_is_imported(module: str) -> None:
+    ours = _run(module)
+    # The user's own thresholds, as glibc's grown ones would be: the freed top stays with the thread's arena.
+    theirs = _run(module, MALLOC_MMAP_THRESHOLD_=str(allocators.GLIBC_MMAP_THRESHOLD),
+                  MALLOC_TRIM_THRESHOLD_=str(1 << 30))
+    # glibc untouched, in a fresh process: its threshold has not grown yet, so the block is a mapping of its own.
+    untouched = _run(module, MALLOC_TOP_PAD_=str(128 << 10))  # glibc's default top pad: a setting, the same value
+    assert ours["set"] is True and theirs["set"] is False and untouched["set"] is False
+    assert isinstance(ours["kept_kib"], int) and isinstance(theirs["kept_kib"], int)
+    assert theirs["kept_kib"] > 20 * 1024, theirs  # the baseline keeps the 24 MiB: the test can tell the two apart
+    assert ours["kept_kib"] < 6 * 1024, ours  # the freed 24 MiB went back (what stays is under 6 MiB)
+    # and it came from the thread's heap, as big buffers do once glibc's threshold has grown (no page faults anew)
+    assert untouched["mapped"] >= 24 << 20 and ours["mapped"] == 0, (untouched, ours)
+
+
+@pytest.mark.skipif(not _GLIBC, reason="glibc's allocator only")
+def test_glibc_tunables_for_malloc_are_left_alone() -> None:
+    assert _run("warehouse", GLIBC_TUNABLES="glibc.malloc.trim_threshold=1073741824")["set"] is False
