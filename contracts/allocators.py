@@ -26,8 +26,9 @@ the top of a thread's arena, only the main one's. An ingest starts and ends many
 read-ahead and writer threads), and the arenas of the finished ones kept their freed tops: on a 2 GB Kineto trace
 120 MiB of the process's memory before the stored analyses, of which 20 MiB in use. So the same call fixes both
 thresholds (``mallopt``): buffers up to 32 MiB from the heaps, as the grown threshold had them, and a heap's free
-top above 4 MiB handed back as it forms. The peaks fell by 40-70 MiB on the 2 GB Kineto trace and by 15-30 MiB on
-30 MB XLA files, at the same time within the runs' spread (docs/architecture.md, "Memory"). Not done where the
+top above 2 MiB handed back as it forms. The peaks fell by 40-70 MiB on the 2 GB Kineto trace and by 15-30 MiB on
+30 MB XLA files, at the same time within the runs' spread (2 MiB rather than 4: 5-10 MiB less on the 30 MB GPU
+file, the same on the Kineto ones) (docs/architecture.md, "Memory"). Not done where the
 user set either threshold (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``, ``GLIBC_TUNABLES``), nor on
 another C library.
 """
@@ -48,10 +49,10 @@ ARROW_POOL_VARIABLE = "ARROW_DEFAULT_MEMORY_POOL"
 ARROW_POOL = "system"
 
 
-#: glibc's ``mallopt`` parameters, and the values set: a heap's free top above 4 MiB goes back to the system, and
+#: glibc's ``mallopt`` parameters, and the values set: a heap's free top above 2 MiB goes back to the system, and
 #: buffers below 32 MiB (glibc's own ceiling for its moving threshold) come from the heaps.
 GLIBC_M_TRIM_THRESHOLD, GLIBC_M_MMAP_THRESHOLD = -1, -3
-GLIBC_TRIM_THRESHOLD = 4 << 20
+GLIBC_TRIM_THRESHOLD = 2 << 20
 GLIBC_MMAP_THRESHOLD = 32 << 20
 #: The environment through which a user sets glibc's thresholds themselves: then they are left alone.
 GLIBC_USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
