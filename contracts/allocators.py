@@ -29,8 +29,10 @@ thresholds (``mallopt``): buffers up to 32 MiB from the heaps, as the grown thre
 top above 2 MiB handed back as it forms. The peaks fell by 40-70 MiB on the 2 GB Kineto trace and by 15-30 MiB on
 30 MB XLA files, at the same time within the runs' spread (2 MiB rather than 4: 5-10 MiB less on the 30 MB GPU
 file, the same on the Kineto ones) (docs/architecture.md, "Memory"). Not done where the
-user set either threshold (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``, ``GLIBC_TUNABLES``), nor on
-another C library.
+user set any of glibc's thresholds (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TOP_PAD_``,
+``MALLOC_MMAP_MAX_``, or ``malloc.`` tunables in ``GLIBC_TUNABLES``), nor on another C library. The capture hooks
+(:mod:`tracelake.client`, ``tracelake.torch``, ``tracelake.jax``) import none of the packages that call this, so a
+training process keeps glibc's own settings.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 that a thread's arena hands a freed heap top back to the system, and a user's own setting is left alone.
 
 Each case runs in a child process (glibc reads its environment variables once, at start), which frees 24 MiB in a
-thread of its own and reports how much of it is still resident; the baseline is the same child with thresholds the
-user set (glibc's own behaviour with a grown threshold), so the test compares two processes, not a figure of ours.
+thread of its own and reports how much of it is still resident and how much of it was mapped apart from the heaps.
+The baselines are the same child where the user set glibc's thresholds (so tracelake leaves them alone): as they
+are once glibc's moving threshold has grown, and as they are in a fresh process. The test compares processes, not
+a figure of ours.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ thread.start()
 thread.join()
 print(json.dumps({"kept_kib": resident_kib() - before, "mapped": mapped[0], "set": allocators.fix_glibc_thresholds()}))
 """
+
 
 def _on_glibc() -> bool:
     try:
