@@ -1,4 +1,5 @@
-"""Allocator settings that must be in place before the data libraries load.
+"""Allocator settings that must be in place before the data libraries load, and the call that hands freed memory
+back between the steps of an ingest (:func:`release_free_memory`): the one module that knows the allocators.
 
 polars allocates through its own jemalloc (symbols prefixed ``_rjem_``), which by default keeps
 freed pages for about ten seconds before handing them back to the system. Ingest works in
@@ -82,14 +83,40 @@ def fix_glibc_thresholds() -> bool:
 
 def _set_glibc_thresholds() -> bool:
     tunables = os.environ.get(GLIBC_TUNABLES_VARIABLE, "")
-    if any(name in os.environ for name in GLIBC_USER_SETTINGS) or "malloc." in tunables:
+    if any(name in os.environ for name in GLIBC_USER_SETTINGS) or "malloc." in tunables or _GLIBC is None:
         return False
-    try:
-        libc = ctypes.CDLL(None)
-        libc.gnu_get_libc_version  # noqa: B018 - glibc only: musl has mallopt with other meanings
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
+    mallopt = _GLIBC.mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(GLIBC_M_MMAP_THRESHOLD, GLIBC_MMAP_THRESHOLD)) and \
         bool(mallopt(GLIBC_M_TRIM_THRESHOLD, GLIBC_TRIM_THRESHOLD))
+
+
+def release_free_memory() -> None:
+    """Hand the memory freed so far back to the system (the allocators keep it otherwise).
+
+    After the batches are scanned, glibc (in the loader threads' arenas) and Arrow's
+    allocator hold on to the scanner's and the Parquet writer's freed buffers, up to
+    about 100 MB; the out-of-core steps that follow would otherwise peak that much
+    higher. glibc's part (``malloc_trim``: the free chunks inside every arena, and the main heap's top) is only
+    released on glibc.
+    """
+    import pyarrow as pa  # here: this module runs before pyarrow may load (see above)
+
+    pa.default_memory_pool().release_unused()  # Arrow's own allocator (mimalloc), where a user chose it
+    if _GLIBC is not None:
+        _GLIBC.malloc_trim(0)
+
+
+def _find_glibc() -> ctypes.CDLL | None:
+    """The C library where it is glibc (whose ``mallopt`` and ``malloc_trim`` are meant here), else None."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 - glibc only: musl has mallopt with other meanings
+        libc.malloc_trim  # noqa: B018
+        libc.mallopt  # noqa: B018
+    except (OSError, AttributeError):
+        return None
+    return libc
+
+
+_GLIBC = _find_glibc()

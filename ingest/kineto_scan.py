@@ -11,7 +11,6 @@ reference the tests compare it with.
 
 from __future__ import annotations
 
-import ctypes
 import heapq
 import importlib
 from dataclasses import dataclass, replace
@@ -290,26 +289,3 @@ class HostNesting:
         return pa.RecordBatch.from_arrays(
             [*batch.columns, pa.array(depth), step, pa.array(parent, mask=parent < 0)],
             names=[*batch.schema.names, "depth", "step", "parent_id"]), op
-
-
-def release_free_memory() -> None:
-    """Hand the memory the loader threads freed back to the system (the allocators keep it otherwise).
-
-    After the batches are scanned, glibc (in the loader threads' arenas) and Arrow's
-    allocator hold on to the scanner's and the Parquet writer's freed buffers, up to
-    about 100 MB; the out-of-core steps that follow would otherwise peak that much
-    higher. glibc's part is only released on glibc.
-    """
-    pa.default_memory_pool().release_unused()  # Arrow's own allocator (mimalloc) keeps freed pages too
-    if _malloc_trim is not None:
-        _malloc_trim(0)
-
-
-def _find_malloc_trim() -> Any:
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return None
-
-
-_malloc_trim = _find_malloc_trim()

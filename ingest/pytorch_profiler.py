@@ -33,6 +33,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from tracelake.contracts.allocators import release_free_memory
 from tracelake.contracts.errors import InvalidArgument, TraceFormatError
 
 from . import kineto_scan, pytorch_profiler_sql
@@ -365,7 +366,7 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
     try:
         try:
             reader, event_count = _cut_and_load(source, options, normaliser)
-            kineto_scan.release_free_memory()
+            release_free_memory()
             top = {**reader.header, **reader.tail}
             info = _trace_info(options, top, event_count, reader.json_bytes)
             normaliser.finish(
@@ -380,5 +381,5 @@ def parse(source: Path, staging: Path, options: ParseOptions) -> TraceInfo:
             raise TraceFormatError(options.source_name, f"unexpected value in an event ({exc})") from None
     finally:
         normaliser.close()
-        kineto_scan.release_free_memory()
+        release_free_memory()
     return info

@@ -28,7 +28,7 @@ from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators, p
 from tracelake.analysis.recompute import recompute_kind
 from tracelake.analysis.peaks import Override, Peaks, matches, resolve
 from tracelake.contracts import schema
-from tracelake.ingest.kineto_scan import release_free_memory
+from tracelake.contracts.allocators import release_free_memory
 from tracelake.ingest.source import read_ahead
 
 from .derived_inputs import ints as _ints, keys, launch_times, only

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracelake.analysis.launches import GRAPH_CALL, LaunchCalls, launch_calls, member, shared_correlations
-from tracelake.ingest.kineto_scan import release_free_memory
+from tracelake.contracts.allocators import release_free_memory
 
 
 def keys(device_ops: Path) -> list[tuple[str, int]]:
