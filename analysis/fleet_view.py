@@ -1,4 +1,5 @@
-"""The fleet report's view-model: a :class:`Fleet` assembled from frames, and the window it may cover.
+"""The fleet report's view-model: a :class:`Fleet` assembled from frames (the window it may cover is
+:mod:`tracelake.contracts.moments`).
 
 Pure: frames in, a :class:`Fleet` out (the figures are :mod:`tracelake.analysis.fleet`'s).
 :meth:`Warehouse.fleet` reads the rows (:mod:`tracelake.warehouse.fleet_data`) and returns a
@@ -14,29 +15,7 @@ from typing import Any
 
 import polars as pl
 
-from tracelake.contracts.errors import InvalidArgument
-
 from . import fleet, goodput
-
-#: The times a window may name: from the Unix epoch to the last day nanosecond timestamps (``ts_ns``) reach.
-#: Outside it there is nothing to report, and date arithmetic (14 days of history) would overflow.
-EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
-LATEST = dt.datetime(2262, 4, 11, tzinfo=dt.UTC)
-
-
-def in_range(moment: dt.datetime, text: str | None = None) -> dt.datetime:
-    """``moment`` (naive: UTC) if it lies in ``[EARLIEST, LATEST]``.
-
-    Raises:
-        InvalidArgument: it does not; the message quotes ``text`` (what the user wrote) where given.
-    """
-    moment = _utc(moment)
-    if not EARLIEST <= moment <= LATEST:  # compares aware times without converting, which could overflow
-        shown = repr(text) if text is not None else moment.isoformat()
-        raise InvalidArgument(f"invalid time {shown}: out of range; give a time from {EARLIEST:%Y-%m-%d} to "
-                              f"{LATEST:%Y-%m-%d} (UTC)")
-    return moment
-
 
 @dataclass
 class Fleet:
@@ -140,7 +119,3 @@ def compute(
         goodput=goodput.per_job(lifecycle if lifecycle is not None else pl.DataFrame(),
                                 jobs.select("job", pl.col("useful_pct").alias("mfu_pct"))),
     )
-
-
-def _utc(moment: dt.datetime) -> dt.datetime:
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.timezone.utc)

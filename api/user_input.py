@@ -10,9 +10,9 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from tracelake.analysis.fleet_view import EARLIEST, LATEST, in_range
 from tracelake.contracts.critical import SPEEDUP_CATEGORIES, Speedup
 from tracelake.contracts.errors import InvalidArgument
+from tracelake.contracts.moments import EARLIEST, LATEST, in_range
 from tracelake.contracts.names import LABEL_KEY
 
 __all__ = ["EARLIEST", "LATEST", "parse_labels", "parse_speedups", "parse_when"]

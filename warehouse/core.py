@@ -7,26 +7,20 @@ import logging
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from functools import cached_property
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
-import polars as pl
 
-from tracelake.analysis import assemble, job_view
-from tracelake.analysis import diff as diff_analysis
-from tracelake.analysis import kernels
-from tracelake.analysis import nccl as nccl_analysis
-from tracelake.analysis.assemble import Analysis
-from tracelake.analysis.fleet_view import Fleet
-from tracelake.analysis.job_view import JobReport
 from tracelake.contracts.critical import Speedup
 from tracelake.contracts.errors import InvalidArgument, NotFound, QueryError, WarehouseError
+from tracelake.contracts.lazy import lazy_module
 from tracelake.contracts.status import IngestStatus
 from tracelake.ingest.model import ByteCallback
 
-from . import catalog, critical_inputs, fleet_data, job_tables, overview, perfetto, runs, staging
+from . import catalog, staging
 from .check import STALE_AFTER, CheckReport
 from .check import check as check_warehouse
 from .inputs import expand_inputs, file_size
@@ -40,7 +34,26 @@ from .settings import Settings
 from .store import Store, check_job
 
 if TYPE_CHECKING:
+    import polars as pl
     from distributed import Client as DaskClient
+
+    from tracelake.analysis import assemble, job_view
+    from tracelake.analysis import diff as diff_analysis
+    from tracelake.analysis import kernels
+    from tracelake.analysis import nccl as nccl_analysis
+    from tracelake.analysis.assemble import Analysis
+    from tracelake.analysis.fleet_view import Fleet
+    from tracelake.analysis.job_view import JobReport
+
+    from . import critical_inputs, fleet_data, job_tables, overview, perfetto, runs
+else:
+    # The analysis side loads on first use: an ingest's parse needs none of it (contracts/lazy.py).
+    pl = lazy_module("polars")
+    assemble, job_view, diff_analysis, kernels, nccl_analysis = (
+        lazy_module(f"tracelake.analysis.{name}") for name in ("assemble", "job_view", "diff", "kernels", "nccl"))
+    critical_inputs, fleet_data, job_tables, overview, perfetto, runs = (
+        lazy_module(f"tracelake.warehouse.{name}")
+        for name in ("critical_inputs", "fleet_data", "job_tables", "overview", "perfetto", "runs"))
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +81,6 @@ class Warehouse:
         self.home = self.settings.home_path
         self.store = Store(self.home)
         self.registry = Registry(self.store)
-        self._fleet_rows = fleet_data.FleetRows(self.store)
-        self._runs = runs.RunCache()  # each trace's run within its job (docs/analyses.md, "Runs within a job")
         try:
             self.store.initialise()
             if not catalog.catalog_is_current(self.store):
@@ -79,6 +90,15 @@ class Warehouse:
 
     def __repr__(self) -> str:
         return f"Warehouse({str(self.home)!r})"
+
+    @cached_property
+    def _fleet_rows(self) -> fleet_data.FleetRows:
+        return fleet_data.FleetRows(self.store)
+
+    @cached_property
+    def _runs(self) -> runs.RunCache:
+        """Each trace's run within its job (docs/analyses.md, "Runs within a job")."""
+        return runs.RunCache()
 
     # -- ingest ----------------------------------------------------------------------
     def ingest(

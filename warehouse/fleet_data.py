@@ -18,7 +18,8 @@ import time
 import polars as pl
 
 from tracelake.analysis import fleet
-from tracelake.analysis.fleet_view import Fleet, compute, in_range
+from tracelake.analysis.fleet_view import Fleet, compute
+from tracelake.contracts.moments import in_range
 
 from .folder_cache import FolderCache
 from .registry import select_traces

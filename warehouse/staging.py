@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
@@ -29,15 +29,19 @@ from tracelake import ingest
 from tracelake.analysis import peaks
 from tracelake.contracts import schema
 from tracelake.contracts.errors import NotFound, TraceFormatError, TracelakeError, WarehouseError
+from tracelake.contracts.lazy import lazy_module
 from tracelake.contracts.status import IngestStatus
 from tracelake.ingest.detect import Format
 from tracelake.ingest.model import ByteCallback, TraceInfo
 
-from .derived import INPUTS, write_derived
-from .job_tables import PER_RUN
 from .results import IngestResult
 from .settings import Settings
 from .store import Store, check_job
+
+if TYPE_CHECKING:
+    from . import derived, job_tables
+else:  # the stored analyses load polars and the analyses: after the parse (contracts/lazy.py)
+    derived, job_tables = (lazy_module(f"tracelake.warehouse.{name}") for name in ("derived", "job_tables"))
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +153,7 @@ def _stage(
                 hashing.raise_its_error()  # the file's own error (a damaged gzip) as hashing names it
             raise
         result.trace_id = trace_id
-        write_derived(staging, staging, peaks.parse_overrides(settings.device_peaks), settings.threads)
+        derived.write_derived(staging, staging, peaks.parse_overrides(settings.device_peaks), settings.threads)
         rows = {name: pq.read_metadata(staging / f"{name}.parquet").num_rows for name in schema.DATA_TABLES}
         row = traces_row(path, source_name, trace_id, labels, fmt.name, info, rows, started)
         pq.write_table(pa.Table.from_pylist([row], schema=schema.TRACES.arrow_schema),
@@ -341,13 +345,13 @@ def stage_derived(
     """
     staging = store.new_staging(trace_id, staging_root)
     try:
-        for name in INPUTS:
+        for name in derived.INPUTS:
             stored = store.path(name, job, trace_id)
             if stored.exists():
                 os.symlink(stored, staging / f"{name}.parquet")
             else:  # a trace ingested before the table existed
                 pq.write_table(schema.table(name).arrow_schema.empty_table(), staging / f"{name}.parquet")
-        write_derived(staging, staging, peaks.parse_overrides(settings.device_peaks), settings.threads)
+        derived.write_derived(staging, staging, peaks.parse_overrides(settings.device_peaks), settings.threads)
     except (duckdb.Error, OSError) as exc:
         store.discard(staging)
         raise WarehouseError(f"cannot recompute trace {trace_id}: {exc}") from exc
@@ -372,7 +376,7 @@ def publish_derived(store: Store, staging: Path, job: str, trace_id: str) -> Non
                 return
             for name in schema.DERIVED_TABLES:
                 target = store.path(name, job, trace_id)
-                if name in PER_RUN and target.exists():  # what the last analysis of the job stored stays
+                if name in job_tables.PER_RUN and target.exists():  # what the last analysis of the job stored stays
                     continue
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(staging / f"{name}.parquet", target)

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import polars as pl
 import typer
 from rich.markup import escape
 
-from tracelake.analysis import findings
-from tracelake.analysis.graphs import graph_summary
+from tracelake.contracts.lazy import lazy_module
 from tracelake.warehouse import InvalidArgument
 from tracelake.warehouse.distributed import dask_client, warehouse_path
 
@@ -30,6 +28,14 @@ from .root import (
     exit_on_error,
     open_warehouse,
 )
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from tracelake.analysis import findings, graphs
+else:  # loaded by the commands that show analyses, not by every command (contracts/lazy.py)
+    pl, findings, graphs = (lazy_module(name) for name in ("polars", "tracelake.analysis.findings",
+                                                             "tracelake.analysis.graphs"))
 
 
 @app.command()
@@ -122,7 +128,7 @@ def analyze(
             highlight=False, soft_wrap=True,
         )
     if result.graphs.height:  # docs/analyses.md, "Launches", "CUDA/HIP graphs"
-        console.print(to_table(render.frame_result(graph_summary(result.graphs).select(
+        console.print(to_table(render.frame_result(graphs.graph_summary(result.graphs).select(
             "rank", "launches", pl.col("kernels_per_launch").round(1).alias("kernels/launch"),
             (pl.col("device_ns_per_launch") / 1e6).round(3).alias("device ms/launch"),
             (pl.col("span_ns_per_launch") / 1e6).round(3).alias("span ms/launch"),

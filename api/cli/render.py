@@ -9,14 +9,20 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from tracelake.contracts.lazy import lazy_module
 from tracelake.warehouse.results import QueryResult
+
+if TYPE_CHECKING:
+    import polars as pl
+else:
+    pl = lazy_module("polars")  # loaded by the commands that show analyses, not by every command (contracts/lazy.py)
 
 #: The exclusive buckets of the breakdown (docs/analyses.md, "Breakdown"): they add up to ``span_ns``.
 EXCLUSIVE = (

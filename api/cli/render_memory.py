@@ -6,9 +6,16 @@ Presentation only, over the frames of :class:`tracelake.analysis.assemble.Analys
 
 from __future__ import annotations
 
-import polars as pl
+from typing import TYPE_CHECKING
 
-from tracelake.analysis.memory_findings import size
+from tracelake.contracts.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from tracelake.analysis import memory_findings
+else:  # loaded by the commands that show analyses, not by every command (contracts/lazy.py)
+    pl, memory_findings = lazy_module("polars"), lazy_module("tracelake.analysis.memory_findings")
 
 #: Bytes in a GiB and a MiB: memory is shown in binary units, as the findings word it.
 GIB = float(1 << 30)
@@ -45,6 +52,7 @@ def memory_view(memory: pl.DataFrame) -> pl.DataFrame:
 
 def holders_lines(live: pl.DataFrame, categories: pl.DataFrame) -> list[str]:
     """A line per accelerator device of what holds its memory at the peak: the top ops, then the timeline's categories."""
+    size = memory_findings.size
     lines = []
     if live.height:
         devices = live.filter(pl.col("device") >= 0).select(
@@ -76,6 +84,7 @@ def holders_lines(live: pl.DataFrame, categories: pl.DataFrame) -> list[str]:
 def snapshot_lines(snapshots: pl.DataFrame, live: pl.DataFrame) -> list[str]:
     """A line per CUDA allocator snapshot (``Analysis.allocator_snapshots``): what its segments hold, in use and
     free, the largest free block, and the frames holding the most (``Analysis.allocator_live``)."""
+    size = memory_findings.size
     lines = []
     for row in snapshots.to_dicts():
         mine = live.filter(*(pl.col(c) == row[c] for c in ("trace_id", "rank", "device") if c in live.columns)) \

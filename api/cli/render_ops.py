@@ -6,9 +6,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import polars as pl
+from tracelake.contracts.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import polars as pl
+else:
+    pl = lazy_module("polars")  # loaded by the commands that show analyses, not by every command (contracts/lazy.py)
 
 #: The table's title.
 TITLE = ("top operators, all ranks: device time of the kernels each launched (shapes whole: --json; "

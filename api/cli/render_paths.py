@@ -7,10 +7,17 @@ terminal shows and put the time on the path into words.
 
 from __future__ import annotations
 
-import polars as pl
+from typing import TYPE_CHECKING
 
-from tracelake.analysis.critical_path import WORDS, totals
 from tracelake.contracts.critical import PATH_KINDS, Scenario
+from tracelake.contracts.lazy import lazy_module
+
+if TYPE_CHECKING:
+    import polars as pl
+
+    from tracelake.analysis import critical_path
+else:  # loaded by the commands that show analyses, not by every command (contracts/lazy.py)
+    pl, critical_path = lazy_module("polars"), lazy_module("tracelake.analysis.critical_path")
 
 #: Up to this many steps (per run), every step is a row; past it, the slowest, the median and the fastest.
 MAX_STEP_ROWS = 12
@@ -90,7 +97,7 @@ def what_if_view(what_if: pl.DataFrame, words: bool = True) -> pl.DataFrame:
 
     ``words`` adds what each scenario changes (:data:`~tracelake.analysis.critical_path.WORDS`), for wide terminals.
     """
-    summed = totals(what_if)
+    summed, words_of = critical_path.totals(what_if), critical_path.WORDS
     run = ["run"] if "run" in summed.columns else []
     baseline = pl.col("scenario") == str(Scenario.AS_MEASURED)
     order = summed.with_columns(baseline.alias("_base")).sort(
@@ -99,7 +106,7 @@ def what_if_view(what_if: pl.DataFrame, words: bool = True) -> pl.DataFrame:
     per_step = pl.col("steps").cast(pl.Float64)
     return order.select(
         *run, "scenario",
-        *([pl.col("scenario").replace_strict({str(s): w for s, w in WORDS.items()}, default=pl.col("scenario"))
+        *([pl.col("scenario").replace_strict({str(s): w for s, w in words_of.items()}, default=pl.col("scenario"))
            .alias("what changes")] if words else []),
         (pl.col("predicted_ns") / per_step / 1e6).round(3).alias("predicted ms/step"),
         (pl.col("saving_ns") / per_step / 1e6).round(3).alias("saving ms/step"),

@@ -1,0 +1,54 @@
+"""Modules loaded on first use: what an ingest's process does not need until its stored analyses.
+
+An ingest parses a trace with DuckDB, Arrow and the native scanners; polars and the analyses
+(:mod:`tracelake.analysis`) come in only for the stored analyses at its end. Loaded at import
+they held 26 MiB of the process's memory through every step of the parse, which is where an
+ingest's peak is (docs/architecture.md, "Memory"). So the modules on the ingest's path name
+them through :func:`lazy_module`::
+
+    if TYPE_CHECKING:
+        import polars as pl
+    else:
+        pl = lazy_module("polars")
+
+The type checker sees the module itself; at run time ``pl`` imports polars when one of its
+attributes is first read, and is the module's attributes from then on. ``tests/test_lazy_imports.py``
+checks that opening a warehouse and parsing each format loads neither. This module imports
+nothing of the project's.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+
+class LazyModule:
+    """Stands for the module ``name``, imported when one of its attributes is first read.
+
+    Python's import lock makes the first read from two threads at once import it once; the module is
+    kept after that, so a read costs one attribute lookup more than the module's own.
+    """
+
+    __slots__ = ("_name", "_module")
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._module: ModuleType | None = None
+
+    def __getattr__(self, attribute: str) -> Any:
+        module = self._module
+        if module is None:
+            module = self._module = importlib.import_module(self._name)
+        return getattr(module, attribute)
+
+    def __repr__(self) -> str:
+        state = "loaded" if self._module is not None else "not loaded yet"
+        return f"<lazy module {self._name!r}, {state}>"
+
+
+def lazy_module(name: str) -> Any:
+    """A stand-in for the module ``name`` that imports it on first use (typed ``Any``: the module's own type is
+    what ``TYPE_CHECKING`` imports give the type checker)."""
+    return LazyModule(name)
