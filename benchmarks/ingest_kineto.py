@@ -16,7 +16,8 @@ processes, so that each peak RSS belongs to one tool only:
 
 Seconds are timed inside the child around that one call (no interpreter start or
 imports; what tracelake loads on first use, polars and the analyses, is in the call); a
-line after the table gives each tool's whole child process as well; peak RSS comes from ``os.wait4`` on the child (its ``ru_maxrss``). The trace
+line after the table gives each tool's whole child process as well; peak RSS comes from
+``os.wait4`` on the child (its ``ru_maxrss``). The trace
 is generated in a child process as well: on Linux a child's ``ru_maxrss`` starts from
 its parent's at the fork, and the generator's memory grows with the trace (the parent
 held 700 MB after writing 4 GB), so generating in the parent put a floor under every

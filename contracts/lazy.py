@@ -2,33 +2,32 @@
 
 An ingest parses a trace with DuckDB, Arrow and the native scanners; polars and the analyses
 (:mod:`tracelake.analysis`) come in only for the stored analyses at its end. Loaded at import
-they held 26 MiB of the process's memory through every step of the parse, which is where an
-ingest's peak is (docs/architecture.md, "Memory"). So the modules on the ingest's path name
-them through :func:`lazy_module`::
+they held 24-26 MiB of the process's memory through every step of the parse, which is where an
+ingest's peak is (docs/architecture.md, "Memory"). So the modules on the ingest's path (the
+facade's, the store's, the NCCL log parser's, the CLI's) take polars from here::
 
-    if TYPE_CHECKING:
-        import polars as pl
-    else:
-        pl = lazy_module("polars")
+    from tracelake.contracts.lazy import polars as pl
 
-The type checker sees the module itself; at run time ``pl`` imports polars when one of its
-attributes is first read, and is the module's attributes from then on. ``tests/test_lazy_imports.py``
-checks that opening a warehouse and parsing each format loads neither. This module imports
-nothing of the project's.
+and name an analysis module through :func:`lazy_module`, beside a ``TYPE_CHECKING`` import of it.
+The type checker sees the modules themselves; at run time a stand-in imports its module when
+one of its attributes is first read. ``tests/test_lazy_imports.py`` checks that opening a
+warehouse and parsing each format but the NCCL debug log (whose parser is written in polars)
+loads neither. This module imports nothing of the project's.
 """
 
 from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 
 class LazyModule:
     """Stands for the module ``name``, imported when one of its attributes is first read.
 
     Python's import lock makes the first read from two threads at once import it once; the module is
-    kept after that, so a read costs one attribute lookup more than the module's own.
+    kept after that, so a read costs one Python call more than the module's own (per batch of work,
+    not per row, where the project reads them).
     """
 
     __slots__ = ("_name", "_module")
@@ -52,3 +51,9 @@ def lazy_module(name: str) -> Any:
     """A stand-in for the module ``name`` that imports it on first use (typed ``Any``: the module's own type is
     what ``TYPE_CHECKING`` imports give the type checker)."""
     return LazyModule(name)
+
+
+if TYPE_CHECKING:
+    import polars as polars
+else:
+    polars = lazy_module("polars")

@@ -47,12 +47,11 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from tracelake.contracts.errors import TraceFormatError
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import polars as pl
 
 from . import nccl_log_scan
 from .model import ParseOptions, TraceInfo
@@ -61,11 +60,6 @@ from .nccl_log_lines import _VERSION, COLL_MARKER, COUNTED, KINDS
 from .nccl_log_writer import COMM_KEY, PART_ROWS, TUNING_KEY, Parts, write_collectives
 from .source import is_gzip, iter_chunks
 from .tables import append_table, write_table
-
-if TYPE_CHECKING:
-    import polars as pl
-else:
-    pl = lazy_module("polars")  # loaded when a log is parsed, not with the format registry (contracts/lazy.py)
 
 FORMAT = "nccl_log"
 

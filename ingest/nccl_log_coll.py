@@ -9,16 +9,10 @@ rows where it is built; this path stays as its fallback and as the reference the
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import polars as pl
 
 from .nccl_ops import collective_name
-
-if TYPE_CHECKING:
-    import polars as pl
-else:
-    pl = lazy_module("polars")  # loaded when a log is parsed, not with the format registry (contracts/lazy.py)
 
 #: docs/formats.md (NCCL debug log): datatype codes -> bytes per element.
 DTYPE = {0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8), 5: ("uint64", 8),

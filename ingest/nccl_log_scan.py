@@ -17,20 +17,15 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from tracelake.contracts.errors import InvalidArgument
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import polars as pl
 
 from .nccl_ops import collective_name
-
-if TYPE_CHECKING:
-    import polars as pl
-else:
-    pl = lazy_module("polars")  # loaded when a log is parsed, not with the format registry (contracts/lazy.py)
 
 _native: ModuleType | None
 try:

@@ -14,21 +14,16 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc
 
 from tracelake.contracts import schema
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import polars as pl
 
 from .nccl_ops import PER_RANK_SHARE
 from .tables import BackgroundWriter, TableWriter
-
-if TYPE_CHECKING:
-    import polars as pl
-else:
-    pl = lazy_module("polars")  # loaded when a log is parsed, not with the format registry (contracts/lazy.py)
 
 #: COLL rows held before they are written as one part; each part becomes one row group of ``collectives``.
 PART_ROWS = 1 << 17

@@ -16,7 +16,7 @@ import duckdb
 
 from tracelake.contracts.critical import Speedup
 from tracelake.contracts.errors import InvalidArgument, NotFound, QueryError, WarehouseError
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import lazy_module, polars as pl
 from tracelake.contracts.status import IngestStatus
 from tracelake.ingest.model import ByteCallback
 
@@ -34,7 +34,6 @@ from .settings import Settings
 from .store import Store, check_job
 
 if TYPE_CHECKING:
-    import polars as pl
     from distributed import Client as DaskClient
 
     from tracelake.analysis import assemble, job_view
@@ -48,7 +47,6 @@ if TYPE_CHECKING:
     from . import critical_inputs, fleet_data, job_tables, overview, perfetto, runs
 else:
     # The analysis side loads on first use: an ingest's parse needs none of it (contracts/lazy.py).
-    pl = lazy_module("polars")
     assemble, job_view, diff_analysis, kernels, nccl_analysis = (
         lazy_module(f"tracelake.analysis.{name}") for name in ("assemble", "job_view", "diff", "kernels", "nccl"))
     critical_inputs, fleet_data, job_tables, overview, perfetto, runs = (

@@ -24,21 +24,15 @@ import tempfile
 import threading
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracelake.contracts import schema
 from tracelake.contracts.errors import WarehouseError
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import polars as pl
 
 from .store import SCHEMA_JOB, Store
-
-if TYPE_CHECKING:
-    import polars as pl
-else:
-    pl = lazy_module("polars")  # loaded on first use: an ingest's parse needs none of it (contracts/lazy.py)
 
 log = logging.getLogger(__name__)
 

@@ -13,18 +13,12 @@ from __future__ import annotations
 import datetime as dt
 import threading
 from collections.abc import Collection
-from typing import TYPE_CHECKING
 
 from tracelake.contracts import schema
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import polars as pl
 
 from .folder_cache import FolderCache
 from .store import Store
-
-if TYPE_CHECKING:
-    import polars as pl
-else:
-    pl = lazy_module("polars")  # loaded on first use: an ingest's parse needs none of it (contracts/lazy.py)
 
 
 class Registry:

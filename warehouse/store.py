@@ -36,20 +36,14 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from tracelake.contracts import schema
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import polars as pl
 from tracelake.contracts.names import JOB_NAME, RESERVED_JOB, check_job  # check_job: the warehouse's too
-
-if TYPE_CHECKING:
-    import polars as pl
-else:
-    pl = lazy_module("polars")  # loaded on first use: an ingest's parse needs none of it (contracts/lazy.py)
 
 try:
     import fcntl

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import lazy_module, polars as pl
 from tracelake.warehouse import InvalidArgument
 from tracelake.warehouse.distributed import dask_client, warehouse_path
 
@@ -30,12 +30,9 @@ from .root import (
 )
 
 if TYPE_CHECKING:
-    import polars as pl
-
     from tracelake.analysis import findings, graphs
 else:  # loaded by the commands that show analyses, not by every command (contracts/lazy.py)
-    pl, findings, graphs = (lazy_module(name) for name in ("polars", "tracelake.analysis.findings",
-                                                             "tracelake.analysis.graphs"))
+    findings, graphs = lazy_module("tracelake.analysis.findings"), lazy_module("tracelake.analysis.graphs")
 
 
 @app.command()

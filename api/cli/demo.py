@@ -6,11 +6,11 @@ import shutil
 import time
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import polars as pl
 from tracelake.warehouse import IngestResult, InvalidArgument, Settings, Warehouse
 
 from ..output import to_table
@@ -19,11 +19,6 @@ from .analyze import print_findings
 from .ingest import ingest_summary
 from .progress import progress_bar
 from .root import app, console, err_console, exit_on_error
-
-if TYPE_CHECKING:
-    import polars as pl
-else:
-    pl = lazy_module("polars")  # loaded by the commands that show analyses, not by every command (contracts/lazy.py)
 
 
 @app.command()

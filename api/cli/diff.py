@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import polars as pl
 
 from ..output import jsonable, to_table
 from . import render
 from .root import HomeOption, app, console, exit_on_error, open_warehouse
-
-if TYPE_CHECKING:
-    import polars as pl
-else:
-    pl = lazy_module("polars")  # loaded by the commands that show analyses, not by every command (contracts/lazy.py)
 
 
 @app.command()

@@ -9,20 +9,14 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import polars as pl
 from tracelake.warehouse.results import QueryResult
-
-if TYPE_CHECKING:
-    import polars as pl
-else:
-    pl = lazy_module("polars")  # loaded by the commands that show analyses, not by every command (contracts/lazy.py)
 
 #: The exclusive buckets of the breakdown (docs/analyses.md, "Breakdown"): they add up to ``span_ns``.
 EXCLUSIVE = (

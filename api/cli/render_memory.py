@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import lazy_module, polars as pl
 
 if TYPE_CHECKING:
-    import polars as pl
-
     from tracelake.analysis import memory_findings
 else:  # loaded by the commands that show analyses, not by every command (contracts/lazy.py)
-    pl, memory_findings = lazy_module("polars"), lazy_module("tracelake.analysis.memory_findings")
+    memory_findings = lazy_module("tracelake.analysis.memory_findings")
 
 #: Bytes in a GiB and a MiB: memory is shown in binary units, as the findings word it.
 GIB = float(1 << 30)

@@ -6,14 +6,9 @@
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tracelake.contracts.lazy import lazy_module
-
-if TYPE_CHECKING:
-    import polars as pl
-else:
-    pl = lazy_module("polars")  # loaded by the commands that show analyses, not by every command (contracts/lazy.py)
+from tracelake.contracts.lazy import polars as pl
 
 #: The table's title.
 TITLE = ("top operators, all ranks: device time of the kernels each launched (shapes whole: --json; "

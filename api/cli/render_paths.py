@@ -10,14 +10,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tracelake.contracts.critical import PATH_KINDS, Scenario
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import lazy_module, polars as pl
 
 if TYPE_CHECKING:
-    import polars as pl
-
     from tracelake.analysis import critical_path
 else:  # loaded by the commands that show analyses, not by every command (contracts/lazy.py)
-    pl, critical_path = lazy_module("polars"), lazy_module("tracelake.analysis.critical_path")
+    critical_path = lazy_module("tracelake.analysis.critical_path")
 
 #: Up to this many steps (per run), every step is a row; past it, the slowest, the median and the fastest.
 MAX_STEP_ROWS = 12

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import polars as pl
 from tracelake.warehouse import InvalidArgument, Warehouse
 
 from ..output import OutputFormat
@@ -18,11 +18,6 @@ from ..user_input import parse_labels, parse_when
 from . import render
 from .root import HomeOption, app, err_console, exit_on_error, open_warehouse, print_result
 from .words import WordsGroup
-
-if TYPE_CHECKING:
-    import polars as pl
-else:
-    pl = lazy_module("polars")  # loaded by the commands that show analyses, not by every command (contracts/lazy.py)
 
 
 report_app = typer.Typer(
