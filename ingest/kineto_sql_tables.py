@@ -1,17 +1,22 @@
 """The final tables of a Kineto trace: the Parquet parts joined with their cross-event facts.
 
 :func:`write_tables` writes ``<table>.parquet`` for every data table into the staging
-directory; the big joins (host and device ops) go by ranges of event ids when one join
-would not fit DuckDB's memory limit (:data:`JOIN_BYTES_PER_ROW`).
+directory. The big tables (host and device ops) are the parts, which hold their events in
+event-id order, merged with their facts sorted by event id (:func:`_write_merged`): no hash
+table, so their memory does not grow with the trace. Parts that are not in that order go by
+DuckDB's hash join instead, by ranges of event ids when one join would not fit DuckDB's memory
+limit (:data:`JOIN_BYTES_PER_ROW`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -33,11 +38,19 @@ _ORDER = {
 #: of core at a third of the speed. Larger tables are joined by ranges of event ids, into
 #: one file: at the default 200 MB, 1.25M host ops or 250K device ops a range.
 JOIN_BYTES_PER_ROW = {"host_ops": 160, "device_ops": 800}
-#: Rows per row group of a table joined by ranges: each is held whole, as Arrow and encoded, until
+#: Rows per row group of a joined table, at most: each is held whole, as Arrow and encoded, until
 #: written, beside the batches DuckDB prepares. Half DuckDB's own writer's size (122,880) took 40-65 MB off
 #: each join's peak on a 1 GB trace (long kernel names) at the same speed; a quarter took 70 MB, but the
 #: stored analyses, which read a row group at a time, took 0.2 s longer.
 _ROW_GROUP_ROWS = 65_536
+#: ... and the Arrow bytes a row group holds, at most, with never fewer rows than :data:`_ROW_GROUP_MIN_ROWS`.
+#: Host ops run about 200 bytes a row (65,536 rows, 13 MB); the device ops of the real 1 GB Qwen shape 580, their
+#: kernel names 380 characters long. Alone, on that trace's parts, the device ops' merge peaked 150 MiB above the
+#: process at 65,536 rows a group, 105 at 32,768 and 80 at 16,384; but each group more cost the stored analyses,
+#: which read a group at a time, 10 ms (0.08 s at 21,000 rows a group). At 24 MiB (43,000 rows) the ingest's peak
+#: at that merge was 251-256 MiB, under the nesting's 312, at the stored analyses' time of before.
+_ROW_GROUP_BYTES = 24 << 20
+_ROW_GROUP_MIN_ROWS = 16_384
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -60,11 +73,11 @@ def _limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
 #: The share of the ingest's DuckDB memory limit a statement gets on a :func:`side_connection`, and the least it
 #: gets. The nesting's sort of the host events took about 280 MB of RSS under the whole 200 MB limit on a 1 GB
 #: trace, the peak of the ingest: at half the limit it spills sooner, 87 MB off that peak for +0.17 s of CPU in 12.
-#: (The final joins and the memory instants' sort took 15 MB off the peak this way, for 0.35 s: not done. Tried
-#: again on 2026-12-05 with the whole of :func:`write_tables` under half the limit on ``con`` itself: 40-55 MiB off
-#: the 1 GB Qwen shape's peak for 3-5% more time, nothing off the 2 GB one's (the operators' pass sets it) for
-#: 5-10% more, its joins going by twice the ranges, each reading all the facts again: not done.) Not below 100 MB,
-#: where it would spill for little gain; a lower limit a person set holds.
+#: The final tables' sorts (each joined table's facts by event id, the memory instants by time) run under the same
+#: share on the ingest's own connection (:func:`_memory_share`): at 1 GB the memory instants' sort peaked 50 MiB
+#: lower for 0.09 s. (Hash joins under the share went by twice the ranges, each reading all the facts again: 3-5%
+#: more time on the 1 GB Qwen shape; the merge has no ranges.) Not below 100 MB, where it would spill for little
+#: gain; a lower limit a person set holds.
 SIDE_SHARE = 0.5
 SIDE_FLOOR = 100 * 10**6
 
@@ -100,28 +113,26 @@ def write_tables(
     def shifted(column: str) -> str:
         return f"{column} + {base}" if base else column
 
+    # Per table: the parts' prefix, the facts (a relation on ``con`` keyed by ``event_id``), the facts' columns
+    # (named as the table's), and the other columns from the parts' own.
     joined = {
-        "device_ops": ("device", "dev_d", {
-            "event_id": "event_id", "device": "p.device", "stream": "p.stream", "kind": "kind",
-            "category": "d.category", "name": "name", "ts_ns": shifted("p.ts_ns"), "dur_ns": "p.dur_ns",
-            "correlation": "p.correlation", "external_id": "external_id", "step": "d.step",
+        "device_ops": ("device", "dev_d", ("category", "step"), {
+            "event_id": "event_id", "device": "device", "stream": "stream", "kind": "kind", "name": "name",
+            "ts_ns": shifted("ts_ns"), "dur_ns": "dur_ns", "correlation": "correlation", "external_id": "external_id",
             "bytes": "bytes", "grid": "grid", "block": "block", "registers_per_thread": "regs",
             "shared_memory_bytes": "smem", "occupancy_pct": "occupancy", "graph_id": "graph_id",
         }),
-        "host_ops": ("host", "host_d", {
-            "event_id": "event_id", "pid": "p.pid", "tid": "p.tid", "cat": "cat", "name": "name",
-            "ts_ns": shifted("p.ts_ns"), "dur_ns": "p.dur_ns", "depth": "d.depth", "parent_id": "d.parent_id",
-            "correlation": "p.correlation", "external_id": "external_id",
+        "host_ops": ("host", "host_d", ("depth", "parent_id", "step"), {
+            "event_id": "event_id", "pid": "pid", "tid": "tid", "cat": "cat", "name": "name",
+            "ts_ns": shifted("ts_ns"), "dur_ns": "dur_ns", "correlation": "correlation", "external_id": "external_id",
             "sequence_number": "sequence_number", "fwd_thread_id": "fwd_thread_id",
             "input_dims": "input_dims", "input_types": "input_types", "flops": "flops",
-            "concrete_inputs": "concrete_inputs", "step": "d.step",
-            "record_function_id": "record_function_id",
+            "concrete_inputs": "concrete_inputs", "record_function_id": "record_function_id",
         }),
     }
-    for table_name, (part, facts, exprs) in joined.items():
-        _write_joined(con, staging / f"{table_name}.parquet", schema.table(table_name),
-                      schema.select_list(schema.table(table_name), common | exprs),
-                      f"read_parquet({sql_literal(str(parts / f'{part}-*.parquet'))})", facts)
+    for table_name, (part, facts, fact_columns, exprs) in joined.items():
+        _write_joined(con, staging / f"{table_name}.parquet", schema.table(table_name), common | exprs,
+                      _in_order(parts, part), _Facts(facts, fact_columns, parts / f"{part}_facts_by_id.parquet"))
     sources = {
         "collectives": ("coll", {
             c: shifted(c) if c in ("ts_ns", "cpu_ts_ns") else c
@@ -143,32 +154,196 @@ def write_tables(
     for table_name, (source, exprs) in sources.items():
         select = schema.select_list(schema.table(table_name), common | exprs)
         out = sql_literal(str(staging / f"{table_name}.parquet"))
-        con.execute(f"COPY (SELECT {select} FROM {source} ORDER BY {_ORDER[table_name]}) TO {out} "
-                    "(FORMAT parquet, COMPRESSION zstd)")
+        with _memory_share(con, SIDE_SHARE):  # the memory instants' sort spills sooner: 50 MiB off its peak at 1 GB
+            con.execute(f"COPY (SELECT {select} FROM {source} ORDER BY {_ORDER[table_name]}) TO {out} "
+                        "(FORMAT parquet, COMPRESSION zstd)")
+
+
+def _in_order(parts: Path, part: str) -> str:
+    """The parts ``<part>-<batch>.parquet`` in ``parts`` as one relation, their files in the order of their batches
+    (named out in a list: the order of a glob's matches is not a documented promise)."""
+    files = sorted(parts.glob(f"{part}-*.parquet"), key=lambda path: int(path.stem.rpartition("-")[2]))
+    return "read_parquet([" + ", ".join(sql_literal(str(path)) for path in files) + "])" if files else \
+        f"read_parquet({sql_literal(str(parts / f'{part}-*.parquet'))})"
+
+
+@dataclass(frozen=True)
+class _Facts:
+    """The cross-event facts of a joined table: ``relation`` (on the ingest's connection, keyed by ``event_id``),
+    its ``columns`` (named as the table's), and the file their copy sorted by event id goes to."""
+
+    relation: str
+    columns: tuple[str, ...]
+    sorted_file: Path
 
 
 def _write_joined(
-    con: duckdb.DuckDBPyConnection, out: Path, tbl: schema.Table, select: str, part_rows: str, facts: str
+    con: duckdb.DuckDBPyConnection, out: Path, tbl: schema.Table, exprs: dict[str, str], part_rows: str,
+    facts: _Facts,
 ) -> None:
-    """``out``: the rows of ``part_rows`` (``p``) joined with ``facts`` (``d``) on ``event_id``.
+    """``out``: the rows of ``part_rows`` (the parts, each column from ``exprs``) joined with ``facts`` on
+    ``event_id``, the rows of either without a match left out.
 
-    One statement when the join fits DuckDB's memory limit (see :data:`JOIN_BYTES_PER_ROW`), else
-    one range of event ids at a time (:func:`id_ranges`), streamed into a single Parquet writer.
+    Merged (:func:`_write_merged`) where the parts come in event-id order, as the native scanner writes them;
+    else by DuckDB's hash join (:func:`_write_hash_joined`).
     """
-    query = f"SELECT {select} FROM {part_rows} p JOIN {facts} d USING (event_id)"
-    ranges = id_ranges(con, facts, max(memory_limit(con) // JOIN_BYTES_PER_ROW[tbl.name], 1))
+    if not _write_merged(con, out, tbl, exprs, part_rows, facts):
+        _write_hash_joined(con, out, tbl, exprs, part_rows, facts)
+
+
+def _write_merged(
+    con: duckdb.DuckDBPyConnection, out: Path, tbl: schema.Table, exprs: dict[str, str], part_rows: str,
+    facts: _Facts,
+) -> bool:
+    """``out`` (as :func:`_write_joined`) by a merge: the facts sorted by event id into a file (DuckDB's sort,
+    under :data:`SIDE_SHARE` of the limit, spills), then the parts read in order beside them, a batch at a time.
+    False, with nothing left at ``out``, where the two do not line up one to one (the parts are out of order or
+    either side has a row the other lacks): the hash join is left to do it.
+
+    A hash join holds a table of the facts (a range of them at a time) and the rows coming through: on a 1 GB
+    trace it took 180-210 MiB above the process for either table; the merge 70-100 MiB, at the same CPU time.
+    """
+    columns = ", ".join(facts.columns)
+    with _memory_share(con, SIDE_SHARE):
+        con.execute(f"COPY (SELECT event_id, {columns} FROM {facts.relation} ORDER BY event_id) "
+                    f"TO {sql_literal(str(facts.sorted_file))} "
+                    f"(FORMAT parquet, COMPRESSION lz4, ROW_GROUP_SIZE {_ROW_GROUP_ROWS})")
+    arrow_schema = tbl.arrow_schema
+    at = [arrow_schema.get_field_index(name) for name in facts.columns]
+    select = schema.select_list(tbl, exprs)  # the facts' columns NULL here, filled below
+    sorted_facts = _Rows(facts.sorted_file)
+    with _insertion_order(con), _GroupedWriter(out, arrow_schema) as writer:
+        for batch in con.sql(f"SELECT {select} FROM {part_rows}").to_arrow_reader(_ROW_GROUP_ROWS):
+            ids, values = sorted_facts.take(batch.num_rows)
+            if not np.array_equal(ids, batch.column("event_id").to_numpy()):
+                break
+            arrays = batch.columns
+            for i, name in zip(at, facts.columns, strict=True):
+                arrays[i] = values.column(name).combine_chunks().cast(arrow_schema.field(i).type)
+            writer.write(pa.RecordBatch.from_arrays(arrays, schema=arrow_schema))
+        else:
+            if sorted_facts.exhausted():
+                return True
+        writer.abandon()
+    return False
+
+
+class _Rows:
+    """The rows of a Parquet file in order, taken a given number at a time."""
+
+    def __init__(self, path: Path) -> None:
+        file = pq.ParquetFile(path)
+        self._schema = file.schema_arrow
+        self._batches = file.iter_batches(batch_size=_ROW_GROUP_ROWS)
+        self._held: list[pa.RecordBatch] = []
+        self._count = 0
+
+    def take(self, rows: int) -> tuple[np.ndarray, pa.Table]:
+        """The next ``rows`` rows (fewer at the end): their ``event_id`` and the whole rows."""
+        while self._count < rows and (batch := next(self._batches, None)) is not None:
+            self._held.append(batch)
+            self._count += batch.num_rows
+        held = pa.Table.from_batches(self._held, schema=self._schema)
+        taken, rest = held.slice(0, rows), held.slice(rows)
+        self._held, self._count = rest.to_batches(), rest.num_rows
+        return taken.column("event_id").to_numpy(), taken
+
+    def exhausted(self) -> bool:
+        """Whether every row has been taken."""
+        return not self._count and next(self._batches, None) is None
+
+
+def _write_hash_joined(
+    con: duckdb.DuckDBPyConnection, out: Path, tbl: schema.Table, exprs: dict[str, str], part_rows: str,
+    facts: _Facts,
+) -> None:
+    """``out`` (as :func:`_write_joined`) by DuckDB's hash join: one statement when the join fits DuckDB's memory
+    limit (see :data:`JOIN_BYTES_PER_ROW`), else one range of event ids at a time (:func:`id_ranges`), streamed
+    into a single Parquet writer."""
+    select = schema.select_list(tbl, exprs | {name: name for name in facts.columns})
+    query = (f"SELECT {select} FROM {part_rows} p "
+             f"JOIN (SELECT event_id, {', '.join(facts.columns)} FROM {facts.relation}) d USING (event_id)")
+    ranges = id_ranges(con, facts.relation, max(memory_limit(con) // JOIN_BYTES_PER_ROW[tbl.name], 1))
     if len(ranges) <= 1:
         con.execute(f"COPY ({query}) TO {sql_literal(str(out))} (FORMAT parquet, COMPRESSION zstd)")
         return
-    arrow_schema = tbl.arrow_schema
-    # Dictionaries pay for the texts (names, categories) only; for numbers they cost writing time.
-    texts = [f.name for f in arrow_schema if pa.types.is_string(f.type)]
-    with pq.ParquetWriter(out, arrow_schema, compression="zstd", use_dictionary=texts) as writer:
+    with _GroupedWriter(out, tbl.arrow_schema) as writer:
         for first, stop in ranges:
             reader = con.sql(f"{query} WHERE p.event_id >= {first} AND p.event_id < {stop} "
                              f"AND d.event_id >= {first} AND d.event_id < {stop}").to_arrow_reader(_ROW_GROUP_ROWS)
             for batch in reader:
-                writer.write_batch(batch.cast(arrow_schema))
+                writer.write(batch.cast(tbl.arrow_schema))
+
+
+class _GroupedWriter:
+    """A Parquet file of a joined table, written from batches of any size in row groups of about
+    :data:`_ROW_GROUP_BYTES` (the rows per group set by the first rows written); ``abandon`` removes it."""
+
+    def __init__(self, out: Path, arrow_schema: pa.Schema) -> None:
+        # Dictionaries pay for the texts (names, categories) only; for numbers they cost writing time.
+        texts = [f.name for f in arrow_schema if pa.types.is_string(f.type)]
+        self._out, self._schema = out, arrow_schema
+        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(out, arrow_schema, compression="zstd",
+                                                                 use_dictionary=texts)
+        self._held: list[pa.RecordBatch] = []
+        self._count = 0
+        self._rows = 0  # per row group; 0 until rows come
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if not batch.num_rows or self._writer is None:
+            return
+        if not self._rows:
+            self._rows = min(_ROW_GROUP_ROWS, max(_ROW_GROUP_MIN_ROWS, _ROW_GROUP_BYTES * batch.num_rows
+                                                  // max(batch.nbytes, 1)))
+        self._held.append(batch)
+        self._count += batch.num_rows
+        while self._count >= self._rows:
+            held = pa.Table.from_batches(self._held, schema=self._schema)
+            self._writer.write_table(held.slice(0, self._rows), row_group_size=self._rows)
+            rest = held.slice(self._rows)
+            self._held, self._count = rest.to_batches(), rest.num_rows
+
+    def abandon(self) -> None:
+        """Close and remove the file."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            self._out.unlink()
+
+    def __enter__(self) -> _GroupedWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._writer is None:
+            return
+        if self._held and exc[0] is None:
+            self._writer.write_table(pa.Table.from_batches(self._held, schema=self._schema),
+                                     row_group_size=self._rows)
+        self._writer.close()
+        self._writer = None
+
+
+@contextmanager
+def _memory_share(con: duckdb.DuckDBPyConnection, share: float) -> Iterator[None]:
+    """``con`` under ``share`` of its memory limit (never below :data:`SIDE_FLOOR`, unless its limit is lower),
+    then its limit again."""
+    limit = _limit_bytes(con)
+    con.execute(f"SET memory_limit = '{min(limit, max(int(limit * share), SIDE_FLOOR))}B'")
+    try:
+        yield
+    finally:
+        con.execute(f"SET memory_limit = '{limit}B'")
+
+
+@contextmanager
+def _insertion_order(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """``con`` keeping the rows of a scan in the order of its files (the ingest's connection does not, for speed)."""
+    before = con.execute("SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
+    con.execute("SET preserve_insertion_order = true")
+    try:
+        yield
+    finally:
+        con.execute(f"SET preserve_insertion_order = {'true' if before else 'false'}")
 
 
 #: Buckets of event ids counted to cut the ranges of a join.

@@ -1,7 +1,9 @@
 """The last step of a Kineto ingest: the parts joined with their cross-event columns (step, depth...).
 
-A join that would not fit DuckDB's memory limit goes by ranges of event ids into one
-Parquet file; these tests make the ranges tiny and check that nothing changes.
+The parts are merged with their facts sorted by event id; parts out of that order go by DuckDB's hash join,
+by ranges of event ids into one Parquet file where one join would not fit DuckDB's memory limit. These tests
+check the merge against the hash join (with tiny ranges) on real traces, and both against a join counted
+in Python on generated parts, in order and out of it.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from support import SAMPLES, real_kineto_files
 from tracelake import ingest
 from tracelake.contracts import schema
+from tracelake.contracts.schema import sql_literal
 from tracelake.ingest import kineto_scan, kineto_sql_tables
 from tracelake.ingest.model import ParseOptions
 
@@ -37,22 +42,109 @@ def nullable(arrow_schema: pa.Schema) -> pa.Schema:
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("path", FILES, ids=[f"{p.parent.name}/{p.name}" for p in FILES])
-def test_a_join_by_ranges_gives_the_tables_of_one_join(
+def test_the_merge_gives_the_tables_of_a_hash_join_by_ranges(
     path: Path, engine: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    whole = parse(path, tmp_path / "whole", engine)
+    merges: list[tuple[str, bool]] = []
+    merge = kineto_sql_tables._write_merged
+
+    def spied(*args: object) -> bool:
+        merged = merge(*args)  # type: ignore[arg-type]
+        merges.append((args[2].name, merged))  # type: ignore[attr-defined]
+        return merged
+
+    monkeypatch.setattr(kineto_sql_tables, "_write_merged", spied)
+    merged = parse(path, tmp_path / "merged", engine)
+    assert sorted(merges) == [("device_ops", True), ("host_ops", True)]  # the scanners write parts in order
     rows_per_join = 97
+    monkeypatch.setattr(kineto_sql_tables, "_write_merged", lambda *args: False)
     monkeypatch.setattr(kineto_sql_tables, "memory_limit",
                         lambda con: rows_per_join * max(kineto_sql_tables.JOIN_BYTES_PER_ROW.values()))
+    cut = kineto_sql_tables.id_ranges
+    ranges_made: dict[str, int] = {}
+
+    def counted(con: duckdb.DuckDBPyConnection, facts: str, rows_per_range: int) -> list[tuple[int, int]]:
+        ranges_made[facts] = len(made := cut(con, facts, rows_per_range))
+        return made
+
+    monkeypatch.setattr(kineto_sql_tables, "id_ranges", counted)
     ranged = parse(path, tmp_path / "ranged", engine)
-    for name in JOINED:
+    for name, facts in (("device_ops", "dev_d"), ("host_ops", "host_d")):
+        assert nullable(merged[name].schema) == nullable(schema.table(name).arrow_schema), name
         assert nullable(ranged[name].schema) == nullable(schema.table(name).arrow_schema), name
         if ranged[name].num_rows > 2 * rows_per_join:
-            assert pq.ParquetFile(tmp_path / "ranged" / f"{name}.parquet").metadata.num_row_groups > 1, name
-        one, ranges = (t.cast(nullable(t.schema)).sort_by("event_id") for t in (whole[name], ranged[name]))
+            assert ranges_made[facts] > 1, name
+        one, ranges = (t.cast(nullable(t.schema)).sort_by("event_id") for t in (merged[name], ranged[name]))
         assert ranges.num_rows == one.num_rows > 0 or name == "device_ops"
+        assert merged[name].column("event_id").to_pylist() == one.column("event_id").to_pylist()  # in id order
         for column in one.column_names:
             assert ranges.column(column).to_pylist() == one.column(column).to_pylist(), f"{name}.{column}"
+
+
+FACT_COLUMNS = ("depth", "parent_id", "step")
+
+
+def _join_in_python(parts: list[list[tuple[int, str, int]]], facts: list[tuple[int, int, int, int]],
+                    base: int) -> list[tuple[object, ...]]:
+    """The inner join of the parts' rows (id, name, ts) and the facts (id, depth, parent, step), by dicts."""
+    by_id = {row[0]: row[1:] for row in facts}
+    return sorted((i, name, ts + base, *by_id[i]) for rows in parts for i, name, ts in rows if i in by_id)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(rng=st.randoms(), events=st.integers(0, 400), files=st.integers(1, 4), shuffle=st.booleans(),
+       missing_facts=st.integers(0, 3), extra_facts=st.integers(0, 3))
+def test_the_joined_table_is_the_inner_join_of_parts_and_facts(
+    rng: object, events: int, files: int, shuffle: bool, missing_facts: int, extra_facts: int, tmp_path_factory:
+    pytest.TempPathFactory
+) -> None:
+    """In order or not, with rows on either side lacking a partner: the rows of a join counted in Python."""
+    import random
+    assert isinstance(rng, random.Random)
+    folder = tmp_path_factory.mktemp("parts")
+    ids = sorted(rng.sample(range(10 * events + 10), events))
+    cuts = sorted(rng.sample(range(events + 1), files - 1)) if events + 1 >= files - 1 else []
+    parts = [[(i, f"op{i % 7}", i * 3) for i in ids[a:b]] for a, b in zip([0, *cuts], [*cuts, events], strict=True)]
+    if shuffle and events > 1:
+        rng.shuffle(parts[0]) if len(parts[0]) > 1 else rng.shuffle(parts)
+    for n, rows in enumerate(parts):
+        pq.write_table(pa.table({"event_id": pa.array([r[0] for r in rows], pa.int64()),
+                                 "name": pa.array([r[1] for r in rows], pa.string()),
+                                 "ts_ns": pa.array([r[2] for r in rows], pa.int64())}), folder / f"host-{n:06d}.parquet")
+    kept = [i for i in ids if rng.random() >= missing_facts / 10]
+    extra = [10 * events + 10 + k for k in range(extra_facts)]
+    facts = [(i, i % 5, i - 1, i // 50) for i in kept + extra]
+    rng.shuffle(facts)
+    con = duckdb.connect(config={"threads": 2, "preserve_insertion_order": False,
+                                 "temp_directory": str(folder / "spill")})
+    con.execute("CREATE TABLE host_d (event_id BIGINT, depth INTEGER, parent_id BIGINT, step BIGINT)")
+    if facts:
+        con.executemany("INSERT INTO host_d VALUES (?, ?, ?, ?)", facts)
+    out = folder / "host_ops.parquet"
+    merges: list[bool] = []
+    merge = kineto_sql_tables._write_merged
+
+    def spied(*args: object) -> bool:
+        merges.append(merge(*args))  # type: ignore[arg-type]
+        return merges[-1]
+
+    kineto_sql_tables._write_merged = spied  # type: ignore[assignment]
+    try:
+        kineto_sql_tables._write_joined(
+            con, out, schema.table("host_ops"),
+            {"trace_id": "'t'", "rank": "0", "event_id": "event_id", "name": "name", "ts_ns": "ts_ns + 5"},
+            f"read_parquet({sql_literal(str(folder / 'host-*.parquet'))})",
+            kineto_sql_tables._Facts("host_d", FACT_COLUMNS, folder / "host_facts_by_id.parquet"))
+    finally:
+        kineto_sql_tables._write_merged = merge  # type: ignore[assignment]
+    in_step = [i for rows in parts for i, _, _ in rows] == ids and len(kept) == len(ids) and not extra
+    assert merges == [in_step]  # merged exactly where parts and facts line up one to one
+    got = pq.read_table(out)
+    rows = sorted(zip(*(got.column(c).to_pylist() for c in ("event_id", "name", "ts_ns", *FACT_COLUMNS)),
+                      strict=True))
+    assert rows == _join_in_python(parts, facts, 5)
+    assert set(got.column("trace_id").to_pylist()) <= {"t"}
 
 
 @pytest.mark.parametrize(("limit", "low", "high"), [
@@ -105,3 +197,39 @@ def test_a_side_connection_has_its_share_of_the_limit_the_same_threads_and_its_o
         assert abs(limit(side) - 100 * 10**6) < 10**6
     with kineto_sql_tables.side_connection(con("50MB"), 0.5, 100 * 10**6) as side:  # ...unless the limit is lower
         assert abs(limit(side) - 50 * 10**6) < 10**6
+
+
+def test_row_groups_hold_about_the_bytes_set_and_every_row_in_order(tmp_path: Path) -> None:
+    """Batches of any size make row groups of one size, set by the first batch's bytes per row, within the bounds."""
+    arrow_schema = pa.schema([("event_id", pa.int64()), ("name", pa.string())])
+    wide = "k" * 588  # 600 bytes a row with the id and the offset: the byte budget, not the row cap, sets the groups
+    sizes = [1000, 30_000, 7, 0, 52_000, 3]
+    rows = sum(sizes)
+    out = tmp_path / "t.parquet"
+    with kineto_sql_tables._GroupedWriter(out, arrow_schema) as writer:
+        first = 0
+        for size in sizes:
+            writer.write(pa.record_batch([pa.array(range(first, first + size), pa.int64()), pa.array([wide] * size)],
+                                         schema=arrow_schema))
+            first += size
+    expected = kineto_sql_tables._ROW_GROUP_BYTES // 600
+    assert kineto_sql_tables._ROW_GROUP_MIN_ROWS < expected < rows
+    meta = pq.ParquetFile(out).metadata
+    groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    assert sum(groups) == rows and all(g == expected for g in groups[:-1]) and 0 < groups[-1] <= expected
+    assert expected < kineto_sql_tables._ROW_GROUP_ROWS  # the bytes decided
+    assert pq.read_table(out).column("event_id").to_pylist() == list(range(rows))
+    abandoned = tmp_path / "gone.parquet"
+    with kineto_sql_tables._GroupedWriter(abandoned, arrow_schema) as writer:
+        writer.write(pa.record_batch([pa.array([1], pa.int64()), pa.array(["a"])], schema=arrow_schema))
+        writer.abandon()
+    assert not abandoned.exists()
+
+
+def test_the_parts_are_named_to_duckdb_in_the_order_of_their_batches(tmp_path: Path) -> None:
+    for batch in (10, 2, 1_000_000, 0):
+        pq.write_table(pa.table({"event_id": pa.array([batch], pa.int64())}), tmp_path / f"host-{batch:06d}.parquet")
+    pq.write_table(pa.table({"event_id": pa.array([-1], pa.int64())}), tmp_path / "host_facts_by_id.parquet")
+    con = duckdb.connect(config={"preserve_insertion_order": True})
+    relation = kineto_sql_tables._in_order(tmp_path, "host")
+    assert [row[0] for row in con.execute(f"SELECT event_id FROM {relation}").fetchall()] == [0, 2, 10, 1_000_000]
