@@ -80,12 +80,17 @@ def counted_mask(names: pl.Series) -> np.ndarray:
     return names.replace_strict(known, default=False, return_dtype=pl.Boolean).fill_null(False).to_numpy()
 
 
-def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
+#: Events a chunk in :func:`parent_rows`' table lookups.
+PARENT_CHUNK = 1 << 20
+
+
+def parent_rows(ids: np.ndarray, parent_ids: np.ndarray, chunk: int = PARENT_CHUNK) -> np.ndarray:
     """The position of each event's parent (-1 for none or one not among ``ids``), the first event of an id that
     repeats. Parsers number events densely, so a table indexed by id does it without a sort; else a sort.
 
     Positions are int32 below 2**31 events (half the memory of the largest arrays here), and the temporaries take
-    the ids' own width: ids passed as int32 (a trace's event ids fit) keep them at half the size of int64."""
+    the ids' own width: ids passed as int32 (a trace's event ids fit) keep them at half the size of int64. The
+    table is filled and read ``chunk`` events at a time, so its temporaries are that long, not the trace's length."""
     n = len(ids)
     if not n:
         return np.zeros(0, dtype=np.int64)
@@ -93,16 +98,19 @@ def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
     if ids.dtype != parent_ids.dtype:  # one width for both: the differences below stay in range
         ids, parent_ids = ids.astype(np.int64), parent_ids.astype(np.int64)
     low, high = int(ids.min()), int(ids.max())
-    inside = (parent_ids >= low) & (parent_ids <= high)
     if high - low < 4 * n + 1024:
+        # a chunk at a time, so that the temporaries are a chunk long (at 2 GB, 3.5M host events: 14 MiB each)
         position = np.full(high - low + 1, -1, dtype=kind)
-        position[ids[::-1] - low] = np.arange(n - 1, -1, -1, dtype=kind)  # written last to first: the first wins
-        offset = parent_ids - low  # one temporary of the ids' width, made an index in place
-        offset[~inside] = 0
-        found = position[offset]
-        del position, offset
-        found[~inside] = -1
+        for start in range((n - 1) // chunk * chunk, -1, -chunk):  # written last to first: the first wins
+            stop = min(start + chunk, n)
+            position[ids[start:stop][::-1] - low] = np.arange(stop - 1, start - 1, -1, dtype=kind)
+        found = np.empty(len(parent_ids), dtype=kind)
+        for start in range(0, len(parent_ids), chunk):
+            wanted = parent_ids[start:start + chunk]
+            inside = (wanted >= low) & (wanted <= high)
+            found[start:start + chunk] = np.where(inside, position[np.where(inside, wanted - low, 0)], -1)
         return found
+    inside = (parent_ids >= low) & (parent_ids <= high)
     order = np.argsort(ids, kind="stable").astype(kind)
     at = np.minimum(np.searchsorted(ids[order], parent_ids), n - 1)
     return np.where(inside & (ids[order[at]] == parent_ids), order[at], -1).astype(kind)
@@ -180,15 +188,17 @@ class Operators:
         found, chosen_rows = launch_call_rows(correlation, ts_ns, dur_ns)
         target = _owners(call_row[chosen_rows], parent, is_op, is_counted) if len(chosen_rows) else \
             np.zeros(0, dtype=np.int64)
-        # the calls that own a launch, in input order: a mark per event and a running count (no sort)
-        marked = np.zeros(len(ids) + 1, dtype=bool)
+        # the calls that own a launch, in input order: a mark per event (no sort), and each launch's call found
+        # among them by bisection (a running count per event took 4 bytes for every host event)
+        marked = np.zeros(len(ids), dtype=bool)
         marked[target[target >= 0]] = True
-        index = np.cumsum(marked, dtype=np.int32 if len(marked) < 2**31 else np.int64) - 1
+        #: The input positions of the operator calls that launched device ops, ascending.
+        self.rows = np.flatnonzero(marked)
+        del marked
         #: Sorted correlation ids and the index (into :attr:`rows`) of each one's operator, -1 for none.
         self.correlation = found
-        self.op_of = np.where(target >= 0, index[np.maximum(target, 0)], -1)
-        #: The input positions of the operator calls that launched device ops, ascending.
-        self.rows = np.flatnonzero(marked[:-1])
+        self.op_of = np.where(target >= 0, np.searchsorted(self.rows, np.maximum(target, 0)), -1).astype(
+            np.int32 if len(ids) < 2**31 else np.int64)
         #: Their ``event_id`` (in the order of :attr:`rows`).
         self.events = ids[self.rows].astype(np.int64)
         #: The position of each call's scope event (docs/analyses.md, "Module"), -1 for none.

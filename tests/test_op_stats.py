@@ -274,7 +274,8 @@ def test_roofline_columns() -> None:
 def test_parent_rows_match_a_lookup_made_here(ids, data, id_type, parent_type, sparse):
     """Each event's parent position equals the first position of its parent id (-1: none among the ids), by a dict
     made here, whatever the widths of the two arrays (the first pass keeps them as int32 where they fit) and on
-    both of parent_rows' paths (dense ids: a table; sparse ones, ``sparse`` spreading them apart: a sort)."""
+    both of parent_rows' paths (dense ids: a table, filled and read whole or a chunk at a time; sparse ones,
+    ``sparse`` spreading them apart: a sort)."""
     ids = [i * 10**9 if sparse else i for i in ids]
     parents = data.draw(st.lists(st.sampled_from([-1, 3 * 10**9 if sparse else 41, *ids]), min_size=len(ids),
                                  max_size=len(ids)))
@@ -285,3 +286,6 @@ def test_parent_rows_match_a_lookup_made_here(ids, data, id_type, parent_type, s
         first.setdefault(i, at)
     found = parent_rows(np.array(ids, dtype=id_type), np.array(parents, dtype=parent_type))
     assert found.tolist() == [first.get(p, -1) for p in parents]
+    chunk = data.draw(st.integers(1, 9))  # the table filled and read a few events at a time: the same positions
+    assert parent_rows(np.array(ids, dtype=id_type), np.array(parents, dtype=parent_type), chunk).tolist() == \
+        found.tolist()

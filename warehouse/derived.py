@@ -241,7 +241,7 @@ class _Trace:
         while self.pieces:  # column by column, each one's pieces let go as it is joined: one copy at a time
             arrays.append(np.concatenate(self.pieces.pop(0)))
             if len(arrays) == 2:  # the parents' positions, and the parent ids let go before the rest is joined
-                arrays[1] = parent_rows(*arrays)
+                arrays[1] = parent_rows(arrays[0], arrays[1])
         marks = Autograd(*(np.concatenate(piece) for piece in self.marks)) if self.marks[0] else Autograd.empty()
         ids, parent, is_op, is_counted, call_row, correlation, ts_ns, dur_ns, kind, recompute = arrays
         del arrays
