@@ -184,8 +184,8 @@ def _write_joined(
     """``out``: the rows of ``part_rows`` (the parts, each column from ``exprs``) joined with ``facts`` on
     ``event_id``, the rows of either without a match left out.
 
-    Merged (:func:`_write_merged`) where the parts come in event-id order, as the native scanner writes them;
-    else by DuckDB's hash join (:func:`_write_hash_joined`).
+    Merged (:func:`_write_merged`) where the parts come in event-id order, as both readers write them; else by
+    DuckDB's hash join (:func:`_write_hash_joined`).
     """
     if not _write_merged(con, out, tbl, exprs, part_rows, facts):
         _write_hash_joined(con, out, tbl, exprs, part_rows, facts)

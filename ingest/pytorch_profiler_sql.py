@@ -241,8 +241,10 @@ class Normaliser:
             kineto_sql_events.check_batch(con, self.source)
             device_part = sql_literal(str(self.parts / f"device-{group:06d}.parquet"))
             host_part = sql_literal(str(self.parts / f"host-{group:06d}.parquet"))
-            con.execute(f"COPY ({kineto_sql_events.DEVICE_PART}) TO {device_part} (FORMAT parquet, COMPRESSION lz4)")
-            con.execute(f"COPY ({kineto_sql_events.HOST_PART}) TO {host_part} (FORMAT parquet, COMPRESSION lz4)")
+            # In event-id order, as the native scanner writes them: the final tables merge the parts in that order
+            # (kineto_sql_tables._write_merged); DuckDB's threads would otherwise interleave a large batch's rows.
+            for query, part in ((kineto_sql_events.DEVICE_PART, device_part), (kineto_sql_events.HOST_PART, host_part)):
+                con.execute(f"COPY ({query} ORDER BY event_id) TO {part} (FORMAT parquet, COMPRESSION lz4)")
             for statement in kineto_sql_events.PER_BATCH:
                 con.execute(statement.format(device_part=device_part, host_part=host_part))
             self._load_memory(con, group, batches, object_bytes)

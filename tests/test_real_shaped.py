@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from tracelake.warehouse import Warehouse
@@ -87,3 +88,33 @@ def test_a_large_real_shaped_trace_ingests_within_a_tight_memory_limit(tmp_path:
     result = wh.ingest([path], job="big").results[0]
     assert result.ok, result.error
     assert wh.query("SELECT count(*) FROM steps").rows[0][0] == facts["steps"]
+
+
+def test_the_duckdb_readers_parts_come_in_event_id_order_so_the_final_tables_are_merged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DuckDB's reader (the fallback engine) reads a group of batch files at once on its threads; its parts must still
+    hold their events in event-id order, or the final tables fall back to the hash join (on this shape, before the
+    parts were written in order, the device ops did every time)."""
+    from tracelake import ingest
+    from tracelake.ingest import kineto_sql_tables
+    from tracelake.ingest.model import ParseOptions
+
+    path = tmp_path / "shaped.json"
+    facts = write_real_shaped(path, 64_000_000, DEFAULT_SOURCE)
+    merges: list[tuple[str, bool]] = []
+    merge = kineto_sql_tables._write_merged
+
+    def spied(*args: object) -> bool:
+        merges.append((args[2].name, merge(*args)))  # type: ignore[arg-type,attr-defined]
+        return merges[-1][1]
+
+    monkeypatch.setattr(kineto_sql_tables, "_write_merged", spied)
+    staging = tmp_path / "staged"
+    staging.mkdir()
+    ingest.parse_into(path, staging, ParseOptions(source_name=path.name, trace_id="t", kineto_engine="duckdb"))
+    assert sorted(merges) == [("device_ops", True), ("host_ops", True)]
+    for table in ("host_ops", "device_ops"):
+        ids = pq.read_table(staging / f"{table}.parquet", columns=["event_id"]).column("event_id").to_numpy()
+        assert len(ids) and (ids[1:] > ids[:-1]).all(), table
+    assert facts["copies"] > 1
