@@ -82,6 +82,11 @@ SIDE_SHARE = 0.5
 SIDE_FLOOR = 100 * 10**6
 
 
+def _shared(limit: int, share: float, floor: int) -> int:
+    """``share`` of ``limit`` bytes, never below ``floor`` unless ``limit`` itself is lower."""
+    return min(limit, max(int(limit * share), floor))
+
+
 @contextmanager
 def side_connection(con: duckdb.DuckDBPyConnection, share: float = SIDE_SHARE,
                     floor: int = SIDE_FLOOR) -> Iterator[duckdb.DuckDBPyConnection]:
@@ -94,7 +99,7 @@ def side_connection(con: duckdb.DuckDBPyConnection, share: float = SIDE_SHARE,
     """
     limit = _limit_bytes(con)
     threads, temp = con.execute("SELECT current_setting('threads'), current_setting('temp_directory')").fetchall()[0]
-    side = duckdb.connect(config={"memory_limit": f"{min(limit, max(int(limit * share), floor))}B",
+    side = duckdb.connect(config={"memory_limit": f"{_shared(limit, share, floor)}B",
                                   "threads": int(threads), "temp_directory": f"{temp}-side",
                                   "preserve_insertion_order": False})
     try:
@@ -228,29 +233,44 @@ def _write_merged(
     return False
 
 
+class _Held:
+    """Batches held in order until a given number of rows is taken off their front."""
+
+    def __init__(self, arrow_schema: pa.Schema) -> None:
+        self.schema = arrow_schema
+        self.batches: list[pa.RecordBatch] = []
+        self.count = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.batches.append(batch)
+        self.count += batch.num_rows
+
+    def take(self, rows: int) -> pa.Table:
+        """The first ``rows`` rows held (fewer if fewer are held); the rest stay."""
+        held = pa.Table.from_batches(self.batches, schema=self.schema)
+        rest = held.slice(rows)
+        self.batches, self.count = rest.to_batches(), rest.num_rows
+        return held.slice(0, rows)
+
+
 class _Rows:
     """The rows of a Parquet file in order, taken a given number at a time."""
 
     def __init__(self, path: Path) -> None:
         file = pq.ParquetFile(path)
-        self._schema = file.schema_arrow
         self._batches = file.iter_batches(batch_size=_ROW_GROUP_ROWS)
-        self._held: list[pa.RecordBatch] = []
-        self._count = 0
+        self._held = _Held(file.schema_arrow)
 
     def take(self, rows: int) -> tuple[np.ndarray, pa.Table]:
         """The next ``rows`` rows (fewer at the end): their ``event_id`` and the whole rows."""
-        while self._count < rows and (batch := next(self._batches, None)) is not None:
-            self._held.append(batch)
-            self._count += batch.num_rows
-        held = pa.Table.from_batches(self._held, schema=self._schema)
-        taken, rest = held.slice(0, rows), held.slice(rows)
-        self._held, self._count = rest.to_batches(), rest.num_rows
+        while self._held.count < rows and (batch := next(self._batches, None)) is not None:
+            self._held.add(batch)
+        taken = self._held.take(rows)
         return taken.column("event_id").to_numpy(), taken
 
     def exhausted(self) -> bool:
         """Whether every row has been taken."""
-        return not self._count and next(self._batches, None) is None
+        return not self._held.count and next(self._batches, None) is None
 
 
 def _write_hash_joined(
@@ -282,11 +302,10 @@ class _GroupedWriter:
     def __init__(self, out: Path, arrow_schema: pa.Schema) -> None:
         # Dictionaries pay for the texts (names, categories) only; for numbers they cost writing time.
         texts = [f.name for f in arrow_schema if pa.types.is_string(f.type)]
-        self._out, self._schema = out, arrow_schema
+        self._out = out
         self._writer: pq.ParquetWriter | None = pq.ParquetWriter(out, arrow_schema, compression="zstd",
                                                                  use_dictionary=texts)
-        self._held: list[pa.RecordBatch] = []
-        self._count = 0
+        self._held = _Held(arrow_schema)
         self._rows = 0  # per row group; 0 until rows come
 
     def write(self, batch: pa.RecordBatch) -> None:
@@ -295,13 +314,9 @@ class _GroupedWriter:
         if not self._rows:
             self._rows = min(_ROW_GROUP_ROWS, max(_ROW_GROUP_MIN_ROWS, _ROW_GROUP_BYTES * batch.num_rows
                                                   // max(batch.nbytes, 1)))
-        self._held.append(batch)
-        self._count += batch.num_rows
-        while self._count >= self._rows:
-            held = pa.Table.from_batches(self._held, schema=self._schema)
-            self._writer.write_table(held.slice(0, self._rows), row_group_size=self._rows)
-            rest = held.slice(self._rows)
-            self._held, self._count = rest.to_batches(), rest.num_rows
+        self._held.add(batch)
+        while self._held.count >= self._rows:
+            self._writer.write_table(self._held.take(self._rows), row_group_size=self._rows)
 
     def abandon(self) -> None:
         """Close and remove the file."""
@@ -316,9 +331,8 @@ class _GroupedWriter:
     def __exit__(self, *exc: object) -> None:
         if self._writer is None:
             return
-        if self._held and exc[0] is None:
-            self._writer.write_table(pa.Table.from_batches(self._held, schema=self._schema),
-                                     row_group_size=self._rows)
+        if self._held.count and exc[0] is None:
+            self._writer.write_table(self._held.take(self._held.count), row_group_size=self._rows)
         self._writer.close()
         self._writer = None
 
@@ -328,7 +342,7 @@ def _memory_share(con: duckdb.DuckDBPyConnection, share: float) -> Iterator[None
     """``con`` under ``share`` of its memory limit (never below :data:`SIDE_FLOOR`, unless its limit is lower),
     then its limit again."""
     limit = _limit_bytes(con)
-    con.execute(f"SET memory_limit = '{min(limit, max(int(limit * share), SIDE_FLOOR))}B'")
+    con.execute(f"SET memory_limit = '{_shared(limit, share, SIDE_FLOOR)}B'")
     try:
         yield
     finally:
