@@ -63,7 +63,8 @@ def store_critical_path(store: Store, pairs: Sequence[tuple[str, str]], path: pl
 def _unchanged(target: Path, rows: pl.DataFrame) -> bool:
     """Whether ``target`` already holds ``rows`` (a job analysed again with nothing new: nothing is written)."""
     try:
-        held = pl.read_parquet(target)
+        with open(target, "rb") as file:  # one open: the file may be replaced by another analysis meanwhile
+            held = pl.read_parquet(file)
     except (OSError, pl.exceptions.PolarsError):
         return False
     return held.height == rows.height and held.equals(rows.cast(held.schema, strict=False))

@@ -36,6 +36,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -125,28 +126,44 @@ class Store:
         self, table: str, traces: Iterable[tuple[str, str]], columns: list[str] | None = None,
         file_paths: str | None = None,
     ) -> pl.DataFrame:
-        """:meth:`read` as a polars frame (of ``columns`` only, if given), read by polars straight from the files.
+        """:meth:`read` as a polars frame (of ``columns`` only, if given), read by polars from the files.
 
-        Several times faster than going through Arrow datasets on the small files of stored analyses.
-        With ``file_paths``, a last column of that name holds each row's file.
+        Several times faster than going through Arrow datasets on the small files of stored analyses. Each
+        file is read through one open descriptor (:func:`_opened`), so a file replaced meanwhile is read
+        whole, as it was when opened. With ``file_paths``, a last column of that name holds each row's file.
         """
-        files = [str(p) for job, trace_id in traces if (p := self.path(table, job, trace_id)).exists()]
         declared = _polars_schema(table)
-        if not files:
-            frame = pl.DataFrame(schema=declared)
-            frame = frame.select(columns) if columns else frame
-            return frame.with_columns(pl.lit(None, pl.String).alias(file_paths)) if file_paths else frame
-        scan = pl.scan_parquet(files, schema=declared, missing_columns="insert", extra_columns="ignore",
-                               include_file_paths=file_paths)
-        return (scan.select(*columns, *([file_paths] if file_paths else [])) if columns else scan).collect()
+        with _opened(self._paths(table, traces)) as (paths, handles):
+            if not handles:
+                frame = pl.DataFrame(schema=declared)
+                frame = frame.select(columns) if columns else frame
+                return frame.with_columns(pl.lit(None, pl.String).alias(file_paths)) if file_paths else frame
+            rows = [pq.read_metadata(handle).num_rows for handle in handles] if file_paths else []
+            for handle in handles:
+                handle.seek(0)
+            scan = pl.scan_parquet(handles, schema=declared, missing_columns="insert", extra_columns="ignore")
+            frame = (scan.select(columns) if columns else scan).collect()
+        if file_paths:
+            files = pl.DataFrame({file_paths: paths, "rows": rows}, schema={file_paths: pl.String, "rows": pl.UInt32})
+            per_row = files.filter(pl.col("rows") > 0).select(pl.col(file_paths).repeat_by("rows").explode())
+            frame = frame.with_columns(per_row.to_series())
+        return frame
 
     def scan(self, table: str, traces: Iterable[tuple[str, str]]) -> pl.LazyFrame | None:
         """``table``'s rows of the given ``(job, trace_id)`` pairs as a lazy scan (to aggregate without loading
-        them), in the declared schema; None where none of them has a file of it."""
-        files = [str(p) for job, trace_id in traces if (p := self.path(table, job, trace_id)).exists()]
-        if not files:
-            return None
-        return pl.scan_parquet(files, schema=_polars_schema(table), missing_columns="insert", extra_columns="ignore")
+        them), in the declared schema; None where none of them has a file of it.
+
+        The files are opened here: polars keeps a duplicate of each descriptor, so the scan reads the files
+        as they were now even if one is replaced or removed before it is collected.
+        """
+        with _opened(self._paths(table, traces)) as (_, handles):
+            if not handles:
+                return None
+            return pl.scan_parquet(handles, schema=_polars_schema(table), missing_columns="insert",
+                                   extra_columns="ignore")
+
+    def _paths(self, table: str, traces: Iterable[tuple[str, str]]) -> list[Path]:
+        return [self.path(table, job, trace_id) for job, trace_id in traces]
 
     def registered_job(self, trace_id: str) -> str | None:
         """The job a trace is registered under, or None if it is not registered."""
@@ -235,6 +252,31 @@ class Store:
     def discard(self, staging: Path) -> None:
         """Remove a staging directory and everything in it."""
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def _opened(files: Iterable[Path]) -> Iterator[tuple[list[str], list[BinaryIO]]]:
+    """Open each of ``files`` that exists for reading; yields the paths opened and their handles (closed after).
+
+    A file read by its path can be replaced (``os.replace``: a job's analysis storing its critical path) between
+    a reader's look at its footer and its read of the rows, which are then a different file's: polars' Parquet
+    reader panicked on that under concurrent requests. An open descriptor keeps the file it was opened on,
+    so every read through it sees one file whole. A file removed before it is opened is skipped, as if the
+    listing had come after the removal.
+    """
+    paths: list[str] = []
+    handles: list[BinaryIO] = []
+    try:
+        for path in files:
+            try:
+                handles.append(open(path, "rb"))  # noqa: SIM115 - closed below, after the read
+            except FileNotFoundError:
+                continue
+            paths.append(str(path))
+        yield paths, handles
+    finally:
+        for handle in handles:
+            handle.close()
 
 
 def temp_name(target: Path) -> Path:
