@@ -36,7 +36,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -255,7 +255,7 @@ class Store:
 
 
 @contextmanager
-def _opened(files: Iterable[Path]) -> Iterator[tuple[list[str], list[BinaryIO]]]:
+def _opened(files: Iterable[Path]) -> Iterator[tuple[list[str], list[IO[bytes]]]]:
     """Open each of ``files`` that exists for reading; yields the paths opened and their handles (closed after).
 
     A file read by its path can be replaced (``os.replace``: a job's analysis storing its critical path) between
@@ -265,7 +265,7 @@ def _opened(files: Iterable[Path]) -> Iterator[tuple[list[str], list[BinaryIO]]]
     listing had come after the removal.
     """
     paths: list[str] = []
-    handles: list[BinaryIO] = []
+    handles: list[IO[bytes]] = []
     try:
         for path in files:
             try:
