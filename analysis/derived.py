@@ -113,6 +113,7 @@ class DerivedTables:
                 "trace_id", "rank", "stream", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
                 "launch_ns"), carry))
             counts.add(work)
+        queues = launched.queues(trace_id, rank)  # first: its waits, the largest part kept, go before the rest
         hardware = self._hardware.get((trace_id, rank))
         peak = self._peaks.get((trace_id, rank))
         if peak is None and (figure := peak_for(hardware, operators.dominant_dtype(), "matmul")):
@@ -120,7 +121,7 @@ class DerivedTables:
         return RankRows(breakdown=parts.rows(trace_id, rank, peak), idle=idle_parts,
                         op_stats=operators.rows(trace_id, rank, hardware),
                         kernel_stats=counts.kernel_stats(trace_id, rank),
-                        launch_stats=launched.stats(trace_id, rank), stream_queues=launched.queues(trace_id, rank),
+                        launch_stats=launched.stats(trace_id, rank), stream_queues=queues,
                         graph_launches=graph_rows(launched.graph_kernels(), trace_id, rank,
                                                   self._graph_calls.get(trace_id, {})))
 

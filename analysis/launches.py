@@ -154,12 +154,15 @@ class LaunchParts:
         self._shorter = 0
         self._overhead_ns = 0
         self._waits: list[pl.DataFrame] = []
+        self._queues: pl.DataFrame | None = None  # the streams' rows, once made (:meth:`queues`)
         self._graph_kernels: list[pl.DataFrame] = []
 
     def add(self, ops: pl.DataFrame) -> None:
         """Add ``ops``: ``kind``, ``category``, ``stream``, ``ts_ns`` (not null), ``dur_ns``, ``correlation``,
         ``graph_id`` and, of the host call that launched each (null where none did), ``launch_ns``,
         ``call_ns`` and ``graph`` (the call is a graph launch), as :func:`launch_of` gives them."""
+        if self._queues is not None:
+            raise ValueError("ops added after the queues were made: add every op first")
         launched = ops.select(_LAUNCHED_COLUMNS).filter(pl.col("launch_ns").is_not_null())  # only these copied
         kernels = launched.filter(pl.col("kind") == "kernel")
         single = kernels.filter(~pl.col("graph").fill_null(False)).select(
@@ -217,31 +220,45 @@ class LaunchParts:
         return pl.DataFrame([row], schema=_STATS_SCHEMA)
 
     def queues(self, trace_id: str, rank: int) -> pl.DataFrame:
-        """:data:`QUEUE_COLUMNS` for the rank: a row per stream with launched ops."""
-        waits = pl.concat(self._waits) if self._waits else pl.DataFrame(
-            schema={"stream": pl.Int64, "launch_ns": pl.Int64, "end_ns": pl.Int64})
-        self._waits = [waits]
-        rows = []
-        for (stream,), one in waits.partition_by("stream", as_dict=True).items():
-            launch, end = one["launch_ns"].to_numpy(), one["end_ns"].to_numpy()
-            span = int(end.max()) - int(launch.min())
-            rows.append({"stream": stream, "launches": len(launch), "max_queue": _deepest(launch, end),
-                         # the integral of the depth is each op's wait, end - launch
-                         "mean_queue": int((end - launch).sum()) / span if span > 0 else None})
-        return pl.DataFrame(rows, schema={"stream": pl.Int64, "launches": pl.Int64, "max_queue": pl.Int64,
-                                          "mean_queue": pl.Float64}).select(
+        """:data:`QUEUE_COLUMNS` for the rank: a row per stream with launched ops.
+
+        The waits (the largest part kept) are let go once their rows are made, and the rows kept instead: a
+        caller that takes the queues first has the rest of a rank's rows made without them."""
+        if self._queues is None:
+            waits = pl.concat(self._waits) if self._waits else pl.DataFrame(
+                schema={"stream": pl.Int64, "launch_ns": pl.Int64, "end_ns": pl.Int64})
+            self._waits = []
+            rows = []
+            for (stream,), one in waits.partition_by("stream", as_dict=True).items():
+                launch, end = one["launch_ns"].to_numpy(), one["end_ns"].to_numpy()
+                span = int(end.max()) - int(launch.min())
+                rows.append({"stream": stream, "launches": len(launch), "max_queue": _deepest(launch, end),
+                             # the integral of the depth is each op's wait, end - launch
+                             "mean_queue": int((end - launch).sum()) / span if span > 0 else None})
+            self._queues = pl.DataFrame(rows, schema={"stream": pl.Int64, "launches": pl.Int64,
+                                                      "max_queue": pl.Int64, "mean_queue": pl.Float64})
+        return self._queues.select(
             pl.lit(trace_id).alias("trace_id"), pl.lit(rank, dtype=pl.Int32).alias("rank"), pl.all(),
         ).sort("stream", nulls_last=True)  # as SQL orders
 
 
-def _deepest(launch: np.ndarray, end: np.ndarray) -> int:
+#: Launches whose queue depth :func:`_deepest` works out at once: its temporaries are this long, not the stream's.
+DEPTH_CHUNK = 1 << 16
+
+
+def _deepest(launch: np.ndarray, end: np.ndarray, chunk: int = DEPTH_CHUNK) -> int:
     """The deepest queue: the most ops launched by some time and not yet started (or launched) at it.
 
     The depth only grows at launches, so its maximum is at one: there it is the launches up to
-    then minus the ends up to then, changes at the same time all counted.
+    then minus the ends up to then, changes at the same time all counted. ``chunk`` launches at a time.
     """
     launch, end = np.sort(launch), np.sort(end)
-    return int((np.searchsorted(launch, launch, side="right") - np.searchsorted(end, launch, side="right")).max())
+    deepest = 0
+    for first in range(0, len(launch), chunk):
+        at = launch[first:first + chunk]
+        depth = np.searchsorted(launch, at, side="right") - np.searchsorted(end, at, side="right")
+        deepest = max(deepest, int(depth.max()))
+    return deepest
 
 
 _STATS_SCHEMA = {"trace_id": pl.String, "rank": pl.Int32, "launches": pl.Int64, "mean_delay_ns": pl.Int64,

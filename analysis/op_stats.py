@@ -116,6 +116,14 @@ def parent_rows(ids: np.ndarray, parent_ids: np.ndarray, chunk: int = PARENT_CHU
     return np.where(inside & (ids[order[at]] == parent_ids), order[at], -1).astype(kind)
 
 
+def launch_positions(call_row: np.ndarray, correlation: np.ndarray, ts_ns: np.ndarray,
+                     dur_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of the host events with a correlation and a start (``call_row``: their positions; ``dur_ns`` 0 for none), the
+    distinct correlation ids, sorted, and the position of each one's launch call (:func:`launch_call_rows`)."""
+    found, chosen = launch_call_rows(correlation, ts_ns, dur_ns)
+    return found, call_row[chosen]
+
+
 def _owners(start: np.ndarray, parent: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray) -> np.ndarray:
     """For each start event (an index), the nearest event on its parent chain (itself included) that is a counted
     operator, else the nearest operator; -1 for none. Walks up from the starts only (:func:`.op_scope.nearest`):
@@ -152,8 +160,9 @@ class Operators:
         self._attribute(
             ids, parent_rows(ids, host["parent_id"].fill_null(-1).to_numpy().astype(np.int64)),
             (host["cat"] == "cpu_op").fill_null(False).to_numpy(), counted_mask(host["name"]),
-            calls["row"].to_numpy().astype(np.int64), calls["correlation"].to_numpy().astype(np.int64),
-            calls["ts_ns"].to_numpy().astype(np.int64), calls["dur_ns"].fill_null(0).to_numpy().astype(np.int64),
+            launch_positions(calls["row"].to_numpy().astype(np.int64),
+                             calls["correlation"].to_numpy().astype(np.int64), calls["ts_ns"].to_numpy().astype(np.int64),
+                             calls["dur_ns"].fill_null(0).to_numpy().astype(np.int64)),
             kind, autograd,
             np.array([recompute_kind(n) for n in host["name"].cast(pl.String).to_list()], dtype=np.int8))
         names = host["name"].cast(pl.String).to_list()
@@ -165,29 +174,26 @@ class Operators:
 
     @classmethod
     def from_arrays(cls, event_id: np.ndarray, parent: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray,
-                    call_row: np.ndarray, correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray,
-                    kind: np.ndarray | None = None, autograd: Autograd | None = None,
-                    recompute: np.ndarray | None = None) -> Operators:
+                    launches: tuple[np.ndarray, np.ndarray], kind: np.ndarray | None = None,
+                    autograd: Autograd | None = None, recompute: np.ndarray | None = None) -> Operators:
         """From one trace's host events as arrays: every event's ``event_id``, its parent's position (``parent``,
         :func:`parent_rows` of the ids and parent ids: a caller holding many events lets the parent ids go before
-        the rest is worked out), whether it is a ``cpu_op`` and whether a counted one; of the events with a
-        correlation and a start (``call_row``: their positions), the ``correlation``, ``ts_ns`` and ``dur_ns`` (0
-        for none); every event's :func:`scope_kind` and the autograd marks (:class:`~.op_scope.Autograd`), for the
-        calls' modules (:attr:`scope_rows`); every event's :func:`~.recompute.recompute_kind`, for
+        the rest is worked out), whether it is a ``cpu_op`` and whether a counted one; the ``launches``
+        (:func:`launch_positions` of the events with a correlation and a start: a caller lets those events'
+        columns go first); every event's :func:`scope_kind` and the autograd marks (:class:`~.op_scope.Autograd`),
+        for the calls' modules (:attr:`scope_rows`); every event's :func:`~.recompute.recompute_kind`, for
         :attr:`recomputed`. The calls have no name nor cost until :meth:`set_keyed`."""
         self = cls.__new__(cls)
-        self._attribute(event_id, parent, is_op, is_counted, call_row, correlation, ts_ns, dur_ns, kind, autograd,
-                        recompute)
+        self._attribute(event_id, parent, is_op, is_counted, launches, kind, autograd, recompute)
         self.set_keyed(np.zeros(0, dtype=np.int64), pl.DataFrame(schema={c: pl.String for c in GROUP_COLUMNS}),
                        np.zeros(0, dtype=np.int64))
         return self
 
     def _attribute(self, ids: np.ndarray, parent: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray,
-                   call_row: np.ndarray, correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarray,
-                   kind: np.ndarray | None, autograd: Autograd | None, recompute: np.ndarray | None) -> None:
-        found, chosen_rows = launch_call_rows(correlation, ts_ns, dur_ns)
-        target = _owners(call_row[chosen_rows], parent, is_op, is_counted) if len(chosen_rows) else \
-            np.zeros(0, dtype=np.int64)
+                   launches: tuple[np.ndarray, np.ndarray], kind: np.ndarray | None, autograd: Autograd | None,
+                   recompute: np.ndarray | None) -> None:
+        found, starts = launches
+        target = _owners(starts, parent, is_op, is_counted) if len(starts) else np.zeros(0, dtype=np.int64)
         # the calls that own a launch, in input order: a mark per event (no sort), and each launch's call found
         # among them by bisection (a running count per event took 4 bytes for every host event)
         marked = np.zeros(len(ids), dtype=bool)
@@ -199,8 +205,6 @@ class Operators:
         self.correlation = found
         self.op_of = np.where(target >= 0, np.searchsorted(self.rows, np.maximum(target, 0)), -1).astype(
             np.int32 if len(ids) < 2**31 else np.int64)
-        #: Their ``event_id`` (in the order of :attr:`rows`).
-        self.events = ids[self.rows].astype(np.int64)
         #: The position of each call's scope event (docs/analyses.md, "Module"), -1 for none.
         self.scope_rows = np.full(len(self.rows), -1, dtype=np.int64) if kind is None else \
             scopes(self.rows, parent, kind, autograd or Autograd.empty(), ids)

@@ -11,11 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from support import ROOT
 from tracelake import ingest
-from tracelake.analysis.op_scope import FRAME, MODULE, NONE, Autograd, chains, scope_kind, scopes
+from tracelake.analysis import op_scope
+from tracelake.analysis.op_scope import FRAME, MODULE, NONE, Autograd, chains, nearest, scope_kind, scopes
 from tracelake.warehouse.derived import write_derived
 
 TRAIN = ROOT / "sample_traces" / "gpu_h200" / "train" / "train.pt.trace.json.gz"
@@ -65,12 +69,19 @@ def _expected_kernels_per_module() -> dict[str, int]:
     return dict(counts)
 
 
-def test_kernels_per_module_path_equal_the_raw_trace() -> None:
+@pytest.mark.parametrize("row_group", [None, 499])
+def test_kernels_per_module_path_equal_the_raw_trace(row_group: int | None) -> None:
+    """Also with the host events in row groups of 499 rows: each group's names come with a dictionary of their own,
+    which the module paths' names are read through."""
     expected = _expected_kernels_per_module()
     assert len(expected) > 20 and any(p.count("/") >= 2 for p in expected)
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
         ingest.parse_into(TRAIN, out, ingest.ParseOptions(source_name=TRAIN.name, trace_id="t" * 20))
+        if row_group:
+            host = pq.read_table(out / "host_ops.parquet")
+            pq.write_table(host, out / "host_ops.parquet", row_group_size=row_group)
+            assert pq.ParquetFile(out / "host_ops.parquet").num_row_groups > 10
         write_derived(out, out)
         rows = pl.read_parquet(out / "op_stats.parquet")
     got = dict(rows.filter(pl.col("module").str.starts_with("GPT_0")).group_by("module")
@@ -129,3 +140,31 @@ def test_top_modules_add_up_to_the_device_time() -> None:
     named = top.filter(~pl.col("module").is_in([OTHER_MODULES, NO_MODULE]))
     assert named["device_ns"].is_sorted(descending=True)
     assert top_modules(rows.with_columns(pl.lit(None, pl.String).alias("module"))).is_empty()
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_nearest_equals_a_walk_event_by_event(data: st.DataObject) -> None:
+    """:func:`nearest`, a chunk of starts at a time (chunks of 1-9 drawn), against a plain walk up each chain, on
+    random forests with cycles and parents outside the events; the walk stops after as many steps as the function
+    allows (a longer chain is a cycle)."""
+    n = data.draw(st.integers(1, 60))
+    parent = np.array(data.draw(st.lists(st.integers(-2, n + 2), min_size=n, max_size=n)), dtype=np.int32)
+    parent[(parent >= n)] = -1  # a parent outside the events: none
+    parent[parent == -2] = -1
+    mask = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+    start = np.array(data.draw(st.lists(st.integers(-1, n - 1), max_size=40)), dtype=np.int64)
+    chunk = data.draw(st.integers(1, 9))
+
+    def walk(at: int) -> int:
+        for _ in range(op_scope._MAX_DEPTH):
+            if at < 0:
+                return -1
+            if mask[at]:
+                return at
+            at = int(parent[at])
+        return -1
+
+    got = nearest(start, parent, mask, chunk=chunk)
+    assert got.dtype == np.int64
+    assert got.tolist() == [walk(int(s)) for s in start]

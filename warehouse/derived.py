@@ -24,7 +24,7 @@ from tracelake.analysis import breakdown
 from tracelake.analysis.derived import DerivedTables, RankRows, Window
 from tracelake.analysis.flops import counted
 from tracelake.analysis.op_scope import Autograd, Paths, path_name, scope_kind
-from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators, parent_rows
+from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators, launch_positions, parent_rows
 from tracelake.analysis.recompute import recompute_kind
 from tracelake.analysis.peaks import Override, Peaks, matches, resolve
 from tracelake.contracts import schema
@@ -237,16 +237,22 @@ class _Trace:
                 piece.append(column)
 
     def operators(self) -> Operators:
-        arrays = []
-        while self.pieces:  # column by column, each one's pieces let go as it is joined: one copy at a time
-            arrays.append(np.concatenate(self.pieces.pop(0)))
-            if len(arrays) == 2:  # the parents' positions, and the parent ids let go before the rest is joined
-                arrays[1] = parent_rows(arrays[0], arrays[1])
+        pieces, self.pieces = self.pieces, []
+
+        def joined(column: int) -> np.ndarray:  # one column's pieces let go as it is joined: one copy at a time
+            whole = np.concatenate(pieces[column])
+            pieces[column] = []
+            release_free_memory()  # the pieces lie freed between live buffers of the heap: their pages handed back
+            return whole
+
+        # the launch calls first: each correlation's call found, their four columns go before the rest is joined
+        launches = launch_positions(joined(4), joined(5), joined(6), joined(7))
+        ids = joined(0)
+        parent = parent_rows(ids, joined(1))  # the parent ids go as soon as their positions are known
+        is_op, is_counted, kind, recompute = (joined(column) for column in (2, 3, 8, 9))
         marks = Autograd(*(np.concatenate(piece) for piece in self.marks)) if self.marks[0] else Autograd.empty()
-        ids, parent, is_op, is_counted, call_row, correlation, ts_ns, dur_ns, kind, recompute = arrays
-        del arrays
-        return Operators.from_arrays(ids, parent, is_op, is_counted, call_row, correlation, ts_ns, dur_ns,
-                                     kind=kind, autograd=marks, recompute=recompute)
+        return Operators.from_arrays(ids, parent, is_op, is_counted, launches, kind=kind, autograd=marks,
+                                     recompute=recompute)
 
     def modules(self, scope_rows: np.ndarray, paths: Paths) -> tuple[np.ndarray, list[str | None]]:
         """For the positions ``scope_rows`` (-1: none) and each one's path of scope events, a code each into the
@@ -261,8 +267,8 @@ class _Trace:
         rows = np.concatenate(self.scope_rows)
         members, inverse = np.unique(paths.members, return_inverse=True)
         at = np.minimum(np.searchsorted(rows, members), len(rows) - 1)
-        named = pc.dictionary_encode(pa.chunked_array(self.scope_names).take(pa.array(at)).cast(pa.string())
-                                     .combine_chunks())  # one array, so one dictionary
+        # one dictionary for every row group's names, then codes only: no name is made a string per member
+        named = pa.chunked_array(self.scope_names).unify_dictionaries().combine_chunks().take(pa.array(at))
         words: list[str | None] = named.dictionary.to_pylist()
         word = pc.fill_null(named.indices, len(words)).to_numpy(zero_copy_only=False).astype(np.int64)
         word[rows[at] != members] = len(words)  # an event that is not a scope event: no name
