@@ -144,8 +144,8 @@ class LaunchParts:
 
     Feed every op of the rank once (in any windows, in any order) to :meth:`add`, then take
     :meth:`stats`, :meth:`queues` and :meth:`graph_kernels`: the rank's rows. What
-    is kept is 8 bytes per kernel launched one by one (its delay, for the exact quantiles), 24 per
-    launched op (stream, launch, end of its wait) and 56 per kernel of a graph launch (what the
+    is kept is 8 bytes per kernel launched one by one (its delay, for the exact quantiles), 16 per
+    launched op (launch and end of its wait, per stream) and 56 per kernel of a graph launch (what the
     per-launch view needs), far less than the ops and the joined host calls.
     """
 
@@ -153,7 +153,7 @@ class LaunchParts:
         self._delays: list[np.ndarray] = []
         self._shorter = 0
         self._overhead_ns = 0
-        self._waits: list[pl.DataFrame] = []
+        self._waits: dict[int | None, tuple[list[np.ndarray], list[np.ndarray]]] = {}  # per stream: launches, ends
         self._queues: pl.DataFrame | None = None  # the streams' rows, once made (:meth:`queues`)
         self._graph_kernels: list[pl.DataFrame] = []
 
@@ -179,8 +179,12 @@ class LaunchParts:
                 pl.col("graph_id").cast(pl.Int64), pl.col("ts_ns").cast(pl.Int64),
                 pl.col("dur_ns").fill_null(0).cast(pl.Int64), pl.col("launch_ns").cast(pl.Int64),
                 pl.col("call_ns").cast(pl.Int64)))
-        self._waits.append(launched.filter(pl.col("category") != Category.SYNC).select(
-            "stream", "launch_ns", pl.max_horizontal("ts_ns", "launch_ns").alias("end_ns")))
+        waits = launched.filter(pl.col("category") != Category.SYNC).select(
+            "stream", "launch_ns", pl.max_horizontal("ts_ns", "launch_ns").alias("end_ns"))
+        for (stream,), part in waits.partition_by("stream", as_dict=True).items():
+            launches, ends = self._waits.setdefault(None if stream is None else int(stream), ([], []))
+            launches.append(part["launch_ns"].to_numpy())
+            ends.append(part["end_ns"].to_numpy())
 
     def graph_kernels(self) -> pl.DataFrame | None:
         """The kernels graph launches started (for :func:`tracelake.analysis.graphs.graph_rows`); None for none.
@@ -225,16 +229,20 @@ class LaunchParts:
         The waits (the largest part kept) are let go once their rows are made, and the rows kept instead: a
         caller that takes the queues first has the rest of a rank's rows made without them."""
         if self._queues is None:
-            waits = pl.concat(self._waits) if self._waits else pl.DataFrame(
-                schema={"stream": pl.Int64, "launch_ns": pl.Int64, "end_ns": pl.Int64})
-            self._waits = []
             rows = []
-            for (stream,), one in waits.partition_by("stream", as_dict=True).items():
-                launch, end = one["launch_ns"].to_numpy(), one["end_ns"].to_numpy()
+            for stream, (launches, ends) in self._waits.items():  # a stream at a time, its pieces let go as joined
+                launch = np.concatenate(launches)
+                launches.clear()
+                end = np.concatenate(ends)
+                ends.clear()
                 span = int(end.max()) - int(launch.min())
+                waited = int((end - launch).sum())  # the integral of the depth is each op's wait, end - launch
+                launch.sort()
+                end.sort()
                 rows.append({"stream": stream, "launches": len(launch), "max_queue": _deepest(launch, end),
-                             # the integral of the depth is each op's wait, end - launch
-                             "mean_queue": int((end - launch).sum()) / span if span > 0 else None})
+                             "mean_queue": waited / span if span > 0 else None})
+                del launch, end
+            self._waits = {}
             self._queues = pl.DataFrame(rows, schema={"stream": pl.Int64, "launches": pl.Int64,
                                                       "max_queue": pl.Int64, "mean_queue": pl.Float64})
         return self._queues.select(
@@ -247,12 +255,12 @@ DEPTH_CHUNK = 1 << 16
 
 
 def _deepest(launch: np.ndarray, end: np.ndarray, chunk: int = DEPTH_CHUNK) -> int:
-    """The deepest queue: the most ops launched by some time and not yet started (or launched) at it.
+    """The deepest queue: the most ops launched by some time and not yet started (or launched) at it. ``launch``
+    and ``end`` are each sorted (each op's launch and end, sorted apart).
 
     The depth only grows at launches, so its maximum is at one: there it is the launches up to
     then minus the ends up to then, changes at the same time all counted. ``chunk`` launches at a time.
     """
-    launch, end = np.sort(launch), np.sort(end)
     deepest = 0
     for first in range(0, len(launch), chunk):
         at = launch[first:first + chunk]

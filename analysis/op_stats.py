@@ -80,6 +80,8 @@ def counted_mask(names: pl.Series) -> np.ndarray:
     return names.replace_strict(known, default=False, return_dtype=pl.Boolean).fill_null(False).to_numpy()
 
 
+#: Calls a chunk in :meth:`Operators.totals`' sums.
+TOTALS_CHUNK = 1 << 16
 #: Events a chunk in :func:`parent_rows`' table lookups.
 PARENT_CHUNK = 1 << 20
 
@@ -160,9 +162,8 @@ class Operators:
         self._attribute(
             ids, parent_rows(ids, host["parent_id"].fill_null(-1).to_numpy().astype(np.int64)),
             (host["cat"] == "cpu_op").fill_null(False).to_numpy(), counted_mask(host["name"]),
-            launch_positions(calls["row"].to_numpy().astype(np.int64),
-                             calls["correlation"].to_numpy().astype(np.int64), calls["ts_ns"].to_numpy().astype(np.int64),
-                             calls["dur_ns"].fill_null(0).to_numpy().astype(np.int64)),
+            launch_positions(*(calls[c].fill_null(0).to_numpy().astype(np.int64)
+                               for c in ("row", "correlation", "ts_ns", "dur_ns"))),
             kind, autograd,
             np.array([recompute_kind(n) for n in host["name"].cast(pl.String).to_list()], dtype=np.int8))
         names = host["name"].cast(pl.String).to_list()
@@ -239,6 +240,13 @@ class Operators:
         self._dtype_code = self.kinds["dtype"].replace_strict(
             {name: i for i, name in enumerate(self._dtype_names)}, default=-1, return_dtype=pl.Int64).to_numpy()
 
+    def drop_scopes(self) -> None:
+        """Let go of the calls' scope events (:attr:`scope_rows`, :attr:`scope_paths`) once their modules are named in
+        :meth:`set_keyed`: nothing after reads them, and at 2 GB of trace they are 7 MiB the device ops' windows
+        would otherwise be analysed beside."""
+        self.scope_rows = np.zeros(0, dtype=np.int64)
+        self.scope_paths = Paths.empty()
+
     @property
     def calls(self) -> int:
         """How many operator calls launched device ops (the rows of :attr:`rows`)."""
@@ -248,19 +256,24 @@ class Operators:
         """The name of the call ``call`` (an index into :attr:`rows`)."""
         return self.kinds["op"][int(self._key[call])]
 
-    def totals(self, calls: np.ndarray, device_ns: np.ndarray, kernels: np.ndarray) -> pl.DataFrame:
-        """The calls ``calls`` (indices into :attr:`rows`), whose device ops took ``device_ns`` in ``kernels`` ops,
-        summed per row of :attr:`kinds` that has any: ``op``, ``input_shapes``, ``dtype``, ``kind``, ``count``,
-        ``host_ns``, ``device_ns``, ``kernels``, ``flops``, ``bytes`` (null where the call has no estimate)."""
-        key, size = self._key[calls], self.kinds.height
-
-        def total(weights: np.ndarray | None = None) -> np.ndarray:
-            return np.rint(np.bincount(key, weights=weights, minlength=size)).astype(np.int64)
-
-        count = total()
-        return self.kinds.with_columns(
-            pl.Series("count", count), pl.Series("host_ns", total(self._host_ns[calls])),
-            pl.Series("device_ns", total(device_ns)), pl.Series("kernels", total(kernels)),
+    def totals(self, device_ns: np.ndarray, kernels: np.ndarray, chunk: int = TOTALS_CHUNK) -> pl.DataFrame:
+        """The calls whose device ops took ``device_ns`` in ``kernels`` ops (both one per call of :attr:`rows`; calls
+        with no kernel are left out), summed per row of :attr:`kinds` that has any: ``op``, ``input_shapes``,
+        ``dtype``, ``kind``, ``count``, ``host_ns``, ``device_ns``, ``kernels``, ``flops``, ``bytes`` (null where the
+        call has no estimate). Summed ``chunk`` calls at a time, so the temporaries are a chunk long; the sums are
+        of whole nanoseconds and counts, exact in float64 below 2**53, so the chunks do not change them."""
+        size = self.kinds.height
+        count, host, device, launched = (np.zeros(size) for _ in range(4))
+        for first in range(0, len(self._key), chunk):
+            last = first + chunk
+            used = kernels[first:last] > 0
+            key = self._key[first:last][used]
+            count += np.bincount(key, minlength=size)
+            host += np.bincount(key, weights=self._host_ns[first:last][used], minlength=size)
+            device += np.bincount(key, weights=device_ns[first:last][used], minlength=size)
+            launched += np.bincount(key, weights=kernels[first:last][used], minlength=size)
+        return self.kinds.with_columns(*(pl.Series(name, np.rint(total).astype(np.int64)) for name, total in (
+            ("count", count), ("host_ns", host), ("device_ns", device), ("kernels", launched)))
         ).filter(pl.col("count") > 0).with_columns(
             pl.col("flops") * pl.col("count"), pl.col("bytes") * pl.col("count"),
         ).drop("input_types", "concrete_inputs", "model_flops")
@@ -379,10 +392,9 @@ class OpParts:
         """The rank's ``op_stats`` rows (:data:`COLUMNS`): one per (op, input shapes, dtype) that launched device ops,
         and a :data:`NO_OPERATOR` row for the device ops no operator launched."""
         n = self._credited.size
-        used = np.flatnonzero(self._kernels[:n] > 0)
         parts = []
-        if len(used) and self._operators is not None:
-            parts.append(self._operators.totals(used, self._device_ns[used], self._kernels[used])
+        if n and bool((self._kernels[:n] > 0).any()) and self._operators is not None:
+            parts.append(self._operators.totals(self._device_ns[:n], self._kernels[:n])
                 .group_by("op", "input_shapes", "dtype", "kind", "module").agg(
                     pl.col("count").sum(), pl.col("host_ns").sum(), pl.col("device_ns").sum(),
                     pl.col("kernels").sum(), *(_sum_or_null(c) for c in ("flops", "bytes"))))

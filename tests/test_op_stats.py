@@ -289,3 +289,31 @@ def test_parent_rows_match_a_lookup_made_here(ids, data, id_type, parent_type, s
     chunk = data.draw(st.integers(1, 9))  # the table filled and read a few events at a time: the same positions
     assert parent_rows(np.array(ids, dtype=id_type), np.array(parents, dtype=parent_type), chunk).tolist() == \
         found.tolist()
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_totals_equal_sums_per_kind_made_call_by_call(data: st.DataObject) -> None:
+    """:meth:`Operators.totals`, summed a chunk of calls at a time (chunks of 1-9 drawn), against sums per (op,
+    shapes) made here call by call; calls with no kernel are left out, kinds with no call drop out."""
+    from tracelake.analysis.op_stats import GROUP_COLUMNS
+
+    kinds = data.draw(st.integers(1, 5))
+    calls = data.draw(st.lists(st.tuples(st.integers(0, kinds - 1), st.integers(0, 10**12), st.integers(0, 10**12),
+                                         st.integers(0, 3)), min_size=1, max_size=40))
+    ops = Operators.from_arrays(np.arange(2), np.full(2, -1), np.ones(2, dtype=bool), np.ones(2, dtype=bool),
+                                (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
+    distinct = pl.DataFrame({c: [f"aten::op{k}" if c == "name" else None for k in range(kinds)] for c in GROUP_COLUMNS},
+                            schema={c: pl.String for c in GROUP_COLUMNS})
+    ops.set_keyed(np.array([k for k, *_ in calls]), distinct, np.array([h for _, h, _, _ in calls]))
+    device = np.array([d for *_, d, _ in calls], dtype=np.int64)
+    kernels = np.array([n for *_, n in calls], dtype=np.int64)
+    got = ops.totals(device, kernels, chunk=data.draw(st.integers(1, 9)))
+    expected: dict[str, list[int]] = {}
+    for kind, host_ns, device_ns, launched in calls:
+        if launched:
+            row = expected.setdefault(f"aten::op{kind}", [0, 0, 0, 0])
+            for i, value in enumerate((1, host_ns, device_ns, launched)):
+                row[i] += value
+    assert {r["op"]: [r["count"], r["host_ns"], r["device_ns"], r["kernels"]] for r in got.iter_rows(named=True)} \
+        == expected

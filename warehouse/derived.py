@@ -171,6 +171,7 @@ def _operators(host_ops: Path) -> dict[str, Operators]:
                                                                                operators.scope_paths))
         operators.set_keyed(key, distinct, _ints(table["dur_ns"], 0) if "dur_ns" in table.column_names
                             else np.zeros(table.num_rows, dtype=np.int64))
+        operators.drop_scopes()
     return found
 
 
