@@ -1,4 +1,4 @@
-"""The stored tables' readers (warehouse/store.py: ``read_frame``, ``scan``) read each file through one open
+"""The stored tables' readers (warehouse/store.py: ``read_frame``, ``aggregate``) read each file through one open
 descriptor: a file replaced (``os.replace``) or removed while it is read is read whole, as it was when opened.
 
 A job's analysis replaces each trace's ``critical_path`` file while other requests read the job's files; a
@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tracelake.contracts import schema
+from tracelake.warehouse import store as store_module
 from tracelake.warehouse.store import Store
 
 TABLE = "critical_path"
@@ -54,20 +55,66 @@ def store(tmp_path: Path) -> Store:
     return made
 
 
-def test_a_lazy_scan_reads_the_files_as_they_were_when_it_was_made(store: Store) -> None:
+def _positions(scan: pl.LazyFrame) -> pl.LazyFrame:
+    return scan.group_by("trace_id").agg(pl.col("position").sort())
+
+
+def test_an_aggregate_reads_files_replaced_or_removed_after_they_were_opened_whole(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     pairs = [("j", "a1"), ("j", "b2")]
     first = _write(store, "j", "a1", _rows("a1", 5))
     second = _write(store, "j", "b2", _rows("b2", 3))
-    scan = store.scan(TABLE, pairs)
-    assert scan is not None
-    _replace(first, _rows("a1", 40_000, first=100))  # a bigger file under the same name
-    second.unlink()
-    got = scan.select("trace_id", "position").collect()
-    assert got.rows() == [("a1", p) for p in range(5)] + [("b2", p) for p in range(3)]
-    # A scan made now sees the new file and no removed one.
-    now = store.scan(TABLE, pairs)
-    assert now is not None
-    assert now.select(pl.len()).collect().item() == 40_000
+    real_scan = pl.scan_parquet
+
+    def scan_then_swap(*args: object, **kwargs: object) -> pl.LazyFrame:
+        planned = real_scan(*args, **kwargs)  # type: ignore[arg-type]
+        if second.exists():  # lands after the files were opened, before the rows are read
+            _replace(first, _rows("a1", 40_000, first=100))  # a bigger file under the same name
+            second.unlink()
+        return planned
+
+    monkeypatch.setattr(pl, "scan_parquet", scan_then_swap)
+    got = store.aggregate(TABLE, pairs, _positions)
+    assert got is not None
+    assert dict(got.iter_rows()) == {"a1": list(range(5)), "b2": list(range(3))}
+    # read again now: the new file, and none for the removed one
+    now = store.aggregate(TABLE, pairs, _positions)
+    assert now is not None and now.height == 1 and len(now.row(0)[1]) == 40_000
+    assert store.aggregate(TABLE, [("j", "b2")], _positions) is None
+
+
+def test_reads_hold_a_bounded_number_of_files_open(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """However many traces a read spans, it holds at most ``OPEN_AT_ONCE`` files open (counted in the kernel's own
+    table of this process's descriptors), and the rows are all there."""
+    monkeypatch.setattr(store_module, "OPEN_AT_ONCE", 3)
+    pairs = [("j", f"{i:x}0") for i in range(8)]
+    for i, (job, trace_id) in enumerate(pairs):
+        _write(store, job, trace_id, _rows(trace_id, i + 1))
+    parquet_open: list[int] = []
+    real_scan = pl.scan_parquet
+
+    def counting_scan(*args: object, **kwargs: object) -> pl.LazyFrame:
+        held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                if _is_link(f"/proc/self/fd/{fd}")]
+        parquet_open.append(sum(1 for target in held if target.endswith(".parquet")))
+        return real_scan(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pl, "scan_parquet", counting_scan)
+    frame = store.read_frame(TABLE, pairs, columns=["trace_id"], file_paths="path")
+    got = store.aggregate(TABLE, pairs, _positions)
+    assert frame.height == sum(range(1, 9)) and got is not None and got.height == 8
+    assert frame["path"].to_list() == [str(store.path(TABLE, j, t)) for i, (j, t) in enumerate(pairs)
+                                       for _ in range(i + 1)]
+    if Path("/proc/self/fd").is_dir():
+        assert parquet_open == [3, 3, 2] * 2
+
+
+def _is_link(path: str) -> bool:
+    try:
+        os.readlink(path)
+    except OSError:
+        return False
+    return True
 
 
 def test_read_frame_reads_files_replaced_between_its_plan_and_its_read_whole(
@@ -92,7 +139,7 @@ def test_files_missing_or_removed_before_the_read_are_skipped(store: Store) -> N
     _write(store, "j", "a1", _rows("a1", 2))
     got = store.read_frame(TABLE, [("j", "gone"), ("j", "a1")], columns=["trace_id"], file_paths="path")
     assert got["trace_id"].to_list() == ["a1", "a1"]
-    assert store.scan(TABLE, [("j", "gone")]) is None
+    assert store.aggregate(TABLE, [("j", "gone")], _positions) is None
     empty = store.read_frame(TABLE, [("j", "gone")], columns=["trace_id"], file_paths="path")
     assert empty.columns == ["trace_id", "path"] and empty.height == 0
 

@@ -134,17 +134,17 @@ def _memory_peaks(store: Store, traces: pl.DataFrame) -> pl.DataFrame:
     Aggregated while scanning the files (only three columns of them are read), never loaded whole:
     a trace profiled with memory holds an event per allocation.
     """
-    scan = store.scan("memory_events", zip(traces["job"].to_list(), traces["trace_id"].to_list()))
-    if scan is None:
+    found = store.aggregate("memory_events", zip(traces["job"].to_list(), traces["trace_id"].to_list()), lambda scan: (
+        scan.filter(pl.col("total_allocated").is_not_null() | pl.col("total_reserved").is_not_null())
+        .group_by(pl.col("trace_id"), pl.col("rank").cast(pl.Int64), pl.col("device").cast(pl.Int64))
+        .agg(pl.col("device_type").drop_nulls().first(),
+             pl.col("total_allocated").max().cast(pl.Int64).alias("peak_allocated_bytes"),
+             pl.col("total_reserved").max().cast(pl.Int64).alias("peak_reserved_bytes"))))
+    if found is None:
         return pl.DataFrame(schema={"trace_id": pl.String, "rank": pl.Int64, "device": pl.Int64,
                                     "device_type": pl.String, "peak_allocated_bytes": pl.Int64,
                                     "peak_reserved_bytes": pl.Int64})
-    return (scan.filter(pl.col("total_allocated").is_not_null() | pl.col("total_reserved").is_not_null())
-            .group_by(pl.col("trace_id"), pl.col("rank").cast(pl.Int64), pl.col("device").cast(pl.Int64))
-            .agg(pl.col("device_type").drop_nulls().first(),
-                 pl.col("total_allocated").max().cast(pl.Int64).alias("peak_allocated_bytes"),
-                 pl.col("total_reserved").max().cast(pl.Int64).alias("peak_reserved_bytes"))
-            .collect())
+    return found
 
 
 def _only(frame: pl.DataFrame, traces: pl.DataFrame) -> pl.DataFrame:

@@ -33,7 +33,7 @@ import re
 import secrets
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -133,34 +133,47 @@ class Store:
         whole, as it was when opened. With ``file_paths``, a last column of that name holds each row's file.
         """
         declared = _polars_schema(table)
-        with _opened(self._paths(table, traces)) as (paths, handles):
-            if not handles:
-                frame = pl.DataFrame(schema=declared)
-                frame = frame.select(columns) if columns else frame
-                return frame.with_columns(pl.lit(None, pl.String).alias(file_paths)) if file_paths else frame
-            rows = [pq.read_metadata(handle).num_rows for handle in handles] if file_paths else []
-            for handle in handles:
-                handle.seek(0)
-            scan = pl.scan_parquet(handles, schema=declared, missing_columns="insert", extra_columns="ignore")
-            frame = (scan.select(columns) if columns else scan).collect()
+        frames = [self._read_open(paths, handles, declared, columns, file_paths)
+                  for paths, handles in _opened(self._paths(table, traces)) if handles]
+        if frames:
+            return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+        frame = pl.DataFrame(schema=declared)
+        frame = frame.select(columns) if columns else frame
+        return frame.with_columns(pl.lit(None, pl.String).alias(file_paths)) if file_paths else frame
+
+    @staticmethod
+    def _read_open(paths: list[str], handles: list[IO[bytes]], declared: pl.Schema, columns: list[str] | None,
+                   file_paths: str | None) -> pl.DataFrame:
+        rows = [pq.read_metadata(handle).num_rows for handle in handles] if file_paths else []
+        for handle in handles:
+            handle.seek(0)
+        scan = pl.scan_parquet(handles, schema=declared, missing_columns="insert", extra_columns="ignore")
+        frame = (scan.select(columns) if columns else scan).collect()
         if file_paths:
             files = pl.DataFrame({file_paths: paths, "rows": rows}, schema={file_paths: pl.String, "rows": pl.UInt32})
             per_row = files.filter(pl.col("rows") > 0).select(pl.col(file_paths).repeat_by("rows").explode())
             frame = frame.with_columns(per_row.to_series())
         return frame
 
-    def scan(self, table: str, traces: Iterable[tuple[str, str]]) -> pl.LazyFrame | None:
-        """``table``'s rows of the given ``(job, trace_id)`` pairs as a lazy scan (to aggregate without loading
-        them), in the declared schema; None where none of them has a file of it.
+    def aggregate(self, table: str, traces: Iterable[tuple[str, str]],
+                  query: Callable[[pl.LazyFrame], pl.LazyFrame]) -> pl.DataFrame | None:
+        """``query`` over ``table``'s rows of the given ``(job, trace_id)`` pairs, in the declared schema, without
+        loading them (a lazy scan); None where none of them has a file of it.
 
-        The files are opened here: polars keeps a duplicate of each descriptor, so the scan reads the files
-        as they were now even if one is replaced or removed before it is collected.
+        The files are read :data:`OPEN_AT_ONCE` at a time (each through one open descriptor, as
+        :meth:`read_frame` reads them) and the query's results put together: it must keep traces apart (group by
+        ``trace_id``, say), since each batch holds whole traces.
         """
-        with _opened(self._paths(table, traces)) as (_, handles):
-            if not handles:
-                return None
-            return pl.scan_parquet(handles, schema=_polars_schema(table), missing_columns="insert",
-                                   extra_columns="ignore")
+        declared = _polars_schema(table)
+        results = []
+        for _, handles in _opened(self._paths(table, traces)):
+            if handles:
+                scan = pl.scan_parquet(handles, schema=declared, missing_columns="insert", extra_columns="ignore")
+                results.append(query(scan).collect())
+                del scan  # it holds polars' copies of the batch's descriptors
+        if not results:
+            return None
+        return pl.concat(results, how="vertical") if len(results) > 1 else results[0]
 
     def _paths(self, table: str, traces: Iterable[tuple[str, str]]) -> list[Path]:
         return [self.path(table, job, trace_id) for job, trace_id in traces]
@@ -254,9 +267,14 @@ class Store:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-@contextmanager
+#: Files one read holds open at once (:func:`_opened`; twice as many descriptors while polars holds its copies):
+#: far under any open-file limit, however many traces a read spans.
+OPEN_AT_ONCE = 256
+
+
 def _opened(files: Iterable[Path]) -> Iterator[tuple[list[str], list[IO[bytes]]]]:
-    """Open each of ``files`` that exists for reading; yields the paths opened and their handles (closed after).
+    """Open ``files`` for reading, :data:`OPEN_AT_ONCE` at a time; yields each batch's paths and handles, which are
+    closed before the next batch is opened.
 
     A file read by its path can be replaced (``os.replace``: a job's analysis storing its critical path) between
     a reader's look at its footer and its read of the rows, which are then a different file's: polars' Parquet
@@ -264,6 +282,17 @@ def _opened(files: Iterable[Path]) -> Iterator[tuple[list[str], list[IO[bytes]]]
     so every read through it sees one file whole. A file removed before it is opened is skipped, as if the
     listing had come after the removal.
     """
+    batch: list[Path] = []
+    for path in files:
+        batch.append(path)
+        if len(batch) == OPEN_AT_ONCE:
+            yield from _open_batch(batch)
+            batch = []
+    if batch:
+        yield from _open_batch(batch)
+
+
+def _open_batch(files: list[Path]) -> Iterator[tuple[list[str], list[IO[bytes]]]]:
     paths: list[str] = []
     handles: list[IO[bytes]] = []
     try:
