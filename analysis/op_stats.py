@@ -240,6 +240,12 @@ class Operators:
         self._dtype_code = self.kinds["dtype"].replace_strict(
             {name: i for i, name in enumerate(self._dtype_names)}, default=-1, return_dtype=pl.Int64).to_numpy()
 
+    def share_ids(self, ids: np.ndarray) -> None:
+        """Hold ``ids`` as :attr:`correlation` where they are the same sorted ids (the launch calls' own, which
+        :func:`.launches.launch_calls` sorts too): one copy of them for a rank's windows, not two."""
+        if ids.dtype == self.correlation.dtype and np.array_equal(ids, self.correlation):
+            self.correlation = ids
+
     def drop_scopes(self) -> None:
         """Let go of the calls' scope events (:attr:`scope_rows`, :attr:`scope_paths`) once their modules are named in
         :meth:`set_keyed`: nothing after reads them, and at 2 GB of trace they are 7 MiB the device ops' windows

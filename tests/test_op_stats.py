@@ -317,3 +317,22 @@ def test_totals_equal_sums_per_kind_made_call_by_call(data: st.DataObject) -> No
                 row[i] += value
     assert {r["op"]: [r["count"], r["host_ns"], r["device_ns"], r["kernels"]] for r in got.iter_rows(named=True)} \
         == expected
+
+
+def test_the_launch_ids_are_shared_only_where_they_are_the_same() -> None:
+    """:meth:`Operators.share_ids` holds the launch calls' own array where it has the same ids (one copy for the
+    windows), and keeps its own where they differ in any id or in width."""
+    from tracelake.warehouse.derived_inputs import narrow
+
+    ops = Operators(_rule_host())
+    mine = ops.correlation
+    same = mine.copy()
+    ops.share_ids(same)
+    assert ops.correlation is same
+    for other in (same + 1, same.astype(np.int32), same[:-1]):
+        ops.share_ids(other)
+        assert ops.correlation is same
+    # a launch call's duration is narrowed to int32 only when every one fits, values unchanged
+    fits, wide = np.array([0, 5, 2**31 - 1, -3]), np.array([1, 2**31])
+    assert narrow(fits).dtype == np.int32 and narrow(fits).tolist() == fits.tolist()
+    assert narrow(wide).dtype == np.int64 and narrow(wide).tolist() == wide.tolist()

@@ -31,7 +31,7 @@ from tracelake.contracts import schema
 from tracelake.contracts.allocators import release_free_memory
 from tracelake.ingest.source import read_ahead
 
-from .derived_inputs import ints as _ints, keys, launch_times, only
+from .derived_inputs import ints as _ints, keys, launch_times, narrow, only
 
 #: The parsed tables the derived ones are computed from.
 INPUTS = ("device_ops", "host_ops", "collectives", "devices")
@@ -72,6 +72,9 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
     operators = _operators(parsed / "host_ops.parquet")
     release_free_memory()  # the operators' passes freed their row groups: hand them back before the windows
     launches, graph_calls = launch_times(parsed / "host_ops.parquet", parsed / "device_ops.parquet")
+    for trace_id, found in operators.items():  # one copy of the launch calls' ids for the windows, not two
+        if trace_id in launches:
+            found.share_ids(launches[trace_id][0])
     tables = DerivedTables(launches, graph_calls, windows, peaks, operators, hardware)
     ranks = keys(parsed / "device_ops.parquet")
 
@@ -220,7 +223,7 @@ class _Trace:
         kind = np.where(is_py, np.array([f[1] for f in flags], dtype=np.int8)[codes], 0).astype(np.int8)
         calls = np.flatnonzero(pc.and_(pc.is_valid(part["correlation"]), pc.is_valid(part["ts_ns"]))
                                .to_numpy(zero_copy_only=False))
-        columns = (_narrow(_ints(part["event_id"], -1)), _narrow(_ints(part["parent_id"], -1)), is_op,
+        columns = (narrow(_ints(part["event_id"], -1)), narrow(_ints(part["parent_id"], -1)), is_op,
                    is_op & np.array([f[0] for f in flags], dtype=bool)[codes], calls + offset,
                    *(_ints(part[c], 0)[calls] for c in ("correlation", "ts_ns", "dur_ns")), kind,
                    np.array([f[2] for f in flags], dtype=np.int8)[codes])
@@ -321,14 +324,6 @@ def _keyed(table: pa.Table, rows: int, module: tuple[np.ndarray, list[str | None
         distinct = distinct // len(known)
     return key.reshape(-1), pl.DataFrame({c: columns[c] for c in GROUP_COLUMNS},
                                          schema={c: pl.String for c in GROUP_COLUMNS})
-
-
-def _narrow(ids: np.ndarray) -> np.ndarray:
-    """Event ids as int32 where they fit (a trace's do: indexes of its events), else as they are: the first pass
-    keeps two of them per host event."""
-    if len(ids) and -2**31 <= int(ids.min()) and int(ids.max()) < 2**31:
-        return ids.astype(np.int32)
-    return ids
 
 
 #: Rows of a rank's device ops analysed at once: memory follows this, not the trace.

@@ -107,7 +107,7 @@ def launch_times(host_ops: Path, device_ops: Path) -> tuple[dict[str, LaunchCall
         release_free_memory()  # the pieces' heap, before the sort's large arrays (mapped apart) stack on it
         ids, starts, durations, graph = launch_calls(*columns)
         del columns
-        found[trace_id] = (ids, starts, durations, graph | member(ids, shared.get(trace_id, ids[:0])))
+        found[trace_id] = (ids, starts, narrow(durations), graph | member(ids, shared.get(trace_id, ids[:0])))
     # The sorts' and joins' freed buffers: glibc keeps them (about 2.5x the calls' arrays) into the windows, where
     # the stored analyses peak (GPU 300 MB profile: 621 MB to 452 MB with two ranks at once).
     release_free_memory()
@@ -173,3 +173,11 @@ def only(stats: pq.Statistics | None, value: object) -> bool:
 def ints(column: pa.ChunkedArray, missing: int) -> np.ndarray:
     """The column as int64, ``missing`` for nulls."""
     return pc.fill_null(column, missing).to_numpy().astype(np.int64, copy=False)
+
+
+def narrow(values: np.ndarray) -> np.ndarray:
+    """Integers as int32 where they all fit (a trace's event ids, a launch call's duration in ns: under 2.1 s), else
+    as they are: arrays kept for every host event or launch call take half the memory."""
+    if len(values) and -2**31 <= int(values.min()) and int(values.max()) < 2**31:
+        return values.astype(np.int32)
+    return values
