@@ -61,6 +61,19 @@ class Unavailable(TracelakeError):
     """The server cannot do this now (every SQL worker busy) or here (no OS sandbox for SQL)."""
 
 
+class IngestMemoryLimit(Unavailable):
+    """Normalising a trace needed more memory than an ingest may use (``TRACELAKE_INGEST_MEMORY_LIMIT``): the trace
+    is not at fault, the limit is too low for it."""
+
+    @classmethod
+    def of(cls, source: str | Path, limit: str, detail: str) -> IngestMemoryLimit:
+        """The error for ``source`` under the ``limit`` DuckDB ran with, ``detail`` its own message."""
+        first = detail.strip().splitlines()[0] if detail.strip() else "out of memory"
+        return cls(f"{source}: normalising it needed more memory than an ingest may use "
+                   f"(TRACELAKE_INGEST_MEMORY_LIMIT={limit}; DuckDB: {first.removeprefix('Out of Memory Error: ')}): "
+                   "raise the limit and ingest the file again")
+
+
 class TooManyRequests(TracelakeError):
     """One client (token) has as many requests of this kind running as it may."""
 

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracelake.contracts.schema import sql_literal
-from tracelake.contracts.errors import TraceFormatError
+from tracelake.contracts.errors import IngestMemoryLimit, TraceFormatError
 
 from . import kernel_collectives, kineto_scan, kineto_sql_events, kineto_sql_facts, kineto_sql_tables
 from .model import TraceInfo
@@ -51,9 +51,11 @@ def _connect(staging: Path, memory_limit: str, threads: int) -> duckdb.DuckDBPyC
     })
 
 
-def _translate(exc: duckdb.Error, source: str) -> Exception:
+def _translate(exc: duckdb.Error, source: str, memory_limit: str) -> Exception:
     if isinstance(exc, duckdb.ConversionException | duckdb.InvalidInputException):
         return UnreadableValue(str(exc).splitlines()[0])
+    if isinstance(exc, duckdb.OutOfMemoryException):  # the limit, not the trace: say which setting to raise
+        return IngestMemoryLimit.of(source, memory_limit, str(exc))
     return TraceFormatError(source, f"could not normalise the trace ({exc})")
 
 
@@ -124,6 +126,8 @@ class Normaliser:
     def __init__(self, staging: Path, *, memory_limit: str, threads: int, source: str, native: bool) -> None:
         self.staging = staging
         self.source = source
+        #: DuckDB's memory limit, as the person set it (``TRACELAKE_INGEST_MEMORY_LIMIT``): named when it is too low.
+        self.memory_limit = memory_limit
         #: Scan batches and nest host events natively (else DuckDB's JSON reader and SQL).
         self.native = native
         self.parts = staging / "parts"
@@ -249,7 +253,7 @@ class Normaliser:
                 con.execute(statement.format(device_part=device_part, host_part=host_part))
             self._load_memory(con, group, batches, object_bytes)
         except duckdb.Error as exc:
-            raise _translate(exc, self.source) from exc
+            raise _translate(exc, self.source, self.memory_limit) from exc
         except UnicodeDecodeError as exc:  # DuckDB cut its message, quoting a value, inside a UTF-8 sequence
             raise UnreadableValue("a value DuckDB could not convert (its message is not valid UTF-8)") from exc
 
@@ -288,7 +292,7 @@ class Normaliser:
             kineto_sql_facts.fill_info(con, info, base_ns)
             kineto_sql_tables.write_tables(con, self.staging, self.parts, trace_id(), info.rank, base_ns)
         except duckdb.Error as exc:
-            raise _translate(exc, self.source) from exc
+            raise _translate(exc, self.source, self.memory_limit) from exc
         except UnicodeDecodeError as exc:  # DuckDB cut its message, quoting a value, inside a UTF-8 sequence
             raise UnreadableValue("a value DuckDB could not convert (its message is not valid UTF-8)") from exc
         log.debug("normalised %s in %.3fs", self.source, time.perf_counter() - started)

@@ -118,3 +118,31 @@ def test_the_duckdb_readers_parts_come_in_event_id_order_so_the_final_tables_are
         ids = pq.read_table(staging / f"{table}.parquet", columns=["event_id"]).column("event_id").to_numpy()
         assert len(ids) and (ids[1:] > ids[:-1]).all(), table
     assert facts["copies"] > 1
+
+
+def test_a_memory_limit_too_low_for_a_trace_is_named_not_blamed_on_the_trace(tmp_path: Path) -> None:
+    """Under a DuckDB limit far too low (4 MB) the ingest fails with an error that names the setting and its value
+    (not "could not normalise the trace" with DuckDB's own advice on SQL settings), leaves nothing behind, and the
+    same file then ingests under the default limit; the command says the same, without a traceback."""
+    import os
+    import subprocess
+
+    from tracelake.contracts.status import IngestStatus
+    from tracelake.warehouse import IngestMemoryLimit, Settings, Unavailable
+
+    trace = ROOT / "sample_traces" / "gpu_h200" / "train" / "train.pt.trace.json.gz"
+    home = tmp_path / "wh"
+    wh = Warehouse(settings=Settings.from_env({}, home=home, ingest_memory_limit="4MB"))
+    result = wh.ingest([trace], job="low").results[0]
+    assert result.status == IngestStatus.FAILED
+    assert "TRACELAKE_INGEST_MEMORY_LIMIT=4MB" in (result.error or "") and "raise the limit" in (result.error or "")
+    assert "could not normalise" not in (result.error or "") and "SET threads" not in (result.error or "")
+    assert not any((home / "staging").iterdir()) and wh.registry.frame().is_empty()
+    assert issubclass(IngestMemoryLimit, Unavailable)
+    run = subprocess.run([sys.executable, "-m", "tracelake.api.cli", "ingest", "-q", str(trace), "--job", "low"],
+                         env={**os.environ, "TRACELAKE_HOME": str(home), "TRACELAKE_INGEST_MEMORY_LIMIT": "4MB"},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and "TRACELAKE_INGEST_MEMORY_LIMIT=4MB" in run.stdout + run.stderr
+    assert "Traceback" not in run.stdout + run.stderr
+    fine = Warehouse(settings=Settings.from_env({}, home=home)).ingest([trace], job="low").results[0]
+    assert fine.status == IngestStatus.INGESTED

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from tracelake.contracts.allocators import return_freed_memory_promptly
 from tracelake.contracts.errors import (
     Forbidden,
+    IngestMemoryLimit,
     InvalidArgument,
     NotFound,
     QueryError,
@@ -64,6 +65,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "Fleet",
     "Forbidden",
+    "IngestMemoryLimit",
     "IngestReport",
     "IngestResult",
     "InvalidArgument",
