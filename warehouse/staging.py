@@ -28,7 +28,7 @@ import pyarrow.parquet as pq
 from tracelake import ingest
 from tracelake.analysis import peaks
 from tracelake.contracts import schema
-from tracelake.contracts.errors import IngestMemoryLimit, NotFound, TraceFormatError, TracelakeError, WarehouseError
+from tracelake.contracts.errors import NotFound, TraceFormatError, TracelakeError, WarehouseError
 from tracelake.contracts.lazy import lazy_module
 from tracelake.contracts.status import IngestStatus
 from tracelake.ingest.detect import Format
@@ -160,8 +160,6 @@ def _stage(
                        staging / "traces.parquet", compression="zstd")
     except BaseException as exc:
         store.discard(staging)
-        if isinstance(exc, duckdb.OutOfMemoryException):  # the limit, not the trace: say which setting to raise
-            raise IngestMemoryLimit.of(source_name, settings.ingest_memory_limit, str(exc)) from exc
         if isinstance(exc, (pa.ArrowException, duckdb.Error)):
             raise TraceFormatError(source_name, f"could not convert the trace ({exc})") from exc
         raise

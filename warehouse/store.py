@@ -132,22 +132,21 @@ class Store:
         file is read through one open descriptor (:func:`_opened`), so a file replaced meanwhile is read
         whole, as it was when opened. With ``file_paths``, a last column of that name holds each row's file.
         """
-        declared = _polars_schema(table)
-        frames = [self._read_open(paths, handles, declared, columns, file_paths)
+        frames = [self._read_open(table, paths, handles, columns, file_paths)
                   for paths, handles in _opened(self._paths(table, traces)) if handles]
         if frames:
-            return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
-        frame = pl.DataFrame(schema=declared)
+            return _stacked(frames)
+        frame = pl.DataFrame(schema=_polars_schema(table))
         frame = frame.select(columns) if columns else frame
         return frame.with_columns(pl.lit(None, pl.String).alias(file_paths)) if file_paths else frame
 
     @staticmethod
-    def _read_open(paths: list[str], handles: list[IO[bytes]], declared: pl.Schema, columns: list[str] | None,
+    def _read_open(table: str, paths: list[str], handles: list[IO[bytes]], columns: list[str] | None,
                    file_paths: str | None) -> pl.DataFrame:
         rows = [pq.read_metadata(handle).num_rows for handle in handles] if file_paths else []
         for handle in handles:
             handle.seek(0)
-        scan = pl.scan_parquet(handles, schema=declared, missing_columns="insert", extra_columns="ignore")
+        scan = _scan(table, handles)
         frame = (scan.select(columns) if columns else scan).collect()
         if file_paths:
             files = pl.DataFrame({file_paths: paths, "rows": rows}, schema={file_paths: pl.String, "rows": pl.UInt32})
@@ -164,16 +163,13 @@ class Store:
         :meth:`read_frame` reads them) and the query's results put together: it must keep traces apart (group by
         ``trace_id``, say), since each batch holds whole traces.
         """
-        declared = _polars_schema(table)
         results = []
         for _, handles in _opened(self._paths(table, traces)):
             if handles:
-                scan = pl.scan_parquet(handles, schema=declared, missing_columns="insert", extra_columns="ignore")
+                scan = _scan(table, handles)
                 results.append(query(scan).collect())
                 del scan  # it holds polars' copies of the batch's descriptors
-        if not results:
-            return None
-        return pl.concat(results, how="vertical") if len(results) > 1 else results[0]
+        return _stacked(results) if results else None
 
     def _paths(self, table: str, traces: Iterable[tuple[str, str]]) -> list[Path]:
         return [self.path(table, job, trace_id) for job, trace_id in traces]
@@ -306,6 +302,17 @@ def _open_batch(files: list[Path]) -> Iterator[tuple[list[str], list[IO[bytes]]]
     finally:
         for handle in handles:
             handle.close()
+
+
+def _scan(table: str, handles: list[IO[bytes]]) -> pl.LazyFrame:
+    """A lazy scan of open files in ``table``'s declared schema: columns a file lacks come as nulls, others are
+    left out."""
+    return pl.scan_parquet(handles, schema=_polars_schema(table), missing_columns="insert", extra_columns="ignore")
+
+
+def _stacked(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """The batches' frames one under another (the one frame as it is)."""
+    return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
 
 
 def temp_name(target: Path) -> Path:
