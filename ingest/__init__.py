@@ -26,7 +26,7 @@ from tracelake.contracts import schema
 
 from .detect import FORMATS, Format, detect
 from .model import ParseOptions, TraceInfo
-from .source import iter_chunks, read_head
+from .source import DecodedStream, read_head
 
 __all__ = ["FORMATS", "ID_DIGITS", "Format", "ParseOptions", "ParsedTrace", "TraceInfo", "content_id", "detect", "parse", "parse_into"]
 
@@ -41,6 +41,8 @@ class ParsedTrace:
 
 #: Hex digits of a trace id (of the SHA-256 of the decoded content).
 ID_DIGITS = 20
+#: Bytes hashed per read.
+HASH_BLOCK_BYTES = 8 << 20
 
 
 def content_id(path: Path, name: str | None = None) -> str:
@@ -57,8 +59,10 @@ def content_id(path: Path, name: str | None = None) -> str:
     """
     digest = hashlib.sha256()
     read_head(path, 1, name)  # a damaged gzip header: "not a valid gzip file", as format detection says it
-    for block in iter_chunks(path, chunk_bytes=8 << 20, name=name):
-        digest.update(block)
+    block = memoryview(bytearray(HASH_BLOCK_BYTES))  # one buffer read into again and again: no page faulted anew
+    with DecodedStream(path, name=name) as stream:
+        while read := stream.readinto(block):
+            digest.update(block[:read])
     return digest.hexdigest()[:ID_DIGITS]
 
 

@@ -25,6 +25,8 @@ import msgspec
 
 from tracelake.contracts.errors import TraceFormatError
 
+from .source import BatchBuffers
+
 T = TypeVar("T")
 
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -61,6 +63,9 @@ class ChromeTraceReader(Generic[T]):
     #: vouches for the batch, else None and msgspec judges. Only for ``msgspec.Raw`` events, whose values
     #: nobody reads: the events yielded are then placeholders (``batches`` says how many there are).
     count_events: Callable[[bytes], int | None] | None = None
+    #: Reads the content that follows what ``chunks`` gave straight into a caller's buffer, filling it but at the
+    #: content's end (``source.DecodedStream.readinto``): :meth:`unchecked_batches` then cuts batches in place.
+    fill: Callable[[memoryview], int] | None = None
     header: dict[str, Any] = field(default_factory=dict)
     tail: dict[str, Any] = field(default_factory=dict)
     event_count: int = 0
@@ -74,6 +79,7 @@ class ChromeTraceReader(Generic[T]):
         self._buf = bytearray()
         self._base = 0  # offset in the decoded file of self._buf[0]
         self._eof = False
+        self._in_events = False  # the header is read: the buffer starts inside traceEvents
 
     # -- reading -----------------------------------------------------------------
     def _fill(self, want: int) -> None:
@@ -120,6 +126,7 @@ class ChromeTraceReader(Generic[T]):
                     header.pop("traceEvents", None)
                     self.header = header
                     self._consume(match.end())
+                    self._in_events = True
                     return
             raise self._not_a_trace()
 
@@ -150,7 +157,7 @@ class ChromeTraceReader(Generic[T]):
             raise self._error("JSON nested too deeply (a thousand levels or more: not trace events)",
                               self._base) from None
 
-    def unchecked_batches(self) -> Iterator[bytes]:
+    def unchecked_batches(self, buffers: BatchBuffers | None = None) -> Iterator[bytes | memoryview]:
         """The batches' array texts alone, each but the last cut at the last likely boundary without decoding
         or counting its events, for a reader that checks every batch strictly as it goes (the native scanner's
         strict scan).
@@ -159,14 +166,57 @@ class ChromeTraceReader(Generic[T]):
         :meth:`batches`, which also names any error. The last batch is checked as :meth:`batches` checks it:
         where the array ends is only known by the events before it decoding (a ``]`` in the keys after
         ``traceEvents`` looks the same). ``event_count`` stays 0 but for the last batch.
+
+        With ``buffers`` (and ``fill``), the batches are cut in place in buffers the content is read straight
+        into, and handed out as views of them: the consumer gives each back (:meth:`BatchBuffers.give_back`) once
+        it is done with it. A batch read so holds the same bytes as one cut from chunks; where a buffer holds no
+        likely boundary, and at the end, the rest is cut from chunks.
         """
         self._unchecked = True
+        if buffers is not None and self.fill is not None:
+            self._fill(self.batch_bytes)
+            self._read_header()
+            yield from self._cut_in_place(buffers, self.fill)
         for _, _, data in self.batches():
             yield data
 
+    def _cut_in_place(self, buffers: BatchBuffers, fill: Callable[[memoryview], int]) -> Iterator[bytes | memoryview]:
+        """Batches cut in ``buffers``: ``[``, the bytes left from the last cut, the content read after them, and the
+        last likely boundary closed by ``]``. Returns with what is left in ``_buf`` at the content's end, or where
+        a buffer holds no likely boundary."""
+        size = buffers.size
+        while not self._eof:
+            if 2 * len(self._buf) > size:  # much left (the first batch after the header): cut as from chunks
+                cut = self._cut()
+                if cut is None:
+                    return
+                _, data, consumed = cut
+                self._consume(consumed)
+                yield data
+                continue
+            buffer = buffers.take()
+            view = memoryview(buffer)
+            carried = len(self._buf)
+            view[0] = 0x5B  # [
+            view[1:1 + carried] = self._buf
+            read = fill(view[1 + carried:size - 1])  # room left for the closing ]
+            self.json_bytes += read
+            stop = 1 + carried + read
+            found = next(_likely_cuts(buffer, 1, stop), None) if stop == size - 1 else None
+            if found is None:  # the content ends in this buffer, or one event fills it: cut as from chunks
+                self._buf[:] = view[1:stop]
+                buffers.give_back(view)
+                return
+            end, comma = found
+            self._buf[:] = view[comma + 1:stop]
+            self._base += comma
+            view[end + 1] = 0x5D  # ]
+            yield view[:end + 2]
+
     def _batches(self) -> Iterator[tuple[int, list[T], bytes]]:
-        self._fill(self.batch_bytes)
-        self._read_header()
+        if not self._in_events:
+            self._fill(self.batch_bytes)
+            self._read_header()
         want = self.batch_bytes
         while True:
             self._fill(want)
@@ -194,20 +244,12 @@ class ChromeTraceReader(Generic[T]):
         (separator included), or None when the buffer holds no element boundary.
         """
         buf = self._buf
-        end = len(buf)
-        attempts = 0
-        while attempts < QUICK_CUT_ATTEMPTS:
-            end = buf.rfind(b"}", 0, end)
-            if end <= 0:
-                break
-            comma = _skip_ws(buf, end + 1)
-            if comma < len(buf) and buf[comma] == 0x2C and _at(buf, _skip_ws(buf, comma + 1), 0x7B):
-                attempts += 1
-                if self._unchecked:  # the caller checks the batch (unchecked_batches)
-                    return [], self._array(end + 1), comma + 1
-                decoded = self._try_decode(end + 1)
-                if decoded is not None:
-                    return (*decoded, comma + 1)
+        for _, (end, comma) in zip(range(QUICK_CUT_ATTEMPTS), _likely_cuts(buf, 0, len(buf)), strict=False):
+            if self._unchecked:  # the caller checks the batch (unchecked_batches)
+                return [], self._array(end + 1), comma + 1
+            decoded = self._try_decode(end + 1)
+            if decoded is not None:
+                return (*decoded, comma + 1)
         boundary = _last_top_level_comma(buf)
         if boundary is None:
             return None
@@ -370,15 +412,25 @@ class ChromeTraceReader(Generic[T]):
         )
 
 
-def _skip_ws(buf: bytearray, pos: int) -> int:
-    n = len(buf)
+def _likely_cuts(buf: bytearray, start: int, stop: int) -> Iterator[tuple[int, int]]:
+    """Likely boundaries between events in ``buf[start:stop]``, from the last: where ``}``, a comma and ``{``
+    follow one another (whitespace between), the offsets of that ``}`` and that comma."""
+    end = stop
+    while (end := buf.rfind(b"}", start, end)) > 0:
+        comma = _skip_ws(buf, end + 1, stop)
+        if comma < stop and buf[comma] == 0x2C and _at(buf, _skip_ws(buf, comma + 1, stop), 0x7B, stop):
+            yield end, comma
+
+
+def _skip_ws(buf: bytearray, pos: int, stop: int | None = None) -> int:
+    n = len(buf) if stop is None else stop
     while pos < n and buf[pos] in _WHITESPACE:
         pos += 1
     return pos
 
 
-def _at(buf: bytearray, pos: int, char: int) -> bool:
-    return pos < len(buf) and buf[pos] == char
+def _at(buf: bytearray, pos: int, char: int, stop: int | None = None) -> bool:
+    return pos < (len(buf) if stop is None else stop) and buf[pos] == char
 
 
 def _last_top_level_comma(buf: bytearray) -> int | None:

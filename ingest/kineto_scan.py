@@ -123,7 +123,7 @@ class Unvouched(Exception):
     again with the check, which finds the true boundary or names the error (docs/formats.md, section 1)."""
 
 
-def scan(batch: bytes, first: int, source: str, *, strict: bool = False) -> ScannedBatch:
+def scan(batch: bytes | memoryview, first: int, source: str, *, strict: bool = False) -> ScannedBatch:
     """Scan one batch whose first event is ``traceEvents[first]``.
 
     ``strict``: the batch was cut without a check, so its syntax is checked while it is read.

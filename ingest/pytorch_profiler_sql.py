@@ -158,7 +158,7 @@ class Normaliser:
                 self._cursors.append(con)
         return con
 
-    def batch_file(self, first: int, batch: bytes, *, counters: bool) -> Path:
+    def batch_file(self, first: int, batch: bytes | memoryview, *, counters: bool) -> Path:
         """Write a batch (its first event is ``traceEvents[first]``) to ``events/``; kept for the end if ``counters``."""
         path = self.events / f"b-{first:012d}.json"
         path.write_bytes(batch)
@@ -176,7 +176,7 @@ class Normaliser:
         """
         self._keep(group, batch, kineto_scan.scan(batch, first, self.source))
 
-    def scan_unchecked(self, group: int, batch: bytes, numbering: EventNumbering) -> None:
+    def scan_unchecked(self, group: int, batch: bytes | memoryview, numbering: EventNumbering) -> None:
         """Scan batch number ``group``, cut without a check or an event count, strictly; ``numbering`` places
         its events after those of the batches before it.
 
@@ -193,7 +193,7 @@ class Normaliser:
             raise
         self._keep(group, batch, scanned.starting_at(first))
 
-    def _keep(self, group: int, batch: bytes, scanned: kineto_scan.ScannedBatch) -> None:
+    def _keep(self, group: int, batch: bytes | memoryview, scanned: kineto_scan.ScannedBatch) -> None:
         if scanned.counter_events:
             self.batch_file(scanned.first, batch, counters=True)
         for table in ("device", "host"):

@@ -26,7 +26,7 @@ from tracelake.ingest import kineto_scan, pytorch_profiler, pytorch_profiler_sql
 from tracelake.ingest.chrome_json import ChromeTraceReader
 from tracelake.ingest.model import ParseOptions
 from tracelake.ingest.pytorch_profiler_sql import Abandoned, EventNumbering
-from tracelake.ingest.source import iter_chunks
+from tracelake.ingest.source import BatchBuffers, DecodedStream, iter_chunks
 
 pytestmark = pytest.mark.skipif(not kineto_scan.AVAILABLE, reason="the native Kineto scanner is not built")
 
@@ -235,11 +235,14 @@ def test_every_trace_we_have_is_read_in_one_pass(trace: Path) -> None:
     head = gzip.open(trace, "rb").read(1 << 16) if trace.suffix == ".gz" else trace.read_bytes()[: 1 << 16]
     if b"traceEvents" not in head:
         pytest.skip("not a Chrome trace object")
-    reader = ChromeTraceReader(iter_chunks(trace), msgspec.Raw, trace.name, batch_bytes=1 << 20,
-                               count_events=kineto_scan.json_array_length)
     events = 0
-    for batch in reader.unchecked_batches():
-        events += kineto_scan.scan(batch, 0, trace.name, strict=True).events
+    buffers = BatchBuffers((1 << 20) + 2)
+    with DecodedStream(trace) as stream:  # as the ingest reads it: cut in place (tests/test_cut_in_place.py)
+        reader = ChromeTraceReader(stream.chunks(), msgspec.Raw, trace.name, batch_bytes=1 << 20,
+                                   count_events=kineto_scan.json_array_length, fill=stream.readinto)
+        for batch in reader.unchecked_batches(buffers):
+            events += kineto_scan.scan(batch, 0, trace.name, strict=True).events
+            buffers.give_back(batch)
     checked = ChromeTraceReader(iter_chunks(trace), msgspec.Raw, trace.name, batch_bytes=1 << 20,
                                 count_events=kineto_scan.json_array_length)
     for _ in checked.batches():
