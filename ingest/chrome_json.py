@@ -222,6 +222,7 @@ class ChromeTraceReader(Generic[T]):
             self._fill(want)
             if self._eof:
                 yield from self._read_last()
+                self._buf = bytearray()  # the last batch's text: the reader is kept for its header and tail
                 return
             decoded = self._cut()
             if decoded is None:

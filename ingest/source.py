@@ -166,6 +166,7 @@ class DecodedStream:
         """Stop the decompressing thread (if any) and close the file."""
         if self._gzip is not None:
             self._gzip.close()
+            self._gzip = None  # and its blocks with it: a reader keeps the stream (its ``fill``) for its header
         self._counter.close()
 
     def __enter__(self) -> DecodedStream:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import tracemalloc
 from collections import deque
 from pathlib import Path
 
@@ -196,3 +197,25 @@ def test_the_content_id_is_the_sha256_of_the_decoded_content(tmp_path: Path, com
     path = _write(tmp_path / "trace.json", content, compressed)
     assert ingest.content_id(path) == hashlib.sha256(content).hexdigest()[: ingest.ID_DIGITS]
     assert b"".join(iter_chunks(path)) == content
+
+
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
+def test_a_reader_read_to_its_end_keeps_no_text(tmp_path: Path, compressed: bool) -> None:
+    """The ingest keeps the reader through the rest of its work for the header and tail: the last batch's text and
+    the decompressor's blocks must not stay with it (they held 4-8 MiB through a trace's normalising)."""
+    events = [_event(i, "x" * 200, True) for i in range(20_000)]
+    path = _write(tmp_path / "trace.json", _trace_text(events, None, True), compressed)
+    tracemalloc.start()
+    try:
+        buffers = BatchBuffers((1 << 20) + 2)
+        with DecodedStream(path) as stream:
+            reader = ChromeTraceReader(stream.chunks(), msgspec.Raw, path.name, batch_bytes=1 << 20,
+                                       fill=stream.readinto)
+            for batch in reader.unchecked_batches(buffers):
+                buffers.give_back(batch)
+        del buffers, batch
+        kept = tracemalloc.get_traced_memory()[0]
+        del reader, stream
+        assert kept - tracemalloc.get_traced_memory()[0] < 256 << 10
+    finally:
+        tracemalloc.stop()
