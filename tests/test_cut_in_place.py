@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from support.archives import plain_or_gzip
 from tracelake import ingest
 from tracelake.contracts.errors import TraceFormatError
 from tracelake.ingest.chrome_json import ChromeTraceReader
@@ -49,14 +50,6 @@ def _trace_text(events: list[dict[str, object]], indent: int | None, tail: bool)
         trace["baseTimeNanoseconds"] = 1
     return json.dumps(trace, indent=indent, ensure_ascii=False).encode()
 
-
-def _write(path: Path, text: bytes, compressed: bool) -> Path:
-    if compressed:
-        path = path.with_suffix(".gz")
-        path.write_bytes(gzip.compress(text, compresslevel=1))
-    else:
-        path.write_bytes(text)
-    return path
 
 
 VIEWS: list[bool] = []
@@ -111,7 +104,7 @@ def test_the_batches_hold_the_traces_events_in_order(
         texts = [*texts[:hidden[0]], hidden[1], *texts[hidden[0]:]]
     events = [_event(i, text, nested) for i, text in enumerate(texts)]
     text = _trace_text(events, indent, tail)
-    path = _write(tmp_path / "trace.json", text, compressed)
+    path = plain_or_gzip(tmp_path / "trace.json", text, compressed)
     # A cut inside a string makes a batch the strict scan refuses, or a last batch that does not decode: the trace
     # is then read again with the check (tests/test_unchecked_cut.py). Only a string can hide a likely boundary.
     try:
@@ -137,7 +130,7 @@ def test_the_batches_hold_the_traces_events_in_order(
 def test_an_event_larger_than_a_buffer_is_cut_from_chunks(tmp_path: Path) -> None:
     small = [_event(i, "a", False) for i in range(60)]
     events = [*small, _event(60, "b" * 5000, True), *small]
-    path = _write(tmp_path / "trace.json", _trace_text(events, None, True), False)
+    path = plain_or_gzip(tmp_path / "trace.json", _trace_text(events, None, True), False)
     batches, _, _ = _cut(path, 1024, 1)
     assert [json.loads(bytes(raw)) for batch in batches for raw in _RAW.decode(batch)] == events
     assert any(VIEWS) and not VIEWS[-1]  # in place until the large event, from chunks after it
@@ -146,7 +139,7 @@ def test_an_event_larger_than_a_buffer_is_cut_from_chunks(tmp_path: Path) -> Non
 def test_a_long_first_batch_after_the_header_is_cut_from_chunks(tmp_path: Path) -> None:
     """The header's read leaves most of a batch behind it: more than half a buffer is cut as from chunks."""
     events = [_event(i, "x" * 40, False) for i in range(400)]
-    path = _write(tmp_path / "trace.json", _trace_text(events, 1, False), False)
+    path = plain_or_gzip(tmp_path / "trace.json", _trace_text(events, 1, False), False)
     batches, _, made = _cut(path, 4096, 0)
     assert [json.loads(bytes(raw)) for batch in batches for raw in _RAW.decode(batch)] == events
     assert made == 1
@@ -170,7 +163,7 @@ def test_readinto_fills_each_view_and_counts_every_byte_of_the_file(
     tmp_path: Path, compressed: bool, size: int, view: int
 ) -> None:
     content = bytes(range(256)) * (size // 256) + b"t" * (size % 256)
-    path = _write(tmp_path / "trace.json", content, compressed)
+    path = plain_or_gzip(tmp_path / "trace.json", content, compressed)
     counted: list[int] = []
     buffer = memoryview(bytearray(view))
     read: list[bytes] = []
@@ -194,7 +187,7 @@ def test_a_truncated_gzip_file_is_named_where_it_ends(tmp_path: Path) -> None:
 @pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
 def test_the_content_id_is_the_sha256_of_the_decoded_content(tmp_path: Path, compressed: bool) -> None:
     content = b"".join(b"%d," % i for i in range(3_000_000))  # larger than one block of the hash
-    path = _write(tmp_path / "trace.json", content, compressed)
+    path = plain_or_gzip(tmp_path / "trace.json", content, compressed)
     assert ingest.content_id(path) == hashlib.sha256(content).hexdigest()[: ingest.ID_DIGITS]
     assert b"".join(iter_chunks(path)) == content
 
@@ -204,7 +197,7 @@ def test_a_reader_read_to_its_end_keeps_no_text(tmp_path: Path, compressed: bool
     """The ingest keeps the reader through the rest of its work for the header and tail: the last batch's text and
     the decompressor's blocks must not stay with it (they held 4-8 MiB through a trace's normalising)."""
     events = [_event(i, "x" * 200, True) for i in range(20_000)]
-    path = _write(tmp_path / "trace.json", _trace_text(events, None, True), compressed)
+    path = plain_or_gzip(tmp_path / "trace.json", _trace_text(events, None, True), compressed)
     tracemalloc.start()
     try:
         buffers = BatchBuffers((1 << 20) + 2)

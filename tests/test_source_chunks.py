@@ -7,7 +7,6 @@ late content id (``warehouse.staging``) count on it.
 
 from __future__ import annotations
 
-import gzip
 import os
 from pathlib import Path
 
@@ -15,16 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from support.archives import plain_or_gzip
 from tracelake.ingest.source import iter_chunks
 
-
-def _write(path: Path, content: bytes, compressed: bool) -> Path:
-    if compressed:
-        path = path.with_suffix(".gz")
-        path.write_bytes(gzip.compress(content, compresslevel=1))
-    else:
-        path.write_bytes(content)
-    return path
 
 
 @pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
@@ -34,7 +26,7 @@ def test_chunks_give_the_content_and_count_every_byte_of_the_file(
     tmp_path_factory: pytest.TempPathFactory, compressed: bool, size: int, chunk: int
 ) -> None:
     content = os.urandom(size // 2) + b"x" * (size - size // 2)  # a part that compresses, a part that does not
-    path = _write(tmp_path_factory.mktemp("chunks") / "trace.json", content, compressed)
+    path = plain_or_gzip(tmp_path_factory.mktemp("chunks") / "trace.json", content, compressed)
     counted: list[int] = []
     chunks = list(iter_chunks(path, chunk_bytes=chunk, on_bytes=counted.append))
     assert b"".join(chunks) == content

@@ -2,11 +2,14 @@
 
 Builders write archives with the members, types and names a test needs (unsafe ones included);
 ``zeros_gzip`` and ``zip_bomb`` make highly compressible data fast (isal), ``files_under`` and
-``bytes_under`` read back what was unpacked. Used by ``test_archives.py`` and ``test_archive_limits.py``.
+``bytes_under`` read back what was unpacked. Used by ``test_archives.py`` and ``test_archive_limits.py``;
+``plain_or_gzip`` writes one file either way, for the readers of decoded content (``test_source_chunks.py``,
+``test_cut_in_place.py``).
 """
 
 from __future__ import annotations
 
+import gzip
 import io
 import stat
 import struct
@@ -85,3 +88,13 @@ def files_under(folder: Path) -> dict[str, bytes]:
 
 def bytes_under(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def plain_or_gzip(path: Path, content: bytes, compressed: bool) -> Path:
+    """``content`` written to ``path``, or gzip'd (level 1) to ``path`` with ``.gz`` for its suffix; the file's path."""
+    if compressed:
+        path = path.with_suffix(".gz")
+        path.write_bytes(gzip.compress(content, compresslevel=1))
+    else:
+        path.write_bytes(content)
+    return path
