@@ -26,7 +26,8 @@ Throughput is in MB (10**6 bytes) of uncompressed JSON per second, and in trace
 events per second (tracelake's ``traces.event_count``, used for both tools). The
 machines are shared and noisy: compare the ratios, not the absolute times. With
 ``--runs N`` the tools alternate, and the table shows each tool's fastest run and
-largest peak RSS. If HTA cannot be installed or fails, its error is printed and the
+largest peak RSS; against ``--old``, the ratio of the fastest runs, of the medians and of each
+pair of runs (made at about the same time) is printed. If HTA cannot be installed or fails, its error is printed and the
 benchmark still exits 0 with tracelake's figures.
 """
 
@@ -38,6 +39,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -145,6 +147,10 @@ class Figures:
     @property
     def best_seconds(self) -> float:
         return min(self.seconds)
+
+    @property
+    def median_seconds(self) -> float:
+        return statistics.median(self.seconds)
 
     @property
     def peak_rss(self) -> int:
@@ -270,9 +276,15 @@ def report(figs: list[Figures], trace_bytes: int, events: int) -> dict[str, Any]
     hta = next((f for f in figs if f.tool == "HTA"), None)
     before = next((f for f in figs if f.tool == "before"), None)
     if before is not None and before.seconds:
+        # Runs alternate, so each pair ran at about the same time: its ratio is the one a drifting machine moves least.
+        pairs = [a / b for a, b in zip(tl.seconds, before.seconds, strict=False)]
         print(f"\nthis checkout takes {tl.best_seconds / before.best_seconds:.2f}x the time of the build before "
-              f"(--old), peak RSS {tl.peak_rss / MB:,.0f} MB vs {before.peak_rss / MB:,.0f} MB")
-        rows["against_before"] = {"time": tl.best_seconds / before.best_seconds, "peak_rss": tl.peak_rss / before.peak_rss}
+              f"(--old), fastest runs; {tl.median_seconds / before.median_seconds:.2f}x the median; run by run "
+              f"{', '.join(f'{r:.2f}x' for r in pairs)}; peak RSS {tl.peak_rss / MB:,.0f} MB vs "
+              f"{before.peak_rss / MB:,.0f} MB")
+        rows["against_before"] = {"time": tl.best_seconds / before.best_seconds,
+                                  "median_time": tl.median_seconds / before.median_seconds, "pairs": pairs,
+                                  "peak_rss": tl.peak_rss / before.peak_rss}
     if hta is not None and hta.seconds and not hta.error:
         ratio = hta.best_seconds / tl.best_seconds
         print(f"\ntracelake is {ratio:.1f}x HTA's throughput, "
