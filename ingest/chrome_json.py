@@ -102,6 +102,12 @@ class ChromeTraceReader(Generic[T]):
         return TraceFormatError(self.source, message, where=where)
 
     # -- before the events -------------------------------------------------------
+    def _enter_events(self) -> None:
+        """Read up to the start of ``traceEvents`` (the header), once."""
+        if not self._in_events:
+            self._fill(self.batch_bytes)
+            self._read_header()
+
     def _read_header(self) -> None:
         start = 0
         while True:
@@ -174,8 +180,7 @@ class ChromeTraceReader(Generic[T]):
         """
         self._unchecked = True
         if buffers is not None and self.fill is not None:
-            self._fill(self.batch_bytes)
-            self._read_header()
+            self._enter_events()
             yield from self._cut_in_place(buffers, self.fill)
         for _, _, data in self.batches():
             yield data
@@ -214,9 +219,7 @@ class ChromeTraceReader(Generic[T]):
             yield view[:end + 2]
 
     def _batches(self) -> Iterator[tuple[int, list[T], bytes]]:
-        if not self._in_events:
-            self._fill(self.batch_bytes)
-            self._read_header()
+        self._enter_events()
         want = self.batch_bytes
         while True:
             self._fill(want)
