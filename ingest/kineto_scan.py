@@ -176,7 +176,11 @@ def problem_message(problem: str, name: str | None, ph: str | None, key: str | N
 NEST_LIMIT = 1 << 61
 
 
-def step_spans(steps: pa.Table) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+#: The disjoint spans of :func:`step_spans`: their starts, ends and steps.
+StepSpans = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def step_spans(steps: pa.Table) -> StepSpans:
     """Starts, ends and steps of the disjoint spans ``[start, end)`` that ``steps`` (``step, ts_ns, dur_ns``) cover.
 
     A time belongs to the step that contains it (``ts_ns <= t < ts_ns + dur_ns``) and, where
@@ -217,12 +221,14 @@ class HostNesting:
     and ``parent_id`` added, as ``kineto_sql_facts.nesting_sql`` defines them.
     ``steps`` (``step, ts_ns, dur_ns``, any order) become the disjoint spans of
     :func:`step_spans`, as ``kineto_sql_facts.step_spans`` cuts them. Times must
-    stay within :data:`NEST_LIMIT`.
+    stay within :data:`NEST_LIMIT`. It follows one thread at a time: a thread left and
+    taken up again later starts afresh (several threads in turns go to one each).
     """
 
-    def __init__(self, steps: pa.Table) -> None:
+    def __init__(self, steps: pa.Table | StepSpans) -> None:
+        """``steps``: the steps, or their :func:`step_spans` where several sweeps share them."""
         self._nester = _native().Nester()
-        self._step_ts, self._step_end, self._step_no = step_spans(steps)
+        self._step_ts, self._step_end, self._step_no = steps if isinstance(steps, tuple) else step_spans(steps)
         self._last_thread: tuple[object, ...] | None = None
         self._last_ts = 0
 

@@ -12,13 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracelake.contracts.classify import Category, category_sql
 from tracelake.contracts.schema import sql_literal
 
-from . import kineto_memory_ops, kineto_scan, kineto_sql_tables
+from . import kineto_memory_ops, kineto_nesting, kineto_scan, kineto_sql_tables
 from .kineto_sql_events import DEVICE_TYPES, DTYPE_BYTES, max_object
 from .model import TraceInfo
 
@@ -95,80 +94,29 @@ def step_spans(con: duckdb.DuckDBPyConnection) -> None:
 def nesting(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) -> None:
     """``host_d``: the host events with their depth, parent and step; ``native``: by the native sweep."""
     if native:
-        ts_max, dur_max = con.execute(
-            "SELECT max(abs(CAST(ts_ns AS HUGEINT))), max(dur_ns) FROM host_n").fetchall()[0]
+        ts_max, dur_max, threads = con.execute(
+            "SELECT max(abs(CAST(ts_ns AS HUGEINT))), max(dur_ns), approx_count_distinct(hash(pid, tid)) "
+            "FROM host_n").fetchall()[0]
         if any(parts.glob("memory-*.parquet")):  # the memory instants ride the sweep too
-            instant_max = con.execute("SELECT max(abs(CAST(ts_ns AS HUGEINT))) FROM "
-                                      f"read_parquet({sql_literal(str(parts / 'memory-*.parquet'))})").fetchall()[0][0]
+            instant_max, instant_threads = con.execute(
+                "SELECT max(abs(CAST(ts_ns AS HUGEINT))), approx_count_distinct(hash(pid, tid)) FROM "
+                f"read_parquet({sql_literal(str(parts / 'memory-*.parquet'))})").fetchall()[0]
             ts_max = max(ts_max or 0, instant_max or 0)
+            threads += instant_threads
         if (ts_max or 0) + (dur_max or 0) < kineto_scan.NEST_LIMIT:
-            _nesting_native(con, parts / "nesting.parquet")
+            _nesting_native(con, parts / "nesting.parquet", threads)
             return
     nesting_sql(con)
 
 
-def _nesting_native(con: duckdb.DuckDBPyConnection, out: Path) -> None:
-    """The native sweep over host events sorted by DuckDB (out of core), a batch at a time, into ``out``.
-
-    Where the trace has memory instants, they ride the same sweep (after the host events of their time) and
-    each instant's op is found on the way, into ``mem_op_ids.parquet`` beside ``out``
-    (:meth:`.kineto_scan.HostNesting.add_with_instants`): no second sort of the host events.
-    """
+def _nesting_native(con: duckdb.DuckDBPyConnection, out: Path, threads: int) -> None:
+    """The native sweep (:func:`.kineto_nesting.sweep`) over the host events, sorted by DuckDB a slice of time at a
+    time, into ``out``; where the trace has memory instants, they ride the same sweep and each instant's op is found
+    on the way, into ``mem_op_ids.parquet`` beside ``out``: no second sort of the host events."""
     steps = con.sql("SELECT step, ts_ns, dur_ns FROM steps ORDER BY ts_ns, step").to_arrow_table()
-    nesting = kineto_scan.HostNesting(steps)
     with kineto_sql_tables.side_connection(con) as sorter:  # half the limit: SIDE_SHARE
-        _host_n(sorter, out.parent)
-        _sweep(sorter, out, nesting)
+        kineto_nesting.sweep(sorter, out, steps, threads)
     con.execute(f"CREATE VIEW host_d AS SELECT * FROM read_parquet({sql_literal(str(out))})")
-
-
-def _sweep(con: duckdb.DuckDBPyConnection, out: Path, nesting: kineto_scan.HostNesting) -> None:
-    """The host events (and memory instants) of the parts beside ``out``, in the sweep's order from DuckDB's sort
-    on ``con`` (which needs ``host_n`` only), through ``nesting``, into ``out``."""
-    if not any(out.parent.glob("memory-*.parquet")):
-        reader = con.sql("""
-            SELECT event_id, pid, tid, ts_ns, dur_ns, correlation FROM host_n
-            ORDER BY pid, tid, ts_ns, dur_ns DESC, event_id
-        """).to_arrow_reader(_NEST_BATCH_ROWS)
-        with _writer(out, reader.schema) as writer:
-            for batch in reader:
-                writer.write_batch(nesting.add(batch))
-    else:
-        host_parts = any(out.parent.glob("host-*.parquet"))
-        kind = f"CASE WHEN {_IS_CPU_OP.format(table='')} THEN 1 ELSE 0 END" if host_parts else "0"
-        source = f"read_parquet({sql_literal(str(out.parent / 'host-*.parquet'))})" if host_parts else "host_n"
-        reader = con.sql(f"""
-            SELECT event_id, pid, tid, ts_ns, dur_ns, correlation, CAST({kind} AS UTINYINT) AS kind
-            FROM {source}
-            UNION ALL
-            SELECT event_id, pid, tid, ts_ns, NULL, NULL, CAST(2 AS UTINYINT)
-            FROM read_parquet({sql_literal(str(out.parent / "memory-*.parquet"))})
-            WHERE ts_ns IS NOT NULL AND pid IS NOT NULL AND tid IS NOT NULL
-            ORDER BY pid, tid, ts_ns, kind = 2, dur_ns DESC, event_id
-        """).to_arrow_reader(_NEST_BATCH_ROWS)
-        ids_schema = pa.schema([("event_id", pa.int64()), ("op_id", pa.int64())])
-        with _writer(out, reader.schema.remove(reader.schema.get_field_index("kind"))) as writer, \
-                pq.ParquetWriter(out.parent / "mem_op_ids.parquet", ids_schema, compression="lz4",
-                                 use_dictionary=False) as ids:
-            for batch in reader:
-                host, instants = nesting.add_with_instants(batch)
-                writer.write_batch(host)
-                ids.write_batch(instants.cast(ids_schema))
-
-
-#: Which host events may hold a memory instant (its ``op``): the same rule for the native sweep and the fallback.
-_IS_CPU_OP = "lower({table}cat) = 'cpu_op'"
-
-
-def _writer(out: Path, schema: pa.Schema) -> pq.ParquetWriter:
-    nested = schema.append(pa.field("depth", pa.int32())).append(pa.field("step", pa.int64())).append(
-        pa.field("parent_id", pa.int64()))
-    return pq.ParquetWriter(out, nested, compression="lz4", use_dictionary=False)
-
-
-#: Host events nested per batch: DuckDB holds each batch it hands over besides its sort, and a quarter of the
-#: 262,144 rows of before took 33 MB off the peak of a 1 GB trace at the same time.
-_NEST_BATCH_ROWS = 65_536
 
 
 def nesting_sql(con: duckdb.DuckDBPyConnection) -> None:
@@ -347,12 +295,12 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
     con.execute(f"CREATE VIEW mem_n AS SELECT * FROM read_parquet({memory})")
     cpu_ops = (f"""SELECT h.event_id, h.pid, h.tid, h.ts_ns, h.dur_ns, h.name FROM read_parquet({host}) h
                    SEMI JOIN (SELECT DISTINCT pid, tid FROM mem_n) t ON h.pid = t.pid AND h.tid = t.tid
-                   WHERE {_IS_CPU_OP.format(table='h.')}""" if any(parts.glob("host-*.parquet")) else
+                   WHERE {kineto_nesting.IS_CPU_OP.format(table='h.')}""" if any(parts.glob("host-*.parquet")) else
                "SELECT NULL::BIGINT AS event_id, NULL::BIGINT AS pid, NULL::BIGINT AS tid, NULL::BIGINT AS ts_ns, "
                "NULL::BIGINT AS dur_ns, NULL::VARCHAR AS name LIMIT 0")
     op_ids = parts / "mem_op_ids.parquet"
     if op_ids.exists():
-        # The native nesting found each instant's op on its sweep (_nesting_native): only the names are wanted,
+        # The native nesting found each instant's op on its sweep (kineto_nesting.sweep): only the names are wanted,
         # of the ops the instants name (a semi join keeps the hash table to those).
         ids = f"read_parquet({sql_literal(str(op_ids))})"
         con.execute(f"""

@@ -11,7 +11,7 @@ limit (:data:`JOIN_BYTES_PER_ROW`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +22,8 @@ import pyarrow.parquet as pq
 
 from tracelake.contracts import schema
 from tracelake.contracts.schema import sql_literal
+
+from .encoding import EncodingWriter
 
 
 _ORDER = {
@@ -297,14 +299,16 @@ def _write_hash_joined(
 
 class _GroupedWriter:
     """A Parquet file of a joined table, written from batches of any size in row groups of about
-    :data:`_ROW_GROUP_BYTES` (the rows per group set by the first rows written); ``abandon`` removes it."""
+    :data:`_ROW_GROUP_BYTES` (the rows per group set by the first rows written), each encoded while the next is
+    prepared (:class:`.encoding.EncodingWriter`); ``abandon`` removes it."""
 
     def __init__(self, out: Path, arrow_schema: pa.Schema) -> None:
         # Dictionaries pay for the texts (names, categories) only; for numbers they cost writing time.
         texts = [f.name for f in arrow_schema if pa.types.is_string(f.type)]
         self._out = out
-        self._writer: pq.ParquetWriter | None = pq.ParquetWriter(out, arrow_schema, compression="zstd",
-                                                                 use_dictionary=texts)
+        # Each row group is encoded on a thread of its own while the next is read and joined.
+        self._writer: EncodingWriter | None = EncodingWriter(out, arrow_schema, compression="zstd",
+                                                             use_dictionary=texts)
         self._held = _Held(arrow_schema)
         self._rows = 0  # per row group; 0 until rows come
 
@@ -321,8 +325,9 @@ class _GroupedWriter:
     def abandon(self) -> None:
         """Close and remove the file."""
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            writer, self._writer = self._writer, None
+            with suppress(Exception):  # a failed write of a file being removed
+                writer.close()
             self._out.unlink()
 
     def __enter__(self) -> _GroupedWriter:
@@ -331,10 +336,14 @@ class _GroupedWriter:
     def __exit__(self, *exc: object) -> None:
         if self._writer is None:
             return
-        if self._held.count and exc[0] is None:
-            self._writer.write_table(self._held.take(self._held.count), row_group_size=self._rows)
-        self._writer.close()
-        self._writer = None
+        writer, self._writer = self._writer, None
+        if exc[0] is not None:
+            with suppress(Exception):  # the error under way is the one to report
+                writer.close()
+            return
+        if self._held.count:
+            writer.write_table(self._held.take(self._held.count), row_group_size=self._rows)
+        writer.close()
 
 
 @contextmanager

@@ -73,7 +73,7 @@ def test_the_native_sweep_finds_the_documented_op(raw_events: list[tuple[int, in
             for e, p, t, s, d, is_op in events]
     rows += [{"event_id": i, "pid": p, "tid": t, "ts_ns": s, "dur_ns": None, "correlation": None, "kind": 2}
              for i, (p, t, s) in enumerate(raw_instants)]
-    # ORDER BY pid, tid, ts_ns, kind = 2, dur_ns DESC, event_id (kineto_sql_facts._nesting_native)
+    # ORDER BY pid, tid, ts_ns, kind = 2, dur_ns DESC, event_id (kineto_nesting._query)
     rows.sort(key=lambda r: (r["pid"], r["tid"], r["ts_ns"], r["kind"] == 2, -(r["dur_ns"] or 0), r["event_id"]))
     schema = pa.schema([("event_id", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()), ("ts_ns", pa.int64()),
                         ("dur_ns", pa.int64()), ("correlation", pa.int64()), ("kind", pa.uint8())])
