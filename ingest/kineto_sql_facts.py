@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow.parquet as pq
 
 from tracelake.contracts.classify import Category, category_sql
@@ -283,8 +284,11 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
     Each stage goes to a file in ``parts/`` (as :func:`device_steps` does), not to a table in DuckDB's
     memory; the op lookup holds the ``cpu_op`` events of the allocating threads (times, ids and names: about
     100 bytes each) while it runs. ``mem_d`` is a view joining them where one join fits DuckDB's memory limit
-    (the final table's statement then joins and sorts at once), else files joined range by range. Nothing is
-    made when the trace has no memory instants.
+    (the final table's statement then joins and sorts at once), else files joined range by range. Where the
+    instants are in time order in the file, ``mem_rows`` (the parts in file order) and ``mem_facts`` (each
+    instant's op and step) let the final table be a merge instead, and ``mem_d`` is the one join's view, which the
+    merge leaves unused unless it finds the rows out of order. Nothing is made when the trace has no memory
+    instants.
     """
     if not any(parts.glob("memory-*.parquet")):
         return
@@ -326,10 +330,24 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
             FROM (SELECT event_id, ts_ns FROM mem_n) m ASOF JOIN step_spans s ON m.ts_ns >= s.ts_ns
         ) TO {steps_file} (FORMAT parquet, COMPRESSION lz4)
     """)
-    # A view where one join fits DuckDB's memory limit: the final table's statement joins and sorts at once
-    # (kineto_sql_tables.write_tables). Else joined by ranges of event ids into files, as the final tables are.
+    in_time_order = _in_time_order(parts)
+    if in_time_order:
+        # In file order the instants are in time order (a thread's allocator writes them as they happen): the final
+        # table is then a merge of the parts with their op and step (kineto_sql_tables.write_tables), no sort.
+        con.execute(f"""CREATE VIEW mem_rows AS
+                        SELECT event_id, pid, tid, device, CASE device_type {types} END AS device_type, ts_ns, kind,
+                               addr, bytes, total_allocated, total_reserved
+                        FROM {kineto_sql_tables.in_order(parts, 'memory')}""")
+        con.execute(f"""CREATE VIEW mem_facts AS
+                        SELECT m.event_id, o.op, s.step FROM (SELECT event_id FROM read_parquet({memory})) m
+                        LEFT JOIN read_parquet({ops_file}) o USING (event_id)
+                        LEFT JOIN read_parquet({steps_file}) s USING (event_id)""")
     per_row = MEMORY_JOIN_BYTES_PER_ROW if not native else NATIVE_MEMORY_JOIN_BYTES_PER_ROW
-    ranges = kineto_sql_tables.id_ranges(con, "mem_n", max(kineto_sql_tables.memory_limit(con) // per_row, 1))
+    ranges = [] if in_time_order else \
+        kineto_sql_tables.id_ranges(con, "mem_n", max(kineto_sql_tables.memory_limit(con) // per_row, 1))
+    # A view where one join fits DuckDB's memory limit (or where the merge leaves it unused): the final table's
+    # statement joins and sorts at once (kineto_sql_tables.write_tables). Else joined by ranges of event ids into
+    # files, as the final tables are.
     joined = f"""
         SELECT m.event_id, m.pid, m.tid, m.device, CASE m.device_type {types} END AS device_type, m.ts_ns,
                m.kind, m.addr, m.bytes, m.total_allocated, m.total_reserved, o.op, s.step
@@ -346,6 +364,25 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
         con.execute(f"COPY ({joined.format(memory=within(memory), ops=within(ops_file), steps=within(steps_file))}) "
                     f"TO {out} (FORMAT parquet, COMPRESSION lz4)")
     con.execute(f"CREATE VIEW mem_d AS SELECT * FROM read_parquet({sql_literal(str(parts / 'memory_d-*.parquet'))})")
+
+
+def _in_time_order(parts: Path) -> bool:
+    """Whether the memory instants in ``parts``, read in the order of their files, are in order of time (then of
+    event id), every one with a time."""
+    last_ts, last_id = None, None
+    for path in kineto_sql_tables.part_files(parts, "memory"):
+        table = pq.ParquetFile(path).read(columns=["event_id", "ts_ns"])
+        if table.num_rows == 0:
+            continue
+        if table["ts_ns"].null_count or table["event_id"].null_count:
+            return False
+        ts, ids = table["ts_ns"].to_numpy(), table["event_id"].to_numpy()
+        if (np.diff(ts) < 0).any() or (np.diff(ids) <= 0).any():
+            return False
+        if last_ts is not None and (ts[0] < last_ts or ids[0] <= last_id):
+            return False
+        last_ts, last_id = ts[-1], ids[-1]
+    return True
 
 
 def fill_info(con: duckdb.DuckDBPyConnection, info: TraceInfo, base_ns: int) -> None:

@@ -147,6 +147,28 @@ def test_the_joined_table_is_the_inner_join_of_parts_and_facts(
     assert set(got.column("trace_id").to_pylist()) <= {"t"}
 
 
+@pytest.mark.parametrize("times", [[5, 5, 7, 9], [5, 9, 7, 9], [5, 7, None, 9], [9, 8, 7, 6]])
+def test_a_merge_kept_in_order_of_a_column_gives_up_where_the_rows_are_not(times: list[int | None],
+                                                                          tmp_path: Path) -> None:
+    """The memory instants' merge keeps them by time: where the parts' rows are not in that order (or lack a time),
+    nothing is left at the output and the caller sorts instead; where they are, every row comes in that order."""
+    for n, (first, stop) in enumerate([(0, 2), (2, 4)]):  # the order is kept across the parts' batches too
+        pq.write_table(pa.table({"event_id": pa.array(range(first, stop), pa.int64()),
+                                 "ts_ns": pa.array(times[first:stop], pa.int64())}), tmp_path / f"memory-{n:06d}.parquet")
+    con = duckdb.connect()
+    con.execute("CREATE TABLE facts AS SELECT range AS event_id, 'op' || range AS op, range // 2 AS step FROM range(4)")
+    out = tmp_path / "memory_events.parquet"
+    kept = kineto_sql_tables._write_merged(
+        con, out, schema.MEMORY_EVENTS, {"trace_id": "'t'", "rank": "0", "event_id": "event_id", "ts_ns": "ts_ns"},
+        kineto_sql_tables.in_order(tmp_path, "memory"),
+        kineto_sql_tables._Facts("facts", ("op", "step"), tmp_path / "facts_by_id.parquet"), ordered_by="ts_ns")
+    in_order = None not in times and times == sorted(t for t in times if t is not None)
+    assert kept is in_order and out.exists() is in_order
+    if in_order:
+        got = pq.read_table(out)
+        assert got.column("ts_ns").to_pylist() == times and got.column("op").to_pylist() == ["op0", "op1", "op2", "op3"]
+
+
 @pytest.mark.parametrize(("limit", "low", "high"), [
     ("200MB", 190 * 2**20, 200 * 10**6), ("1GB", 900 * 2**20, 10**9), ("3.5GiB", 3.4 * 2**30, 3.5 * 2**30),
 ])
@@ -231,5 +253,5 @@ def test_the_parts_are_named_to_duckdb_in_the_order_of_their_batches(tmp_path: P
         pq.write_table(pa.table({"event_id": pa.array([batch], pa.int64())}), tmp_path / f"host-{batch:06d}.parquet")
     pq.write_table(pa.table({"event_id": pa.array([-1], pa.int64())}), tmp_path / "host_facts_by_id.parquet")
     con = duckdb.connect(config={"preserve_insertion_order": True})
-    relation = kineto_sql_tables._in_order(tmp_path, "host")
+    relation = kineto_sql_tables.in_order(tmp_path, "host")
     assert [row[0] for row in con.execute(f"SELECT event_id FROM {relation}").fetchall()] == [0, 2, 10, 1_000_000]

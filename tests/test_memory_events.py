@@ -246,6 +246,60 @@ def test_a_hand_made_trace_gives_the_known_op_step_and_values(tmp_path: Path) ->
     assert (host["outer"], host["inner"], host["worker"], host["zero"]) == (11, 12, None, None)
 
 
+@pytest.mark.parametrize("order", ["by time", "shuffled", "two threads"])
+def test_the_table_is_kept_by_time_merged_or_sorted(order: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                    ) -> None:
+    """Instants in time order in the file are merged with their op and step (no sort), out of it sorted: either way
+    the file holds them by time, then event id, with the same rows in both engines."""
+    rng = np.random.default_rng(5)
+    events: list[object] = [op("ProfilerStep#1", 0, 500, cat="user_annotation")]
+    events += [op(f"op{i}", 10 * i, 8) for i in range(40)]
+    instants = [instant(10 * i + 2 * k, {"Bytes": k + 1, "Addr": 16 * i + k, "Device Type": 1, "Device Id": 0},
+                        tid=1 + (order == "two threads") * (k % 2)) for i in range(40) for k in range(3)]
+    instants += [instant(t, {"Bytes": 9, "Addr": 9, "Device Type": 1, "Device Id": 0}) for t in (74, 19)]
+    instants.sort(key=lambda e: e["ts"])  # in time order in the file
+    if order == "shuffled":
+        instants = [instants[i] for i in rng.permutation(len(instants))]
+    elif order == "two threads":  # each thread in time order, the second written after the first
+        instants = [e for e in instants if e["tid"] == 1] + [e for e in instants if e["tid"] == 2]
+    path = tmp_path / "ordered.json"
+    path.write_text(json.dumps({"traceEvents": events + instants}))
+    from tracelake.ingest import kineto_sql_tables
+
+    merged: list[bool] = []
+    original = kineto_sql_tables._memory_merged
+    monkeypatch.setattr(kineto_sql_tables, "_memory_merged", lambda *a, **k: merged.append(original(*a, **k))
+                        or merged[-1])
+    tables = parse_both(path, tmp_path)
+    staging = tmp_path / f"{path.name}-{ENGINES[-1]}-0"
+    stored = pq.read_table(staging / "memory_events.parquet")
+    keys = list(zip(stored.column("ts_ns").to_pylist(), stored.column("event_id").to_pylist(), strict=True))
+    assert keys == sorted(keys) and len(keys) == 122
+    assert stored.cast(tables["memory_events"].schema).sort_by("event_id").equals(tables["memory_events"])
+    ops = {(r["ts_ns"] // 1000, r["tid"]): r["op"] for r in stored.to_pylist()}
+    assert (ops[(14, 1)], ops[(19, 1)], ops[(74, 1)]) == ("op1", None, "op7")  # inside op1, after it, inside op7
+    second = order == "two threads"
+    assert ops[(12, 2 if second else 1)] == (None if second else "op1")  # the second thread runs no op
+    assert merged[-1] is (order == "by time")  # the native engine's, parsed last
+
+
+@pytest.mark.parametrize(("parts", "ordered"), [
+    ([[(1, 5), (2, 5)], [(3, 7)]], True),
+    ([[(1, 5), (2, 4)], [(3, 7)]], False),   # back in time within a part
+    ([[(1, 5), (2, 8)], [(3, 7)]], False),   # ... from one part to the next
+    ([[(1, 5), (2, None)], [(3, 7)]], False),  # an instant without a time
+    ([[(1, 5), (3, 6)], [(2, 7)]], False),   # the event ids not in file order
+    ([[], [(3, 7)]], True),
+])
+def test_instants_in_time_order_are_told_apart(parts: list[list[tuple[int, int | None]]], ordered: bool,
+                                               tmp_path: Path) -> None:
+    for n, rows in enumerate(parts):
+        pq.write_table(pa.table({"event_id": pa.array([r[0] for r in rows], pa.int64()),
+                                 "ts_ns": pa.array([r[1] for r in rows], pa.int64())}),
+                       tmp_path / f"memory-{n:06d}.parquet")
+    assert kineto_sql_facts._in_time_order(tmp_path) is ordered
+
+
 def test_a_trace_without_memory_instants_has_an_empty_table(tmp_path: Path) -> None:
     path = tmp_path / "plain.json"
     path.write_text(json.dumps({"traceEvents": [op("a", 0, 1)]}))
