@@ -157,10 +157,7 @@ class _Sweeps:
         """``batch`` (sorted by thread) cut where its thread changes, each piece with its thread's sweep."""
         if not self._per_thread:
             return [(self._sweep(()), batch)] if batch.num_rows else []
-        thread = []
-        for name in ("pid", "tid"):
-            column = batch.column(name)
-            thread += [column.fill_null(0).to_numpy(), column.is_null().to_numpy(zero_copy_only=False)]
+        thread = kineto_scan.thread_columns(batch)
         change = np.zeros(max(batch.num_rows - 1, 0), dtype=bool)
         for values in thread:
             change |= values[1:] != values[:-1]

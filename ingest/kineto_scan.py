@@ -213,6 +213,15 @@ def step_spans(steps: pa.Table) -> StepSpans:
             np.array(span_step, dtype=np.int64))
 
 
+def thread_columns(batch: pa.RecordBatch) -> list[np.ndarray]:
+    """What tells a row's thread apart: ``pid`` (nulls as 0), whether it is null, ``tid``, whether it is null."""
+    columns: list[np.ndarray] = []
+    for name in ("pid", "tid"):
+        column = batch.column(name)
+        columns += [column.fill_null(0).to_numpy(), column.is_null().to_numpy(zero_copy_only=False)]
+    return columns
+
+
 class HostNesting:
     """Depth, parent and step of host events, natively, fed in batches sorted by thread and start.
 
@@ -255,10 +264,7 @@ class HostNesting:
     def _nest(self, batch: pa.RecordBatch, kind: np.ndarray | None) -> tuple[pa.RecordBatch, np.ndarray | None]:
         rows = batch.num_rows
         new_thread = np.zeros(rows, dtype=np.uint8)
-        thread: list[np.ndarray] = []
-        for name in ("pid", "tid"):
-            column = batch.column(name)
-            thread += [column.fill_null(0).to_numpy(), column.is_null().to_numpy(zero_copy_only=False)]
+        thread = thread_columns(batch)
         for values in thread:
             new_thread[1:] |= values[1:] != values[:-1]
         if rows:
