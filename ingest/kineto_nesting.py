@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from tracelake.contracts.schema import sql_literal
 
-from . import kineto_scan
+from . import kineto_scan, kineto_sql_tables
 from .encoding import EncodingWriter
 from .source import read_ahead
 
@@ -96,8 +96,7 @@ def _edges(parts: list[_Part], slices: int) -> list[int]:
 
 def slices(parts: Path, threads: int) -> list[_Slice]:
     """The slices of time the parts in ``parts`` are swept in: one, unbounded, where slicing does not apply."""
-    host = sorted(parts.glob("host-*.parquet"))
-    memory = sorted(parts.glob("memory-*.parquet"))
+    host, memory = kineto_sql_tables.part_files(parts, "host"), kineto_sql_tables.part_files(parts, "memory")
     whole = [_Slice(None, None, host, memory)]
     if threads > MAX_THREADS:
         return whole
