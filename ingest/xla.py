@@ -43,7 +43,7 @@ from .tables import BackgroundWriter, TableWriter, fit_int
 from .xla_gpu import MAX_NS, STREAM_LINE, StreamRows, event_stats, steps_array
 from .xla_host import HostLines
 from .xla_memory import MemoryRows
-from .xla_rows import as_float, as_int, as_str, as_uint, writer_options
+from .xla_rows import as_float, as_int, as_str, as_uint, distinct_inverse, writer_options
 from .xspace import EventBatch, Plane, Space
 
 FORMAT = "xla"
@@ -244,7 +244,7 @@ class _Parser(HostLines):
         if not n:
             return None
         fields = line.fields()
-        kinds, which = np.unique(fields.metadata_id, return_inverse=True)
+        kinds, which = distinct_inverse(fields.metadata_id)
         ops = [self._tpu_op(plane, int(mid)) for mid in kinds]
         ts = self._origin_ns(line.header) + fields.offset_ps // 1000  # whole ns: floor((origin * 1000 + ps) / 1000)
         return ops, which, ts, np.maximum(fields.duration_ps // 1000, 0)

@@ -24,7 +24,7 @@ from tracelake.contracts.errors import TraceFormatError
 
 from . import xla_ops
 from .tables import ColumnValues
-from .xla_rows import DEVICE_COLUMNS, Columns, RowBuilder, as_int, as_str, as_uint, stat_ints
+from .xla_rows import DEVICE_COLUMNS, Columns, RowBuilder, as_int, as_str, as_uint, distinct_inverse, stat_ints
 from .xspace import EventBatch, Plane
 
 STREAM_LINE = re.compile(r"^Stream #(\d+)")
@@ -90,7 +90,7 @@ class GpuStreams(RowBuilder):
         named = {key: stats.values(stats.last(key))
                  for key in ("hlo_module", "hlo_op", "program_id", "hlo_category")}
         correlation, has_correlation = stat_ints(stats, "correlation_id")
-        kinds, which_kind = np.unique(fields.metadata_id, return_inverse=True)
+        kinds, which_kind = distinct_inverse(fields.metadata_id)
         keys = np.stack([which_kind.reshape(-1)] + [codes for _, codes in named.values()])
         combos, which = distinct_columns(keys)
         kernel_names = [self._kernel_name(plane, int(k)) for k in kinds.tolist()]

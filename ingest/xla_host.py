@@ -37,8 +37,8 @@ from . import xla_ops
 from .xla_memory import MemoryRows
 from .tables import BackgroundWriter, ColumnValues, TableWriter, arrow_table, fit_int
 from .xla_gpu import GpuStreams, event_stats, steps_array
-from .xla_rows import (DEVICE_COLUMNS, HOST_COLUMNS, Columns, as_float, as_int, as_str, as_uint, stat_ints,
-                       writer_options)
+from .xla_rows import (DEVICE_COLUMNS, HOST_COLUMNS, Columns, as_float, as_int, as_str, as_uint, distinct_inverse,
+                       stat_ints, writer_options)
 from .xspace import EventBatch, Plane, Space
 
 #: Host rows held before a part is written to the scratch file.
@@ -173,7 +173,7 @@ class HostLines(GpuStreams):
             annotated = np.flatnonzero(is_step[order])
             step_annotations = list(zip(step_num[order[annotated]].tolist(), ts[annotated].tolist(),
                                         dur[annotated].tolist(), strict=True))
-        kinds, which = np.unique(fields.metadata_id[order], return_inverse=True)
+        kinds, which = distinct_inverse(fields.metadata_id[order])
         names = [self._kernel_name(plane, int(k)) for k in kinds.tolist()]
         name = str(header.name)
 

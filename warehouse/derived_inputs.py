@@ -171,8 +171,9 @@ def only(stats: pq.Statistics | None, value: object) -> bool:
 
 
 def ints(column: pa.ChunkedArray, missing: int) -> np.ndarray:
-    """The column as int64, ``missing`` for nulls."""
-    return pc.fill_null(column, missing).to_numpy().astype(np.int64, copy=False)
+    """The column as int64, ``missing`` for nulls (a column without nulls is not copied to fill them)."""
+    filled = pc.fill_null(column, missing) if column.null_count else column
+    return filled.to_numpy().astype(np.int64, copy=False)
 
 
 def narrow(values: np.ndarray) -> np.ndarray:

@@ -11,15 +11,20 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import polars as pl
-from tracelake.analysis import findings
-from tracelake.analysis.assemble import Analysis
 from tracelake.analysis.runs import Runs, group_runs
+from tracelake.contracts.lazy import lazy_module
 from tracelake.contracts.status import IngestStatus
 
 from .results import IngestResult
+
+if TYPE_CHECKING:
+    from tracelake.analysis import assemble, findings
+    from tracelake.analysis.assemble import Analysis
+else:  # an ingest only warns of repeated ranks (warn_repeats): the analyses load when a run is analysed
+    assemble, findings = (lazy_module(f"tracelake.analysis.{name}") for name in ("assemble", "findings"))
 
 #: A selection's ``(job, trace_id)`` pairs.
 Pairs = Sequence[tuple[str, str]]
@@ -122,7 +127,7 @@ def merge(parts: dict[str, Analysis]) -> Analysis:
     """Analyses of several runs as one: every frame with a leading ``run`` column, every finding naming its run."""
     frames: dict[str, object] = {}
     first = next(iter(parts.values()))
-    for spec in dataclasses.fields(Analysis):
+    for spec in dataclasses.fields(assemble.Analysis):
         if spec.name in ("findings", "runs"):
             continue
         if not isinstance(getattr(first, spec.name), pl.DataFrame):  # not a frame: the first run's
@@ -134,7 +139,7 @@ def merge(parts: dict[str, Analysis]) -> Analysis:
             if isinstance(frame := getattr(part, spec.name), pl.DataFrame) and frame.width and frame.height
         ]
         frames[spec.name] = pl.concat(pieces, how="diagonal_relaxed") if pieces else _with_run(getattr(first, spec.name))
-    merged = Analysis(**frames)  # type: ignore[arg-type]
+    merged = assemble.Analysis(**frames)  # type: ignore[arg-type]
     merged.findings = _ordered([
         dataclasses.replace(f, title=f"in {run}, {f.title}") for run, part in parts.items() for f in part.findings
     ])
