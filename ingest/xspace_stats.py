@@ -17,6 +17,11 @@ if TYPE_CHECKING:
     from .xspace import EventBatch, Plane
 
 
+#: Stat metadata ids below this are looked up in a table (:meth:`BatchStats._named`); a plane declaring a larger one
+#: (not seen in XProf's files, whose ids count up from 1) is searched instead.
+STAT_TABLE_LIMIT = 1 << 20
+
+
 class BatchStats:
     """The stats of a run of events by name, as arrays: the bulk counterpart of :meth:`Plane.named_stats`.
 
@@ -33,6 +38,32 @@ class BatchStats:
         self._ids: dict[str, list[int]] = {}
         for metadata_id, name in plane.stat_names.items():
             self._ids.setdefault(name, []).append(metadata_id)
+        self._names: np.ndarray | None = None  # per stat, the index of its name in _ids (-1: undeclared); on demand
+
+    def _named(self, name: str) -> np.ndarray:
+        """Whether each stat (in :attr:`fields`) is called ``name``.
+
+        Stat metadata ids are small numbers (1 up to the plane's count of names): each stat's name is looked up once
+        per run in a table of them, then a name is one comparison, not a search of the ids per name. Ids no table
+        suits: ``np.isin``.
+        """
+        ids = self._ids.get(name, [])
+        mid = self.fields.metadata_id
+        if self._names is None:
+            declared = list(self.plane.stat_names)
+            if declared and min(declared) >= 0 and max(declared) < STAT_TABLE_LIMIT:
+                table = np.full(max(declared) + 1, -1, dtype=np.int32)
+                for index, named in enumerate(self._ids.values()):
+                    table[named] = index
+                inside = (mid >= 0) & (mid < len(table))
+                self._names = np.where(inside, table[np.where(inside, mid, 0)], -1)
+            else:
+                self._names = np.empty(0, dtype=np.int32)
+        if len(self._names) != len(mid):  # no table: the ids searched
+            return np.isin(mid, np.array(ids, dtype=np.int64))
+        if not ids:
+            return np.zeros(len(mid), dtype=bool)
+        return self._names == list(self._ids).index(name)
 
     def last(self, name: str) -> np.ndarray:
         """Per event, the index (in :attr:`fields`) of its last stat called ``name``; -1 where it has none."""
@@ -40,7 +71,7 @@ class BatchStats:
         ids = self._ids.get(name)
         if not ids or not len(self.fields.metadata_id):
             return out
-        sel = np.flatnonzero(np.isin(self.fields.metadata_id, np.array(ids, dtype=np.int64)))
+        sel = np.flatnonzero(self._named(name))
         if len(sel):
             event = self.fields.event[sel]
             last = np.r_[event[1:] != event[:-1], True]  # stats are in file order, so grouped by event

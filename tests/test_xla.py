@@ -315,6 +315,17 @@ def test_gpu_stats_of_every_kind_decode_in_bulk_as_one_by_one(tmp_path: Path, mo
     _assert_gpu_streams_decode_in_bulk_as_one_by_one(odd, window, monkeypatch)
 
 
+def test_gpu_stats_decode_in_bulk_without_the_table_of_stat_names(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stat metadata ids too large for a table of names (xspace_stats.STAT_TABLE_LIMIT) are searched instead: the same
+    tables as one by one."""
+    from tracelake.ingest import xspace_stats
+
+    monkeypatch.setattr(xspace_stats, "STAT_TABLE_LIMIT", 0)
+    odd = _gpu_stream_with_every_kind_of_stat(tmp_path / "host0.xplane.pb", random.Random(7))
+    _assert_gpu_streams_decode_in_bulk_as_one_by_one(odd, 1 << 20, monkeypatch)
+
+
 def _space_with_unknown_stat_ids(path: Path) -> Path:
     """A TPU and a GPU plane whose stats refer to stat metadata ids they do not declare (as newer profilers write)."""
     from tracelake.ingest.xplane_proto import XSpaceWhole
