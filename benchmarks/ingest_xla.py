@@ -7,6 +7,8 @@ Run it from the repository root with the dev virtualenv::
     python benchmarks/ingest_xla.py --size-mb 0 --xplane ../shared/real_traces/xla/tpu_inference_2.xplane.pb \
         --xplane sample_traces/gpu_h200/jax/            # real files only (a folder: its *.xplane.pb)
     python benchmarks/ingest_xla.py --skip-xprof --size-mb 100       # tracelake and the decode anchor only
+    python benchmarks/ingest_xla.py --device tpu,gpu --size-mb 30 --runs 6 --skip-xprof --old /tmp/oldtree
+                                     # this checkout against another build (pip install --no-deps --target TREE)
 
 What it measures, on each file: the project's XLA generator (``sample_traces/generate_xla.py``)
 writes a TPU profile of 4 chips and 40 training steps, with as many short ops per
@@ -69,6 +71,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -245,14 +248,19 @@ def measure(trace: Path, what: str, workdir: Path, args: argparse.Namespace) -> 
             xprof_error = str(exc)
             print(f"XProf FAILED, continuing without it: {exc}", flush=True)
     home = workdir / "warehouse"
-    for _ in range(args.runs):
+    builds = [("", None)] + ([(" (--old)", {**os.environ, "PYTHONPATH": str(args.old.resolve())})] if args.old else [])
+    for turn in range(args.runs):
         warm_page_cache(trace)
-        shutil.rmtree(home, ignore_errors=True)
-        try:
-            runs.setdefault("tracelake ingest", []).append(_run(sys.executable, TRACELAKE_CHILD, [trace, home],
-                                                                workdir, timeout))
-        finally:
+        for label, env in builds if turn % 2 == 0 else builds[::-1]:  # alternating: a busy neighbour weighs on both
             shutil.rmtree(home, ignore_errors=True)
+            try:
+                runs.setdefault(f"tracelake ingest{label}", []).append(
+                    _run(sys.executable, TRACELAKE_CHILD, [trace, home], workdir, timeout, env))
+            finally:
+                shutil.rmtree(home, ignore_errors=True)
+            if args.old:  # the parse alone too, build against build
+                runs.setdefault(f"tracelake parse only{label}", []).append(
+                    _run(sys.executable, PARSE_CHILD, [trace], workdir, timeout, env))
         for tool in tools:
             folder = workdir / "xprof"
             try:
@@ -261,7 +269,8 @@ def measure(trace: Path, what: str, workdir: Path, args: argparse.Namespace) -> 
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
     results = {name: _best(figs) for name, figs in runs.items()}
-    results["tracelake parse only"] = _run(sys.executable, PARSE_CHILD, [trace], workdir, timeout)
+    if not args.old:
+        results["tracelake parse only"] = _run(sys.executable, PARSE_CHILD, [trace], workdir, timeout)
     results["whole-message decode"] = _run(sys.executable, WHOLE_CHILD, [trace], workdir, timeout)
 
     print(f"\n{'':<30} {'seconds':>8} {'CPU s':>8} {'MB/s':>8} {'peak RSS MB':>12} {'RSS/trace':>10} "
@@ -274,6 +283,8 @@ def measure(trace: Path, what: str, workdir: Path, args: argparse.Namespace) -> 
               f"{fig['peak_rss_bytes'] / MB:>12,.0f} {fig['peak_rss_bytes'] / size:>10.2f} "
               f"{fig['above_start_bytes'] / MB:>15,.0f}")
     ratios = _ratios(results)
+    if args.old:
+        ratios["against_old"] = _against_old(results)
     return {"file": str(trace), "what": what, "trace_bytes": size, "results": results, "ratios": ratios,
             **({"xprof_error": xprof_error} if xprof_error else {})}
 
@@ -310,11 +321,30 @@ def _ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return ratios
 
 
-def _run(python: str, code: str, inputs: list[Path | str], workdir: Path, timeout: float) -> dict[str, Any]:
-    """One child's figures with its peak RSS, or ``{"error": ...}`` if it failed (the others still run)."""
+def _against_old(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """This checkout's ingest and parse over ``--old``'s: fastest run, least CPU, median run, largest peak RSS."""
+    found: dict[str, Any] = {}
+    for what in ("tracelake ingest", "tracelake parse only"):
+        new, old = results.get(what, {}), results.get(f"{what} (--old)", {})
+        if "error" in new or "error" in old or not new or not old:
+            continue
+        found[what] = {
+            "time_ratio": new["seconds"] / old["seconds"], "cpu_ratio": new["cpu_seconds"] / old["cpu_seconds"],
+            "median_ratio": statistics.median(new["runs_seconds"]) / statistics.median(old["runs_seconds"]),
+            "rss_ratio": new["peak_rss_bytes"] / old["peak_rss_bytes"]}
+        print(f"{what}, this checkout against --old: {found[what]['time_ratio']:.2f}x the fastest run, "
+              f"{found[what]['median_ratio']:.2f}x the median, {found[what]['cpu_ratio']:.2f}x the least CPU time, "
+              f"{found[what]['rss_ratio']:.2f}x the peak RSS")
+    return found
+
+
+def _run(python: str, code: str, inputs: list[Path | str], workdir: Path, timeout: float,
+         env: dict[str, str] | None = None) -> dict[str, Any]:
+    """One child's figures with its peak RSS, or ``{"error": ...}`` if it failed (the others still run); ``env``:
+    the child's environment (``--old``: the other build first on its path)."""
     started = time.perf_counter()
     try:
-        out, rss = run_child(python, code, [Path(i) for i in inputs], workdir, timeout)
+        out, rss = run_child(python, code, [Path(i) for i in inputs], workdir, timeout, env)
     except (RuntimeError, OSError) as exc:
         print(f"child failed, continuing: {str(exc).strip().splitlines()[-1][:300]}", flush=True)
         return {"error": str(exc)}
@@ -374,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, help="where the trace and warehouse go (default: a temp dir)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per child run (default 3600)")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--old", type=Path, metavar="TREE",
+                        help="also ingest and parse with another build of tracelake, alternating with this "
+                        "checkout's, every run: a folder it was installed into (pip install --no-deps --target TREE "
+                        "<its checkout>)")
     args = parser.parse_args(argv)
     try:
         sizes = [float(s) for s in str(args.size_mb).split(",") if s.strip()]
@@ -393,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("nothing to measure: --size-mb 0 and no --xplane")
     if args.runs < 1:
         parser.error("--runs: at least 1")
+    if args.old is not None and not (args.old / "tracelake").is_dir():
+        parser.error(f"--old: {args.old} holds no installed tracelake (pip install --no-deps --target TREE <checkout>)")
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="tracelake-bench-xla-"))
     workdir.mkdir(parents=True, exist_ok=True)

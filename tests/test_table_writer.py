@@ -36,6 +36,9 @@ def _as(form: str, values: list[str | None], draw_codes: list[int]) -> object:
         half = len(values) // 2
         return pa.chunked_array([pa.array(part + [None], type=pa.string()).dictionary_encode(null_encoding="encode")[
             :len(part)] for part in (values[:half], values[half:])])
+    if form == "dict per row":  # a word per row, repeats and all (as a parser's per-op lists make them)
+        codes = [None if c < 0 else i for i, c in enumerate(draw_codes)]
+        return pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()), pa.array(values, type=pa.string()))
     # a dictionary whose values may hold a null (a per-op text that is None) and whose codes may be null too
     words = list(dict.fromkeys(values)) or [None]
     codes = [None if c < 0 else words.index(values[i]) for i, c in enumerate(draw_codes)]
@@ -53,7 +56,8 @@ def test_dictionaries_read_back_as_the_plain_writer_s_file(data: st.DataObject, 
         names = data.draw(st.lists(WORDS, min_size=rows, max_size=rows))
         categories = data.draw(st.lists(WORDS, min_size=rows, max_size=rows))
         codes = data.draw(st.lists(st.integers(-1, 3), min_size=rows, max_size=rows))
-        forms = data.draw(st.tuples(*[st.sampled_from(["list", "strings", "chunked", "chunked dicts", "dict", "dict8"])] * 2))
+        forms = data.draw(st.tuples(*[st.sampled_from(["list", "strings", "chunked", "chunked dicts", "dict", "dict8",
+                                                       "dict per row"])] * 2))
         expected_names = [None if (forms[0].startswith("dict") and c < 0) else n for n, c in zip(names, codes,
                                                                                              strict=True)]
         batches.append(({"event_id": list(range(rows)), "name": _as(forms[0], names, codes),
@@ -74,6 +78,14 @@ def test_dictionaries_read_back_as_the_plain_writer_s_file(data: st.DataObject, 
     assert coded["category"].to_pylist() == [c for _, _, categories in batches for c in categories]
     assert set(coded["trace_id"].to_pylist()) <= {"t1"}
     assert pl.read_parquet(written[True]).equals(pl.read_parquet(written[False]))
+    # and the texts are stored as dictionary pages, never fallen back to one plain text per row
+    meta = pq.ParquetFile(written[True]).metadata
+    for group in range(meta.num_row_groups):
+        for column in range(meta.num_columns):
+            chunk = meta.row_group(group).column(column)
+            if chunk.path_in_schema in ("name", "category") and chunk.statistics is not None \
+                    and chunk.statistics.has_min_max:  # some text in it
+                assert "RLE_DICTIONARY" in chunk.encodings, (chunk.path_in_schema, chunk.encodings)
     query = "SELECT trace_id, event_id, name, category FROM read_parquet(?)"
     assert duckdb.execute(query, [str(written[True])]).fetchall() == \
         duckdb.execute(query, [str(written[False])]).fetchall()

@@ -368,7 +368,7 @@ def _windows(path: Path, trace_id: str, rank: int, chunk_rows: int) -> Iterator[
     rank's ops nearly in time order, so few are held back; out of order, up to a whole rank is.
     Ops without a start are left out. Ops already in start order (the usual case) are cut, not sorted.
     """
-    file = pq.ParquetFile(path, read_dictionary=["trace_id", "category", "name"])
+    file = pq.ParquetFile(path, read_dictionary=["trace_id", "kind", "category", "name"])  # texts as codes
     groups = _row_groups(file.metadata, trace_id, rank)
     pending: list[pa.Table] = []  # in Arrow until a window is cut: one conversion to polars per window
     held = 0
