@@ -149,7 +149,7 @@ def _operators(host_ops: Path) -> dict[str, Operators]:
             spans.append((group, str(trace_id), trace.size, mine.num_rows, whole))
             trace.add(mine, known)
         # No release per row group: Arrow's pool is the system's (contracts/allocators.py), whose freed tops go back
-        # as they form; a trim here cost 6-9% of the stored analyses at 2 GB, the peak the same (docs/architecture.md)
+        # as they form; a trim here handed back pages the next row group faulted in again (docs/architecture.md)
         del part
     found = {trace_id: trace.operators() for trace_id, trace in traces.items()}
     release_free_memory()  # the attribution's arrays (every host event's), back before the second pass reads
