@@ -38,7 +38,32 @@ class BatchStats:
         self._ids: dict[str, list[int]] = {}
         for metadata_id, name in plane.stat_names.items():
             self._ids.setdefault(name, []).append(metadata_id)
-        self._names: np.ndarray | None = None  # per stat, the index of its name in _ids (-1: undeclared); on demand
+        self._table: np.ndarray | None = None  # per stat metadata id, the index of its name in _ids (-1: none)
+        self._names: np.ndarray | None = None  # per stat of the run, the index of its name (-1: undeclared)
+
+    def _name_table(self) -> np.ndarray | None:
+        """Per stat metadata id up to the largest the plane declares, the index of its name in ``_ids`` (-1: not
+        declared); None where ids are too large for a table (:data:`STAT_TABLE_LIMIT`)."""
+        if self._table is None:
+            declared = list(self.plane.stat_names)
+            if not declared or min(declared) < 0 or max(declared) >= STAT_TABLE_LIMIT:
+                return None
+            self._table = np.full(max(declared) + 1, -1, dtype=np.int32)
+            for index, named in enumerate(self._ids.values()):
+                self._table[named] = index
+        return self._table
+
+    def _name_indices(self, ids: np.ndarray, table: np.ndarray) -> np.ndarray:
+        """Each id's name index in ``table`` (:meth:`_name_table`), -1 for an id it does not declare."""
+        inside = (ids >= 0) & (ids < len(table))
+        return np.where(inside, table[np.where(inside, ids, 0)], -1)
+
+    def _declared(self, ids: np.ndarray) -> np.ndarray:
+        """Whether the plane declares each stat metadata id."""
+        table = self._name_table()
+        if table is None:
+            return np.isin(ids, np.array(list(self.plane.stat_names), dtype=np.int64))
+        return self._name_indices(ids, table) >= 0
 
     def _named(self, name: str) -> np.ndarray:
         """Whether each stat (in :attr:`fields`) is called ``name``.
@@ -49,18 +74,11 @@ class BatchStats:
         """
         ids = self._ids.get(name, [])
         mid = self.fields.metadata_id
-        if self._names is None:
-            declared = list(self.plane.stat_names)
-            if declared and min(declared) >= 0 and max(declared) < STAT_TABLE_LIMIT:
-                table = np.full(max(declared) + 1, -1, dtype=np.int32)
-                for index, named in enumerate(self._ids.values()):
-                    table[named] = index
-                inside = (mid >= 0) & (mid < len(table))
-                self._names = np.where(inside, table[np.where(inside, mid, 0)], -1)
-            else:
-                self._names = np.empty(0, dtype=np.int32)
-        if len(self._names) != len(mid):  # no table: the ids searched
+        table = self._name_table()
+        if table is None:
             return np.isin(mid, np.array(ids, dtype=np.int64))
+        if self._names is None:
+            self._names = self._name_indices(mid, table)
         if not ids:
             return np.zeros(len(mid), dtype=bool)
         return self._names == list(self._ids).index(name)
@@ -144,10 +162,11 @@ class BatchStats:
         mid = self.fields.metadata_id
         if not len(mid):
             return
-        declared = np.isin(mid, np.array(list(names), dtype=np.int64))
+        declared = self._declared(mid)
         for metadata_id, n in zip(*np.unique(mid[~declared], return_counts=True), strict=True):
             self.plane._unknown(int(metadata_id), int(n))
         refs = self.fields.value[declared & (self.fields.kind == STAT_REF)]
+        refs = refs[~self._declared(refs)]  # only the references to undeclared ids are counted: few, if any
         for ref, n in zip(*np.unique(refs, return_counts=True), strict=True):
             if int(ref) not in names:
                 self.plane._unknown(int(ref), int(n))

@@ -358,7 +358,13 @@ def _space_with_unknown_stat_ids(path: Path) -> Path:
     return path
 
 
-def test_stats_of_undeclared_metadata_ids_are_ignored_and_counted(tmp_path: Path, warehouse: Warehouse) -> None:
+@pytest.mark.parametrize("table", [True, False], ids=["table of names", "ids searched"])
+def test_stats_of_undeclared_metadata_ids_are_ignored_and_counted(tmp_path: Path, warehouse: Warehouse, table: bool,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracelake.ingest import xspace_stats
+
+    if not table:  # ids too large for a table of names (xspace_stats.STAT_TABLE_LIMIT): searched, the same counts
+        monkeypatch.setattr(xspace_stats, "STAT_TABLE_LIMIT", 0)
     path = _space_with_unknown_stat_ids(tmp_path / "host0.xplane.pb")
     report = warehouse.ingest([path], job="unknown-stats")
     result = report.results[0]
