@@ -228,11 +228,16 @@ def warm_page_cache(path: Path) -> None:
             pass
 
 
+def build_env(tree: Path | None) -> dict[str, str] | None:
+    """A child's environment that imports the build installed in ``tree`` (``--old``); None: this checkout's."""
+    return {**os.environ, "PYTHONPATH": str(tree.resolve())} if tree else None
+
+
 def measure_tracelake(fig: Figures, trace: Path, workdir: Path, timeout: float, tree: Path | None = None) -> None:
     """One tracelake ingest of ``trace``: of this checkout, or of the build installed in ``tree`` (``--old``)."""
     home = workdir / "warehouse"
     home.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(tree.resolve())} if tree else None
+    env = build_env(tree)
     started = time.perf_counter()
     try:
         out, rss = run_child(sys.executable, TRACELAKE_CHILD, [trace, home], workdir, timeout, env)

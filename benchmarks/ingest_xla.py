@@ -85,7 +85,7 @@ from ingest_kineto import CPU_TRACELAKE_CHILD as TRACELAKE_CHILD  # noqa: E402
 from ingest_kineto import cached_venv  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ingest_kineto import MB, run_child, warm_page_cache  # noqa: E402  (benchmarks/ is not a package)
+from ingest_kineto import MB, build_env, run_child, warm_page_cache  # noqa: E402  (benchmarks/ is not a package)
 
 HERE = Path(__file__).resolve().parent
 XPROF_VENV = HERE / ".venv-xprof"
@@ -248,7 +248,7 @@ def measure(trace: Path, what: str, workdir: Path, args: argparse.Namespace) -> 
             xprof_error = str(exc)
             print(f"XProf FAILED, continuing without it: {exc}", flush=True)
     home = workdir / "warehouse"
-    builds = [("", None)] + ([(" (--old)", {**os.environ, "PYTHONPATH": str(args.old.resolve())})] if args.old else [])
+    builds = [("", None)] + ([(" (--old)", build_env(args.old))] if args.old else [])
     for turn in range(args.runs):
         warm_page_cache(trace)
         for label, env in builds if turn % 2 == 0 else builds[::-1]:  # alternating: a busy neighbour weighs on both

@@ -218,9 +218,10 @@ class _Trace:
         is_py = np.array([c == "python_function" for c in cats] + [False])[cat_codes]
         name = pc.dictionary_encode(part["name"]).combine_chunks()
         words = name.dictionary.to_pylist()
-        flags = [(known[w] if w in known else known.setdefault(w, (counted(w), scope_kind("python_function", w),
-                                                                   recompute_kind(w)))) if w else
-                 (False, 0, 0) for w in words] + [(False, 0, 0)]  # each name's tests run once, not once a row group
+        for w in words:  # each name's tests run once, not once a row group
+            if w and w not in known:
+                known[w] = (counted(w), scope_kind("python_function", w), recompute_kind(w))
+        flags = [known[w] if w else (False, 0, 0) for w in words] + [(False, 0, 0)]
         codes = pc.fill_null(name.indices, len(words)).to_numpy(zero_copy_only=False)
         kind = np.where(is_py, np.array([f[1] for f in flags], dtype=np.int8)[codes], 0).astype(np.int8)
         calls = np.flatnonzero(pc.and_(pc.is_valid(part["correlation"]), pc.is_valid(part["ts_ns"]))
