@@ -8,11 +8,17 @@ slice of time at a time (:data:`SLICE_ROWS` rows or so each, in memory), each sl
 parts whose times reach into it (their Parquet statistics), and each thread's rows go to a sweep
 of its own that carries on from slice to slice. Where slicing does not apply (a host event
 without a time, a part without statistics, many threads), the whole is sorted at once.
+
+The sliced sweep also writes the host events' facts (depth, parent, step) in order of event id, the order the
+final ``host_ops`` merges them in (``kineto_sql_tables._write_merged``), which would otherwise sort them again: a
+part holds consecutive events, so the least id of each slice is known from the parts' statistics, and a slice's
+facts, sorted once it is swept, wait only until no later slice can hold a smaller id.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,28 +43,39 @@ BATCH_ROWS = 65_536
 #: Which host events may hold a memory instant (its ``op``): the same rule for the native sweep and the fallback.
 IS_CPU_OP = "lower({table}cat) = 'cpu_op'"
 _IDS_SCHEMA = pa.schema([("event_id", pa.int64()), ("op_id", pa.int64())])
+_HOST_SCHEMA = pa.schema([("event_id", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()), ("ts_ns", pa.int64()),
+                          ("dur_ns", pa.int64()), ("correlation", pa.int64()), ("depth", pa.int32()),
+                          ("step", pa.int64()), ("parent_id", pa.int64())])
+_FACTS_SCHEMA = pa.schema([_HOST_SCHEMA.field(name) for name in ("event_id", *kineto_sql_tables.HOST_FACTS)])
 #: Points per part where its rows are assumed spread evenly over its times, to cut slices of like size.
 _POINTS = 16
+#: Facts held back, beyond the slice just swept, before the facts are left to be sorted after the sweep instead
+#: (slices whose events' ids overlap much: parts spanning long times).
+HELD_ROWS = SLICE_ROWS
 
 
 @dataclass(frozen=True)
 class _Part:
-    """A Parquet part: its path, its least and greatest ``ts_ns`` and its rows."""
+    """A Parquet part: its path, its least and greatest ``ts_ns``, its rows and its least ``event_id`` (None:
+    unknown)."""
 
     path: Path
     low: int
     high: int
     rows: int
+    first_id: int | None = None
 
 
 @dataclass(frozen=True)
 class _Slice:
-    """Times ``[start, stop)`` (None: unbounded) and the parts holding any."""
+    """Times ``[start, stop)`` (None: unbounded), the parts holding any, and the least event id its host parts
+    hold (None: unknown; larger than any id where it has none)."""
 
     start: int | None
     stop: int | None
     host: list[Path]
     memory: list[Path]
+    first_id: int | None = None
 
 
 def _part(path: Path, *, nulls_allowed: bool) -> _Part | None:
@@ -79,7 +96,21 @@ def _part(path: Path, *, nulls_allowed: bool) -> _Part | None:
         high = stats.max if high is None else max(high, stats.max)
     if low is None or high is None:
         return _Part(path, 0, -1, 0)  # nothing to sweep
-    return _Part(path, int(low), int(high), meta.num_rows)
+    return _Part(path, int(low), int(high), meta.num_rows, _least_id(meta))
+
+
+def _least_id(meta: pq.FileMetaData) -> int | None:
+    """A part's least ``event_id``, from its statistics; None where a row group holding rows has none."""
+    column = meta.schema.to_arrow_schema().get_field_index("event_id")
+    least: int | None = None
+    for group in range(meta.num_row_groups):
+        if not meta.row_group(group).num_rows:
+            continue
+        stats = meta.row_group(group).column(column).statistics
+        if stats is None or not stats.has_min_max:
+            return None
+        least = int(stats.min) if least is None else min(least, int(stats.min))
+    return least
 
 
 def _edges(parts: list[_Part], slices: int) -> list[int]:
@@ -113,9 +144,28 @@ def slices(parts: Path, threads: int) -> list[_Slice]:
     for start, stop in zip(bounds, bounds[1:]):
         def within(part: _Part, start: int | None = start, stop: int | None = stop) -> bool:
             return part.rows > 0 and (start is None or part.high >= start) and (stop is None or part.low < stop)
-        cut.append(_Slice(start, stop, [p.path for p in known[:len(host)] if within(p)],
-                          [p.path for p in known[len(host):] if within(p)]))
+        mine = [p for p in known[:len(host)] if within(p)]
+        first_id = NO_ID if not mine else None if any(p.first_id is None for p in mine) else \
+            min(p.first_id for p in mine if p.first_id is not None)
+        cut.append(_Slice(start, stop, [p.path for p in mine], [p.path for p in known[len(host):] if within(p)],
+                          first_id))
     return cut
+
+
+#: A slice's least id where it holds no host event: above every id.
+NO_ID = 2**63 - 1
+
+
+def _floors(cut: list[_Slice]) -> list[int] | None:
+    """After each slice, the least event id any later slice may hold (:data:`NO_ID` after the last); None where the
+    sweep is not sliced or a slice's least id is unknown (the facts are then not written in id order)."""
+    if len(cut) < 2 or any(piece.first_id is None for piece in cut):
+        return None
+    floors, least = [], NO_ID
+    for piece in reversed(cut):
+        floors.append(least)
+        least = min(least, NO_ID if piece.first_id is None else piece.first_id)
+    return floors[::-1]
 
 
 def _files(paths: list[Path]) -> str:
@@ -172,6 +222,80 @@ class _Sweeps:
         return sweep
 
 
+class _InIdOrder:
+    """The host events' facts (``event_id`` and ``kineto_sql_tables.HOST_FACTS``) into a file in event-id order.
+
+    A slice's facts come in the sweep's order (by thread and time); once the slice is swept they are sorted (with
+    those held from slices before), those below the least id a later slice may hold are written and the rest held.
+    The sorting runs on a thread of its own while the next slice is swept (numpy and Arrow let go of the GIL).
+    Where more than :data:`HELD_ROWS` would be held, the file is given up (removed) and the final table sorts the
+    facts as before.
+    """
+
+    def __init__(self, out: Path, floors: list[int]) -> None:
+        self._out: _Rows | None = _Rows(out, _FACTS_SCHEMA)
+        self._path = out
+        self._floors = floors
+        self._slice: list[pa.RecordBatch] = []
+        self._held = _FACTS_SCHEMA.empty_table()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="tracelake-facts-order")
+        self._pending: Future[None] | None = None
+
+    def write(self, nested: pa.RecordBatch) -> None:
+        if self._out is not None:
+            self._slice.append(nested.select(_FACTS_SCHEMA.names))
+
+    def end_slice(self, index: int) -> None:
+        batches, self._slice = self._slice, []
+        self._wait()
+        if self._out is not None:
+            self._pending = self._worker.submit(self._order, batches, self._floors[index])
+
+    def _order(self, batches: list[pa.RecordBatch], floor: int) -> None:
+        """On the worker: the slice's facts with those held, sorted; those below ``floor`` written."""
+        assert self._out is not None
+        rows = pa.concat_tables([self._held, pa.Table.from_batches(batches, schema=_FACTS_SCHEMA)])
+        ids = rows.column("event_id").to_numpy()
+        order = np.argsort(ids, kind="stable")  # timsort: the held rows and each thread's rows are sorted runs
+        at = int(np.searchsorted(ids[order], floor, side="left"))
+        self._held = rows.take(order[at:])
+        if self._held.num_rows > HELD_ROWS:
+            self._give_up()
+            return
+        for batch in rows.take(order[:at]).to_batches():
+            self._out.write(batch)
+
+    def close(self) -> None:
+        try:
+            self._wait()
+            if self._out is not None:
+                out, self._out = self._out, None
+                for batch in self._held.to_batches():
+                    out.write(batch)
+                out.close()
+        finally:
+            self._worker.shutdown(wait=True)
+
+    def abandon(self) -> None:
+        with suppress(Exception):  # the error under way, if any, is the one to report
+            self._wait()
+        self._give_up()
+        self._worker.shutdown(wait=True)
+
+    def _wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def _give_up(self) -> None:
+        if self._out is not None:
+            out, self._out = self._out, None
+            with suppress(Exception):  # a failed write of a file being removed
+                out.close()
+            self._path.unlink(missing_ok=True)
+        self._slice, self._held = [], _FACTS_SCHEMA.empty_table()
+
+
 class _Rows:
     """A Parquet file written in row groups of about :data:`BATCH_ROWS` rows from batches of any size, each encoded
     while the next is swept."""
@@ -197,41 +321,60 @@ class _Rows:
         self._writer.close()
 
 
-def _sorted(con: duckdb.DuckDBPyConnection, cut: list[_Slice], *, with_memory: bool) -> Iterator[pa.RecordBatch]:
-    """The slices' rows in the sweep's order, slice after slice."""
-    for piece in cut:
+def _sorted(con: duckdb.DuckDBPyConnection, cut: list[_Slice], *, with_memory: bool
+            ) -> Iterator[tuple[int, pa.RecordBatch | None]]:
+    """The slices' rows in the sweep's order, slice after slice, each batch with its slice's index; after each
+    slice, its index with None."""
+    for index, piece in enumerate(cut):
         query = _query(piece, with_memory=with_memory)
         if query is not None:
-            yield from con.sql(query).to_arrow_reader(BATCH_ROWS)
+            for batch in con.sql(query).to_arrow_reader(BATCH_ROWS):
+                yield index, batch
+        yield index, None
 
 
 def sweep(con: duckdb.DuckDBPyConnection, out: Path, steps: pa.Table, threads: int) -> None:
     """The host events (and memory instants) of the parts beside ``out`` through the sweeps, slice by slice, sorted
     on ``con`` (a connection of its own), into ``out``; each instant's op into ``mem_op_ids.parquet`` beside it.
-    ``threads``: how many threads the rows are on."""
+    ``threads``: how many threads the rows are on.
+
+    Where the sweep is sliced, the host events' facts also go to ``kineto_sql_tables.HOST_FACTS_BY_ID`` beside
+    ``out`` in event-id order (:class:`_InIdOrder`); the file is there only where that order was kept to the end.
+    """
     parts = out.parent
     with_memory = any(parts.glob("memory-*.parquet"))
     cut = slices(parts, threads)
     sweeps = _Sweeps(steps, per_thread=len(cut) > 1)
-    host_schema = pa.schema([("event_id", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()),
-                             ("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("correlation", pa.int64()),
-                             ("depth", pa.int32()), ("step", pa.int64()), ("parent_id", pa.int64())])
-    nested = _Rows(out, host_schema)
+    nested = _Rows(out, _HOST_SCHEMA)
     ids = _Rows(parts / "mem_op_ids.parquet", _IDS_SCHEMA) if with_memory else None
+    floors = _floors(cut)
+    by_id = _InIdOrder(parts / kineto_sql_tables.HOST_FACTS_BY_ID, floors) if floors is not None else None
     outputs = [nested] if ids is None else [nested, ids]
     try:  # DuckDB sorts the next slice while this one is swept
-        for batch in read_ahead(_sorted(con, cut, with_memory=with_memory), depth=4, name="tracelake-nesting-sort"):
+        for index, batch in read_ahead(_sorted(con, cut, with_memory=with_memory), depth=4,
+                                       name="tracelake-nesting-sort"):
+            if batch is None:
+                if by_id is not None:
+                    by_id.end_slice(index)
+                continue
             for nesting, rows in sweeps.pieces(batch):
                 if ids is None:
-                    nested.write(nesting.add(rows).cast(host_schema))
-                    continue
-                host, instants = nesting.add_with_instants(rows)
-                nested.write(host.cast(host_schema))
-                ids.write(instants.cast(_IDS_SCHEMA))
+                    host = nesting.add(rows).cast(_HOST_SCHEMA)
+                else:
+                    host, instants = nesting.add_with_instants(rows)
+                    host = host.cast(_HOST_SCHEMA)
+                    ids.write(instants.cast(_IDS_SCHEMA))
+                nested.write(host)
+                if by_id is not None:
+                    by_id.write(host)
     except BaseException:
         for output in outputs:
             with suppress(Exception):  # the error under way is the one to report
                 output.close()
+        if by_id is not None:
+            by_id.abandon()
         raise
     for output in outputs:
         output.close()
+    if by_id is not None:
+        by_id.close()

@@ -53,6 +53,12 @@ _ROW_GROUP_ROWS = 65_536
 #: at that merge was 251-256 MiB, under the nesting's 312, at the stored analyses' time of before.
 _ROW_GROUP_BYTES = 24 << 20
 _ROW_GROUP_MIN_ROWS = 16_384
+
+#: The host events' facts (from the nesting), and the file holding them in event-id order, which the sliced native
+#: sweep writes itself (``kineto_nesting.sweep``) and the merge otherwise sorts them into (:func:`_write_merged`).
+HOST_FACTS = ("depth", "parent_id", "step")
+HOST_FACTS_BY_ID = "host_facts_by_id.parquet"
+
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -129,7 +135,7 @@ def write_tables(
             "bytes": "bytes", "grid": "grid", "block": "block", "registers_per_thread": "regs",
             "shared_memory_bytes": "smem", "occupancy_pct": "occupancy", "graph_id": "graph_id",
         }),
-        "host_ops": ("host", "host_d", ("depth", "parent_id", "step"), {
+        "host_ops": ("host", "host_d", HOST_FACTS, {
             "event_id": "event_id", "pid": "pid", "tid": "tid", "cat": "cat", "name": "name",
             "ts_ns": shifted("ts_ns"), "dur_ns": "dur_ns", "correlation": "correlation", "external_id": "external_id",
             "sequence_number": "sequence_number", "fwd_thread_id": "fwd_thread_id",
@@ -138,8 +144,9 @@ def write_tables(
         }),
     }
     for table_name, (part, facts, fact_columns, exprs) in joined.items():
+        by_id = parts / (HOST_FACTS_BY_ID if table_name == "host_ops" else f"{part}_facts_by_id.parquet")
         _write_joined(con, staging / f"{table_name}.parquet", schema.table(table_name), common | exprs,
-                      in_order(parts, part), _Facts(facts, fact_columns, parts / f"{part}_facts_by_id.parquet"))
+                      in_order(parts, part), _Facts(facts, fact_columns, by_id))
     sources = {
         "collectives": ("coll", {
             c: shifted(c) if c in ("ts_ns", "cpu_ts_ns") else c
@@ -233,10 +240,11 @@ def _write_merged(
     trace it took 180-210 MiB above the process for either table; the merge 70-100 MiB, at the same CPU time.
     """
     columns = ", ".join(facts.columns)
-    with _memory_share(con, SIDE_SHARE):
-        con.execute(f"COPY (SELECT event_id, {columns} FROM {facts.relation} ORDER BY event_id) "
-                    f"TO {sql_literal(str(facts.sorted_file))} "
-                    f"(FORMAT parquet, COMPRESSION lz4, ROW_GROUP_SIZE {_ROW_GROUP_ROWS})")
+    if not facts.sorted_file.exists():  # the sliced native sweep writes the host events' in this order itself
+        with _memory_share(con, SIDE_SHARE):
+            con.execute(f"COPY (SELECT event_id, {columns} FROM {facts.relation} ORDER BY event_id) "
+                        f"TO {sql_literal(str(facts.sorted_file))} "
+                        f"(FORMAT parquet, COMPRESSION lz4, ROW_GROUP_SIZE {_ROW_GROUP_ROWS})")
     arrow_schema = tbl.arrow_schema
     at = [arrow_schema.get_field_index(name) for name in facts.columns]
     select = schema.select_list(tbl, exprs)  # the facts' columns NULL here, filled below

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from support import real_kineto_files
 from tracelake import ingest
-from tracelake.ingest import kineto_nesting, kineto_scan, kineto_sql_facts
+from tracelake.ingest import kineto_nesting, kineto_scan, kineto_sql_facts, kineto_sql_tables
 from tracelake.ingest.kineto_memory_ops import innermost_ops
 from tracelake.ingest.model import ParseOptions
 
@@ -94,10 +94,13 @@ def reference(host: list[dict[str, object]], instants: list[dict[str, object]], 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), threads=st.integers(1, 4), parts=st.integers(1, 6),
-       order=st.sampled_from(["as drawn", "time", "two runs"]), slice_rows=st.integers(1, 60))
+       order=st.sampled_from(["as drawn", "time", "two runs"]), slice_rows=st.integers(1, 60),
+       held_rows=st.sampled_from([0, 5, 1 << 40]))
 def test_the_sliced_sweep_is_the_sql_nesting(seed: int, threads: int, parts: int, order: str, slice_rows: int,
-                                             tmp_path_factory: pytest.TempPathFactory,
+                                             held_rows: int, tmp_path_factory: pytest.TempPathFactory,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nesting, each instant's op, and the host events' facts in event-id order (where the sweep kept that
+    order: always when sliced, unless more facts than ``held_rows`` had to wait for later slices)."""
     rng = random.Random(seed)
     folder = tmp_path_factory.mktemp("parts")
     host, instants = timeline(rng, threads)
@@ -108,6 +111,7 @@ def test_the_sliced_sweep_is_the_sql_nesting(seed: int, threads: int, parts: int
     steps = pa.Table.from_pylist([{"step": n, "ts_ns": t, "dur_ns": rng.randint(1, 150)} for n, t in enumerate(starts)],
                                  schema=STEPS)
     monkeypatch.setattr(kineto_nesting, "SLICE_ROWS", slice_rows)
+    monkeypatch.setattr(kineto_nesting, "HELD_ROWS", held_rows)
     cut = kineto_nesting.slices(folder, threads)
     if len(host) + len(instants) > 2 * slice_rows and host:
         assert len(cut) > 1  # the generated parts do get sliced
@@ -115,6 +119,14 @@ def test_the_sliced_sweep_is_the_sql_nesting(seed: int, threads: int, parts: int
     expected_nested, expected_ops = reference(host, instants, steps)
     assert nested == expected_nested
     assert found == expected_ops
+    by_id = folder / kineto_sql_tables.HOST_FACTS_BY_ID
+    if by_id.exists():  # every host event's facts, in event-id order: the SQL nesting's, sorted by id
+        assert len(cut) > 1
+        assert pq.read_table(by_id).to_pylist() == [
+            {"event_id": row["event_id"], "depth": row["depth"], "parent_id": row["parent_id"], "step": row["step"]}
+            for row in expected_nested]
+    elif held_rows == 1 << 40:
+        assert len(cut) == 1  # nothing held back is ever too much: every sliced sweep writes them
     assert any(row["parent_id"] is not None for row in expected_nested) or len(host) < 30
 
 
@@ -178,6 +190,10 @@ def test_every_real_trace_nests_alike_sliced_and_whole(path: Path, tmp_path: Pat
         ingest.parse_into(path, staging, ParseOptions(source_name=path.name, trace_id="t", kineto_engine="native"))
         tables[rows] = {name: pq.read_table(staging / f"{name}.parquet") for name in ("host_ops", "memory_events")
                         if (staging / f"{name}.parquet").exists()}
+        by_id = staging / "parts" / kineto_sql_tables.HOST_FACTS_BY_ID
+        if rows == 500 and len(kineto_nesting.slices(staging / "parts", 1)) > 1:  # the merge takes the sweep's facts
+            ids = pq.read_table(by_id, columns=["event_id"])["event_id"].to_numpy()
+            assert len(ids) == tables[rows]["host_ops"].num_rows and bool((ids[1:] > ids[:-1]).all())
     assert tables[500].keys() == tables[1 << 62].keys()
     for name, whole in tables[1 << 62].items():
         assert tables[500][name].equals(whole), name
