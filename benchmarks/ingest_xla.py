@@ -12,7 +12,8 @@ Run it from the repository root with the dev virtualenv::
 
 What it measures, on each file: the project's XLA generator (``sample_traces/generate_xla.py``)
 writes a TPU profile of 4 chips and 40 training steps, with as many short ops per
-step as make about ``--size-mb`` MB (each size in the list in turn, for each ``--device``);
+step as make about ``--size-mb`` MB (each size in the list in turn, for each ``--device``), one after another
+after the step's fixed ops, in time order as a real ``XLA Ops`` line is;
 ``gpu`` is a JAX-on-GPU profile of 4 GPUs instead (``generate_xla.build_gpu``: kernels on
 ``Stream #`` lines with their details as per-event stats, the derived ``XLA Ops`` and
 ``XLA Modules`` lines, a launch call per kernel on the host), as many short kernels

@@ -46,6 +46,13 @@ OPS: list[tuple[str, str, int, int, float, int, str]] = [
      "%all-reduce = f32[64,1024,1024]{2,1,0} all-reduce(f32[64,1024,1024]{2,1,0} %p), to_apply=%add"),
     ("copy.1", "copy", 8900, 300, 0.0, 128 << 20, "%copy.1 = bf16[64,1024,512]{2,1,0} copy(%x)"),
 ]
+#: Where a step's short ops (benchmarks only) start: after the straggler's late copy, one after another, as a TPU core
+#: runs its ops (an ``XLA Ops`` line of a real profile is in time order, its ops never overlapping); each lasts
+#: ``SMALL_PS``, and the step grows to hold them (:func:`step_length_ps`).
+SMALL_START_US = 9_500
+SMALL_PS = 500_000
+#: The idle time at a step's end, after its module.
+STEP_TAIL_US = 500
 ASYNC = ("all-reduce-start", "all-reduce", 6500, 1500, 256 << 20,
          "%all-reduce-start = f32[32,1024,1024]{2,1,0} all-reduce-start(f32[32,1024,1024]{2,1,0} %g)")
 STATS = ["hlo_category", "flops", "bytes_accessed", "program_id", "device_type_string",
@@ -113,25 +120,31 @@ def chip_plane(chip: int, steps_count: int = STEPS, small_ops: int = 0) -> bytes
     asyncs = XLine(id=2, name="Async XLA Ops", timestamp_ns=0)
     modules = XLine(id=3, name="XLA Modules", timestamp_ns=0)
     steps = XLine(id=4, name="Steps", timestamp_ns=0)
+    step_ps = step_length_ps(small_ops)
     for step in range(steps_count):
-        base_ps = (1_000 + step * STEP_US) * 1_000_000
+        base_ps = 1_000 * 1_000_000 + step * step_ps
         for name, category, start, dur, flops, nbytes, text in OPS:
             shift = LATE_US if chip == LATE_CHIP and start >= 7400 else 0
             ops.events.add(metadata_id=md(text, name, category, flops, nbytes),
                            offset_ps=base_ps + (start + shift) * 1_000_000, duration_ps=dur * 1_000_000)
-        for k in range(small_ops):  # short elementwise ops between the fusions (benchmarks only)
+        for k in range(small_ops):  # short elementwise ops after the copy, one after another (benchmarks only)
             text = f"%add.{k % 64} = f32[1024]{{0}} add(f32[1024]{{0}} %a, f32[1024]{{0}} %b)"
             ops.events.add(metadata_id=md(text, f"add.{k % 64}", "non-fusion elementwise", 2048.0, 12288),
-                           offset_ps=base_ps + k * (7_200_000_000 // small_ops), duration_ps=500_000)
+                           offset_ps=base_ps + SMALL_START_US * 1_000_000 + k * SMALL_PS, duration_ps=SMALL_PS)
         name, category, start, dur, nbytes, text = ASYNC
         shift = LATE_US if chip == LATE_CHIP else 0
         asyncs.events.add(metadata_id=md(text, name, category, 0.0, nbytes),
                           offset_ps=base_ps + (start + shift) * 1_000_000, duration_ps=dur * 1_000_000)
         modules.events.add(metadata_id=md(f"jit_train_step({PROGRAM})", "jit_train_step"),
-                           offset_ps=base_ps, duration_ps=9_500 * 1_000_000)
-        steps.events.add(metadata_id=md(str(step + 1), str(step + 1)), offset_ps=base_ps,
-                         duration_ps=STEP_US * 1_000_000)
+                           offset_ps=base_ps, duration_ps=step_ps - STEP_TAIL_US * 1_000_000)
+        steps.events.add(metadata_id=md(str(step + 1), str(step + 1)), offset_ps=base_ps, duration_ps=step_ps)
     return _plane(header, [modules, ops, asyncs, steps])
+
+
+def step_length_ps(small_ops: int) -> int:
+    """A TPU step's length: :data:`STEP_US`, or longer where its short ops need the room (the module ends
+    :data:`STEP_TAIL_US` before the next step)."""
+    return max(STEP_US * 1_000_000, (SMALL_START_US + STEP_TAIL_US) * 1_000_000 + small_ops * SMALL_PS)
 
 
 def host_plane() -> bytes:

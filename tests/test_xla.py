@@ -189,7 +189,6 @@ def test_committed_xla_sample_matches_its_generator() -> None:
     assert TPU_SAMPLE.read_bytes() == generate_xla.build()
 
 
-
 def test_generated_gpu_xplane_counts_stream_kernels_once(tmp_path: Path, warehouse: Warehouse) -> None:
     """GPU planes: the kernels on the ``Stream #`` lines are the device ops; the derived ``XLA Ops`` and
     ``XLA Modules`` lines repeat them and are not counted again."""
