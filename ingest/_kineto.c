@@ -1839,7 +1839,8 @@ static PyMethodDef METHODS[] = {
      "without a check, so check its syntax while reading (problem 'unvouched' where the check would not\n"
      "vouch for it, or where it holds invalid UTF-8). ``tables`` maps each table to its\n"
      "columns as (name, type, length, null count, validity, offsets, data, child length, child null count,\n"
-     "child validity), None when ``error`` is (event index, problem, args key, event name, phase)."},
+     "child validity), the buffers read-only objects holding the scanner's own memory (no copy), or None;\n"
+     "``tables`` is None when ``error`` is (event index, problem, args key, event name, phase)."},
     {"layout", layout, METH_NOARGS, "The tables' columns: {table: [(name, type), ...]}."},
     {"constants", constants, METH_NOARGS, "The args keys, categories and phases the scanner knows."},
     {"set_concrete_ops", set_concrete_ops, METH_O,

@@ -52,6 +52,8 @@ _POINTS = 16
 #: Facts held back, beyond the slice just swept, before the facts are left to be sorted after the sweep instead
 #: (slices whose events' ids overlap much: parts spanning long times).
 HELD_ROWS = SLICE_ROWS
+#: A slice's least id where it holds no host event: above every id.
+NO_ID = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -145,15 +147,11 @@ def slices(parts: Path, threads: int) -> list[_Slice]:
         def within(part: _Part, start: int | None = start, stop: int | None = stop) -> bool:
             return part.rows > 0 and (start is None or part.high >= start) and (stop is None or part.low < stop)
         mine = [p for p in known[:len(host)] if within(p)]
-        first_id = NO_ID if not mine else None if any(p.first_id is None for p in mine) else \
-            min(p.first_id for p in mine if p.first_id is not None)
+        ids = [p.first_id for p in mine if p.first_id is not None]
+        first_id = min(ids, default=NO_ID) if len(ids) == len(mine) else None
         cut.append(_Slice(start, stop, [p.path for p in mine], [p.path for p in known[len(host):] if within(p)],
                           first_id))
     return cut
-
-
-#: A slice's least id where it holds no host event: above every id.
-NO_ID = 2**63 - 1
 
 
 def _floors(cut: list[_Slice]) -> list[int] | None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
-import numpy as np
 import pyarrow.parquet as pq
 
 from tracelake.contracts.classify import Category, category_sql
@@ -318,6 +317,8 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
         con.execute(f"CREATE VIEW mem_facts AS SELECT * FROM {facts}")
         con.execute("CREATE VIEW mem_d AS " + joined.format(memory=f"read_parquet({memory})", ops=facts, steps=facts))
         return
+    in_time_order = ordered is not None
+    del ordered  # the instants' ids and times: not wanted past here
     cpu_ops = (f"""SELECT h.event_id, h.pid, h.tid, h.ts_ns, h.dur_ns, h.name FROM read_parquet({host}) h
                    SEMI JOIN (SELECT DISTINCT pid, tid FROM mem_n) t ON h.pid = t.pid AND h.tid = t.tid
                    WHERE {kineto_nesting.IS_CPU_OP.format(table='h.')}""" if any(parts.glob("host-*.parquet")) else
@@ -350,7 +351,6 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
             FROM (SELECT event_id, ts_ns FROM mem_n) m ASOF JOIN step_spans s ON m.ts_ns >= s.ts_ns
         ) TO {steps_file} (FORMAT parquet, COMPRESSION lz4)
     """)
-    in_time_order = ordered is not None
     if in_time_order:
         # In file order the instants are in time order (a thread's allocator writes them as they happen): the final
         # table is then a merge of the parts with their op and step (kineto_sql_tables.write_tables), no sort.
