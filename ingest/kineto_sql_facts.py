@@ -12,12 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import pyarrow.parquet as pq
 
 from tracelake.contracts.classify import Category, category_sql
 from tracelake.contracts.schema import sql_literal
 
-from . import kineto_memory_facts, kineto_memory_ops, kineto_nesting, kineto_scan, kineto_sql_tables
+from . import kineto_memory_ops, kineto_nesting, kineto_scan, kineto_sql_tables
 from .kineto_sql_events import DEVICE_TYPES, DTYPE_BYTES, max_object
 from .model import TraceInfo
 
@@ -296,34 +297,12 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
     ops_file, steps_file = (sql_literal(str(parts / f"{name}.parquet")) for name in ("mem_ops", "mem_steps"))
     types = " ".join(f"WHEN {number} THEN {sql_literal(name)}" for number, name in DEVICE_TYPES.items())
     con.execute(f"CREATE VIEW mem_n AS SELECT * FROM read_parquet({memory})")
-    joined = f"""
-        SELECT m.event_id, m.pid, m.tid, m.device, CASE m.device_type {types} END AS device_type, m.ts_ns,
-               m.kind, m.addr, m.bytes, m.total_allocated, m.total_reserved, o.op, s.step
-        FROM {{memory}} m LEFT JOIN {{ops}} o USING (event_id) LEFT JOIN {{steps}} s ON s.event_id = m.event_id
-    """
-    rows = f"""CREATE VIEW mem_rows AS
-               SELECT event_id, pid, tid, device, CASE device_type {types} END AS device_type, ts_ns, kind,
-                      addr, bytes, total_allocated, total_reserved
-               FROM {kineto_sql_tables.in_order(parts, 'memory')}"""
-    op_ids = parts / "mem_op_ids.parquet"
-    ordered = kineto_memory_facts.in_time_order(parts)
-    if ordered is not None and op_ids.exists():
-        # In time order in the file, each op found by the native sweep: the facts are written in event-id order
-        # (kineto_memory_facts), and the final table merges them with the parts (kineto_sql_tables.write_tables).
-        by_id = parts / kineto_sql_tables.MEMORY_FACTS_BY_ID
-        kineto_memory_facts.write_by_id(con, parts, *ordered, by_id)
-        facts = f"read_parquet({sql_literal(str(by_id))})"
-        con.execute(rows)
-        con.execute(f"CREATE VIEW mem_facts AS SELECT * FROM {facts}")
-        con.execute("CREATE VIEW mem_d AS " + joined.format(memory=f"read_parquet({memory})", ops=facts, steps=facts))
-        return
-    in_time_order = ordered is not None
-    del ordered  # the instants' ids and times: not wanted past here
     cpu_ops = (f"""SELECT h.event_id, h.pid, h.tid, h.ts_ns, h.dur_ns, h.name FROM read_parquet({host}) h
                    SEMI JOIN (SELECT DISTINCT pid, tid FROM mem_n) t ON h.pid = t.pid AND h.tid = t.tid
                    WHERE {kineto_nesting.IS_CPU_OP.format(table='h.')}""" if any(parts.glob("host-*.parquet")) else
                "SELECT NULL::BIGINT AS event_id, NULL::BIGINT AS pid, NULL::BIGINT AS tid, NULL::BIGINT AS ts_ns, "
                "NULL::BIGINT AS dur_ns, NULL::VARCHAR AS name LIMIT 0")
+    op_ids = parts / "mem_op_ids.parquet"
     if op_ids.exists():
         # The native nesting found each instant's op on its sweep (kineto_nesting.sweep): only the names are wanted,
         # of the ops the instants name (a semi join keeps the hash table to those).
@@ -351,10 +330,14 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
             FROM (SELECT event_id, ts_ns FROM mem_n) m ASOF JOIN step_spans s ON m.ts_ns >= s.ts_ns
         ) TO {steps_file} (FORMAT parquet, COMPRESSION lz4)
     """)
+    in_time_order = _in_time_order(parts)
     if in_time_order:
         # In file order the instants are in time order (a thread's allocator writes them as they happen): the final
         # table is then a merge of the parts with their op and step (kineto_sql_tables.write_tables), no sort.
-        con.execute(rows)
+        con.execute(f"""CREATE VIEW mem_rows AS
+                        SELECT event_id, pid, tid, device, CASE device_type {types} END AS device_type, ts_ns, kind,
+                               addr, bytes, total_allocated, total_reserved
+                        FROM {kineto_sql_tables.in_order(parts, 'memory')}""")
         con.execute(f"""CREATE VIEW mem_facts AS
                         SELECT m.event_id, o.op, s.step FROM (SELECT event_id FROM read_parquet({memory})) m
                         LEFT JOIN read_parquet({ops_file}) o USING (event_id)
@@ -365,6 +348,11 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
     # A view where one join fits DuckDB's memory limit (or where the merge leaves it unused): the final table's
     # statement joins and sorts at once (kineto_sql_tables.write_tables). Else joined by ranges of event ids into
     # files, as the final tables are.
+    joined = f"""
+        SELECT m.event_id, m.pid, m.tid, m.device, CASE m.device_type {types} END AS device_type, m.ts_ns,
+               m.kind, m.addr, m.bytes, m.total_allocated, m.total_reserved, o.op, s.step
+        FROM {{memory}} m LEFT JOIN {{ops}} o USING (event_id) LEFT JOIN {{steps}} s ON s.event_id = m.event_id
+    """
     if len(ranges) <= 1:
         con.execute("CREATE VIEW mem_d AS " + joined.format(
             memory=f"read_parquet({memory})", ops=f"read_parquet({ops_file})", steps=f"read_parquet({steps_file})"))
@@ -376,6 +364,25 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
         con.execute(f"COPY ({joined.format(memory=within(memory), ops=within(ops_file), steps=within(steps_file))}) "
                     f"TO {out} (FORMAT parquet, COMPRESSION lz4)")
     con.execute(f"CREATE VIEW mem_d AS SELECT * FROM read_parquet({sql_literal(str(parts / 'memory_d-*.parquet'))})")
+
+
+def _in_time_order(parts: Path) -> bool:
+    """Whether the memory instants in ``parts``, read in the order of their files, are in order of time (then of
+    event id), every one with a time."""
+    last_ts, last_id = None, None
+    for path in kineto_sql_tables.part_files(parts, "memory"):
+        table = pq.ParquetFile(path).read(columns=["event_id", "ts_ns"])
+        if table.num_rows == 0:
+            continue
+        if table["ts_ns"].null_count or table["event_id"].null_count:
+            return False
+        ts, ids = table["ts_ns"].to_numpy(), table["event_id"].to_numpy()
+        if (np.diff(ts) < 0).any() or (np.diff(ids) <= 0).any():
+            return False
+        if last_ts is not None and (ts[0] < last_ts or ids[0] <= last_id):
+            return False
+        last_ts, last_id = ts[-1], ids[-1]
+    return True
 
 
 def fill_info(con: duckdb.DuckDBPyConnection, info: TraceInfo, base_ns: int) -> None:

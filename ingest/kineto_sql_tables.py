@@ -58,9 +58,6 @@ _ROW_GROUP_MIN_ROWS = 16_384
 #: sweep writes itself (``kineto_nesting.sweep``) and the merge otherwise sorts them into (:func:`_write_merged`).
 HOST_FACTS = ("depth", "parent_id", "step")
 HOST_FACTS_BY_ID = "host_facts_by_id.parquet"
-#: The memory instants' facts in event-id order, which ``kineto_memory_facts`` writes where the instants are in time
-#: order and the native sweep found their ops, and the merge otherwise sorts them into.
-MEMORY_FACTS_BY_ID = "memory_facts_by_id.parquet"
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -194,7 +191,7 @@ def _memory_merged(con: duckdb.DuckDBPyConnection, out: Path, parts: Path, exprs
         return False
     rows = {name: expr for name, expr in exprs.items() if name not in _MEMORY_FACTS}
     return _write_merged(con, out, schema.MEMORY_EVENTS, rows, "mem_rows",
-                         _Facts("mem_facts", _MEMORY_FACTS, parts / MEMORY_FACTS_BY_ID), ordered_by="ts_ns")
+                         _Facts("mem_facts", _MEMORY_FACTS, parts / "memory_facts_by_id.parquet"), ordered_by="ts_ns")
 
 
 def in_order(parts: Path, part: str) -> str:
@@ -243,7 +240,7 @@ def _write_merged(
     trace it took 180-210 MiB above the process for either table; the merge 70-100 MiB, at the same CPU time.
     """
     columns = ", ".join(facts.columns)
-    if not facts.sorted_file.exists():  # the native path writes the host events' and memory instants' itself
+    if not facts.sorted_file.exists():  # the sliced native sweep writes the host events' in this order itself
         with _memory_share(con, SIDE_SHARE):
             con.execute(f"COPY (SELECT event_id, {columns} FROM {facts.relation} ORDER BY event_id) "
                         f"TO {sql_literal(str(facts.sorted_file))} "

@@ -13,18 +13,15 @@ from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from support import ROOT, real_kineto_files
 from tracelake import ingest
 from tracelake.contracts.errors import TraceFormatError
-from tracelake.ingest import kineto_memory_facts, kineto_scan, kineto_sql_facts
+from tracelake.ingest import kineto_scan, kineto_sql_facts
 from tracelake.ingest.kineto_sql_events import DEVICE_TYPES
 from tracelake.ingest.model import ParseOptions
 
@@ -284,9 +281,6 @@ def test_the_table_is_kept_by_time_merged_or_sorted(order: str, tmp_path: Path, 
     second = order == "two threads"
     assert ops[(12, 2 if second else 1)] == (None if second else "op1")  # the second thread runs no op
     assert merged[-1] is (order == "by time")  # the native engine's, parsed last
-    if ENGINES[-1] == "native":  # in time order, the facts are put in order in numpy (kineto_memory_facts): no join
-        assert (staging / "parts" / "mem_ops.parquet").exists() is (order != "by time")
-        assert (staging / "parts" / kineto_sql_tables.MEMORY_FACTS_BY_ID).exists() is (order == "by time")
 
 
 @pytest.mark.parametrize(("parts", "ordered"), [
@@ -303,10 +297,7 @@ def test_instants_in_time_order_are_told_apart(parts: list[list[tuple[int, int |
         pq.write_table(pa.table({"event_id": pa.array([r[0] for r in rows], pa.int64()),
                                  "ts_ns": pa.array([r[1] for r in rows], pa.int64())}),
                        tmp_path / f"memory-{n:06d}.parquet")
-    found = kineto_memory_facts.in_time_order(tmp_path)
-    assert (found is not None) is ordered
-    if found is not None:  # the instants' ids and times, in file order
-        assert [list(column) for column in found] == [[r[0] for p in parts for r in p], [r[1] for p in parts for r in p]]
+    assert kineto_sql_facts._in_time_order(tmp_path) is ordered
 
 
 def test_a_trace_without_memory_instants_has_an_empty_table(tmp_path: Path) -> None:
@@ -327,23 +318,3 @@ def test_a_device_id_beyond_32_bits_is_an_error_naming_the_file(engine: str, tmp
         ingest.parse_into(path, tmp_path, ParseOptions(source_name=path.name, kineto_engine=engine))
     if engine == "native":
         assert "'Device Id' out of range" in str(caught.value) and "traceEvents[1]" in str(caught.value)
-
-
-@settings(max_examples=80, deadline=None)
-@given(steps=st.lists(st.tuples(st.integers(0, 30), st.integers(0, 120), st.integers(0, 40)), max_size=6),
-       times=st.lists(st.integers(-5, 200), max_size=40))
-def test_an_instants_step_is_the_asof_join_of_the_step_spans(steps: list[tuple[int, int, int]],
-                                                             times: list[int]) -> None:
-    """The numpy lookup of the instants' steps against DuckDB's ASOF join on ``kineto_sql_facts.step_spans`` (the
-    SQL engine's own rule): overlapping, nested and empty steps, times before, between and after them."""
-    table = pa.table({"step": pa.array([s for s, _, _ in steps], pa.int64()),
-                      "ts_ns": pa.array([t for _, t, _ in steps], pa.int64()),
-                      "dur_ns": pa.array([d for _, _, d in steps], pa.int64())})
-    con = duckdb.connect()
-    con.register("steps", table)
-    kineto_sql_facts.step_spans(con)
-    con.register("times", pa.table({"i": pa.array(range(len(times)), pa.int64()), "t": pa.array(times, pa.int64())}))
-    expected = [step for _, step in con.execute(
-        "SELECT m.i, CASE WHEN m.t < s.end_ns THEN s.step END FROM times m "
-        "ASOF LEFT JOIN step_spans s ON m.t >= s.ts_ns ORDER BY m.i").fetchall()]
-    assert kineto_memory_facts.steps_at(table, np.array(times, dtype=np.int64)).to_pylist() == expected
