@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracelake.contracts.allocators import release_free_memory
 from tracelake.contracts.schema import sql_literal
 
 from . import kineto_scan, kineto_sql_tables
@@ -240,8 +241,9 @@ class _InIdOrder:
         self._pending: Future[None] | None = None
 
     def write(self, nested: pa.RecordBatch) -> None:
-        if self._out is not None:
-            self._slice.append(nested.select(_FACTS_SCHEMA.names))
+        if self._out is not None:  # copied out: a selection would hold on to every column of the sweep's batch
+            self._slice.append(pa.RecordBatch.from_arrays(
+                [pa.concat_arrays([nested.column(name)]) for name in _FACTS_SCHEMA.names], schema=_FACTS_SCHEMA))
 
     def end_slice(self, index: int) -> None:
         batches, self._slice = self._slice, []
@@ -260,7 +262,7 @@ class _InIdOrder:
         if self._held.num_rows > HELD_ROWS:
             self._give_up()
             return
-        for batch in rows.take(order[:at]).to_batches():
+        for batch in rows.take(order[:at]).to_batches(max_chunksize=BATCH_ROWS):
             self._out.write(batch)
 
     def close(self) -> None:
@@ -268,7 +270,7 @@ class _InIdOrder:
             self._wait()
             if self._out is not None:
                 out, self._out = self._out, None
-                for batch in self._held.to_batches():
+                for batch in self._held.to_batches(max_chunksize=BATCH_ROWS):
                     out.write(batch)
                 out.close()
         finally:
@@ -376,3 +378,4 @@ def sweep(con: duckdb.DuckDBPyConnection, out: Path, steps: pa.Table, threads: i
         output.close()
     if by_id is not None:
         by_id.close()
+        release_free_memory()  # the ordering thread's freed tables lie in a heap of its own: back before the merge
