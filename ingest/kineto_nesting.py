@@ -232,11 +232,12 @@ class _InIdOrder:
     """
 
     def __init__(self, out: Path, floors: list[int]) -> None:
-        self._out: _Rows | None = _Rows(out, _FACTS_SCHEMA)
+        self._out: EncodingWriter | None = EncodingWriter(out, _FACTS_SCHEMA, compression="lz4", use_dictionary=False)
         self._path = out
         self._floors = floors
         self._slice: list[pa.RecordBatch] = []
         self._held = _FACTS_SCHEMA.empty_table()
+        self._ready = _FACTS_SCHEMA.empty_table()  # in order, written once a row group's worth
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="tracelake-facts-order")
         self._pending: Future[None] | None = None
 
@@ -262,16 +263,19 @@ class _InIdOrder:
         if self._held.num_rows > HELD_ROWS:
             self._give_up()
             return
-        for batch in rows.take(order[:at]).to_batches(max_chunksize=BATCH_ROWS):
-            self._out.write(batch)
+        # row groups of BATCH_ROWS exactly, as the merge reads them (larger ones took 20-30 MB more at its peak)
+        ready = pa.concat_tables([self._ready, rows.take(order[:at])])
+        whole = ready.num_rows - ready.num_rows % BATCH_ROWS
+        if whole:
+            self._out.write_table(ready.slice(0, whole), row_group_size=BATCH_ROWS)
+        self._ready = ready.slice(whole).combine_chunks()
 
     def close(self) -> None:
         try:
             self._wait()
             if self._out is not None:
                 out, self._out = self._out, None
-                for batch in self._held.to_batches(max_chunksize=BATCH_ROWS):
-                    out.write(batch)
+                out.write_table(pa.concat_tables([self._ready, self._held]), row_group_size=BATCH_ROWS)
                 out.close()
         finally:
             self._worker.shutdown(wait=True)
@@ -293,7 +297,7 @@ class _InIdOrder:
             with suppress(Exception):  # a failed write of a file being removed
                 out.close()
             self._path.unlink(missing_ok=True)
-        self._slice, self._held = [], _FACTS_SCHEMA.empty_table()
+        self._slice, self._held, self._ready = [], _FACTS_SCHEMA.empty_table(), _FACTS_SCHEMA.empty_table()
 
 
 class _Rows:
