@@ -284,6 +284,7 @@ class _InIdOrder:
         with suppress(Exception):  # the error under way, if any, is the one to report
             self._wait()
         self._give_up()
+        self._slice = []
         self._worker.shutdown(wait=True)
 
     def _wait(self) -> None:
@@ -292,12 +293,13 @@ class _InIdOrder:
             pending.result()
 
     def _give_up(self) -> None:
+        """Remove the file (on the worker, or on the sweep's thread once the worker is idle)."""
         if self._out is not None:
             out, self._out = self._out, None
             with suppress(Exception):  # a failed write of a file being removed
                 out.close()
             self._path.unlink(missing_ok=True)
-        self._slice, self._held, self._ready = [], _FACTS_SCHEMA.empty_table(), _FACTS_SCHEMA.empty_table()
+        self._held, self._ready = _FACTS_SCHEMA.empty_table(), _FACTS_SCHEMA.empty_table()
 
 
 class _Rows:
