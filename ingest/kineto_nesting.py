@@ -344,7 +344,7 @@ def sweep(con: duckdb.DuckDBPyConnection, out: Path, steps: pa.Table, threads: i
     on ``con`` (a connection of its own), into ``out``; each instant's op into ``mem_op_ids.parquet`` beside it.
     ``threads``: how many threads the rows are on.
 
-    Where the sweep is sliced, the host events' facts also go to ``kineto_sql_tables.HOST_FACTS_BY_ID`` beside
+    Where the sweep is sliced, the host events' facts also go to ``kineto_sql_tables.facts_file`` beside
     ``out`` in event-id order (:class:`_InIdOrder`); the file is there only where that order was kept to the end.
     """
     parts = out.parent
@@ -354,7 +354,7 @@ def sweep(con: duckdb.DuckDBPyConnection, out: Path, steps: pa.Table, threads: i
     nested = _Rows(out, _HOST_SCHEMA)
     ids = _Rows(parts / "mem_op_ids.parquet", _IDS_SCHEMA) if with_memory else None
     floors = _floors(cut)
-    by_id = _InIdOrder(parts / kineto_sql_tables.HOST_FACTS_BY_ID, floors) if floors is not None else None
+    by_id = _InIdOrder(kineto_sql_tables.facts_file(parts, "host"), floors) if floors is not None else None
     outputs = [nested] if ids is None else [nested, ids]
     try:  # DuckDB sorts the next slice while this one is swept
         for index, batch in read_ahead(_sorted(con, cut, with_memory=with_memory), depth=4,

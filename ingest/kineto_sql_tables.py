@@ -54,10 +54,8 @@ _ROW_GROUP_ROWS = 65_536
 _ROW_GROUP_BYTES = 24 << 20
 _ROW_GROUP_MIN_ROWS = 16_384
 
-#: The host events' facts (from the nesting), and the file holding them in event-id order, which the sliced native
-#: sweep writes itself (``kineto_nesting.sweep``) and the merge otherwise sorts them into (:func:`_write_merged`).
+#: The host events' facts (from the nesting), as ``host_ops`` names them.
 HOST_FACTS = ("depth", "parent_id", "step")
-HOST_FACTS_BY_ID = "host_facts_by_id.parquet"
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -144,9 +142,8 @@ def write_tables(
         }),
     }
     for table_name, (part, facts, fact_columns, exprs) in joined.items():
-        by_id = parts / (HOST_FACTS_BY_ID if table_name == "host_ops" else f"{part}_facts_by_id.parquet")
         _write_joined(con, staging / f"{table_name}.parquet", schema.table(table_name), common | exprs,
-                      in_order(parts, part), _Facts(facts, fact_columns, by_id))
+                      in_order(parts, part), _Facts(facts, fact_columns, facts_file(parts, part)))
     sources = {
         "collectives": ("coll", {
             c: shifted(c) if c in ("ts_ns", "cpu_ts_ns") else c
@@ -171,6 +168,12 @@ def write_tables(
         with _memory_share(con, SIDE_SHARE):  # the memory instants' sort spills sooner: 50 MiB off its peak at 1 GB
             con.execute(f"COPY (SELECT {select} FROM {source} ORDER BY {_ORDER[table_name]}) TO {out} "
                         "(FORMAT parquet, COMPRESSION zstd)")
+
+
+def facts_file(parts: Path, part: str) -> Path:
+    """The file holding the facts of the parts ``<part>-*`` in event-id order for their merge (:func:`_write_merged`
+    sorts them into it; the sliced native sweep writes the host events' itself: ``kineto_nesting.sweep``)."""
+    return parts / f"{part}_facts_by_id.parquet"
 
 
 def part_files(parts: Path, part: str) -> list[Path]:
@@ -240,7 +243,7 @@ def _write_merged(
     trace it took 180-210 MiB above the process for either table; the merge 70-100 MiB, at the same CPU time.
     """
     columns = ", ".join(facts.columns)
-    if not facts.sorted_file.exists():  # the sliced native sweep writes the host events' in this order itself
+    if not facts.sorted_file.exists():  # the sliced native sweep writes the host events' facts so itself
         with _memory_share(con, SIDE_SHARE):
             con.execute(f"COPY (SELECT event_id, {columns} FROM {facts.relation} ORDER BY event_id) "
                         f"TO {sql_literal(str(facts.sorted_file))} "

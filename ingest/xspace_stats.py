@@ -158,7 +158,6 @@ class BatchStats:
 
     def count_unknown(self) -> None:
         """Count the stats of undeclared metadata ids, and the references to undeclared ids, in the plane."""
-        names = self.plane.stat_names
         mid = self.fields.metadata_id
         if not len(mid):
             return
@@ -168,5 +167,4 @@ class BatchStats:
         refs = self.fields.value[declared & (self.fields.kind == STAT_REF)]
         refs = refs[~self._declared(refs)]  # only the references to undeclared ids are counted: few, if any
         for ref, n in zip(*np.unique(refs, return_counts=True), strict=True):
-            if int(ref) not in names:
-                self.plane._unknown(int(ref), int(n))
+            self.plane._unknown(int(ref), int(n))

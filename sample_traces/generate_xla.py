@@ -47,7 +47,7 @@ OPS: list[tuple[str, str, int, int, float, int, str]] = [
     ("copy.1", "copy", 8900, 300, 0.0, 128 << 20, "%copy.1 = bf16[64,1024,512]{2,1,0} copy(%x)"),
 ]
 #: Where a step's short ops (benchmarks only) start: after the straggler's late copy, one after another, as a TPU core
-#: runs its ops (an ``XLA Ops`` line of a real profile is in time order, its ops never overlapping); each lasts
+#: runs its ops (an ``XLA Ops`` line of a real profile is in time order); each lasts
 #: ``SMALL_PS``, and the step grows to hold them (:func:`step_length_ps`).
 SMALL_START_US = 9_500
 SMALL_PS = 500_000

@@ -119,7 +119,7 @@ def test_the_sliced_sweep_is_the_sql_nesting(seed: int, threads: int, parts: int
     expected_nested, expected_ops = reference(host, instants, steps)
     assert nested == expected_nested
     assert found == expected_ops
-    by_id = folder / kineto_sql_tables.HOST_FACTS_BY_ID
+    by_id = kineto_sql_tables.facts_file(folder, "host")
     if by_id.exists():  # every host event's facts, in event-id order: the SQL nesting's, sorted by id
         assert len(cut) > 1
         assert pq.read_table(by_id).to_pylist() == [
@@ -190,7 +190,7 @@ def test_every_real_trace_nests_alike_sliced_and_whole(path: Path, tmp_path: Pat
         ingest.parse_into(path, staging, ParseOptions(source_name=path.name, trace_id="t", kineto_engine="native"))
         tables[rows] = {name: pq.read_table(staging / f"{name}.parquet") for name in ("host_ops", "memory_events")
                         if (staging / f"{name}.parquet").exists()}
-        by_id = staging / "parts" / kineto_sql_tables.HOST_FACTS_BY_ID
+        by_id = kineto_sql_tables.facts_file(staging / "parts", "host")
         if rows == 500 and len(kineto_nesting.slices(staging / "parts", 1)) > 1:  # the merge takes the sweep's facts
             ids = pq.read_table(by_id, columns=["event_id"])["event_id"].to_numpy()
             assert len(ids) == tables[rows]["host_ops"].num_rows and bool((ids[1:] > ids[:-1]).all())
