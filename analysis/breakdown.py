@@ -22,7 +22,9 @@ them; :func:`breakdown_frame` is the same for frames in memory.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
+from types import ModuleType
 
 import numpy as np
 import polars as pl
@@ -38,6 +40,14 @@ COLUMNS = (
     "compute_communication_ns", "other_overlap_ns",
     "async_collective_ns", "exposed_async_collective_ns", "flops", "flops_utilisation_pct", "mfu_pct", "hfu_pct",
 )
+
+_native: ModuleType | None
+try:
+    _native = importlib.import_module(f"{__package__}._sweep")
+except ImportError:  # no compiler where it was installed: the numpy sweep
+    _native = None
+#: Whether the sweep runs in C (``_sweep.c``: one pass, the GIL released) rather than in numpy.
+NATIVE = _native is not None
 
 _CODES = {Category.COMPUTE: 0, Category.COMMUNICATION: 1, Category.MEMORY: 2}
 _ASYNC, _OTHER = 3, 4
@@ -147,6 +157,10 @@ def _sweeps(start: np.ndarray, end: np.ndarray, code: np.ndarray,
     packed = (dense << 4) | (code.astype(np.int64) << 1)
     del dense
     o_start, o_end = _stable_order(start), _stable_order(end)
+    if _native is not None:  # the same sums in one pass without the GIL (_sweep.c)
+        whole_states, step_states = np.zeros(16, dtype=np.int64), np.zeros((none, 16), dtype=np.int64)
+        _native.breakdown(start, end, packed, o_start, o_end, whole_states, step_states)
+        return _bucket_sums(whole_states[None, :])[0], values, _bucket_sums(step_states)
     t = np.concatenate([start[o_start], end[o_end]])
     p = np.concatenate([packed[o_start] | 1, packed[o_end]])
     del o_start, o_end, packed

@@ -8,6 +8,9 @@ most ``kernel_wait_ns`` (back-to-back launch gaps), else ``other``.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 import numpy as np
 import polars as pl
 
@@ -18,6 +21,12 @@ KERNEL_WAIT_NS = 30_000
 
 COLUMNS = ("trace_id", "rank", "stream", "ops", "op_ns", "gaps", "idle_ns", "host_wait_ns", "kernel_wait_ns",
            "other_ns")
+
+_native: ModuleType | None
+try:
+    _native = importlib.import_module(f"{__package__}._sweep")
+except ImportError:  # no compiler where it was installed: the numpy sweep
+    _native = None
 
 #: Stands for "no earlier op on this stream" in a carry, and for a missing stream number in :func:`idle_window`.
 _NO_END = -(2**63)
@@ -59,6 +68,8 @@ def _one_rank(work: pl.DataFrame, kernel_wait_ns: int, carry: dict[int, int] | N
     end = work["end_ns"].to_numpy().astype(np.int64)
     streams = _distinct(stream)
     order = _by_start_end(ts, end)
+    if _native is not None:
+        return _one_rank_native(work, kernel_wait_ns, carry, stream, ts, end, streams, order)
     if len(streams) > 1:
         dense = np.searchsorted(streams, stream)
         order = order[np.argsort(dense[order], kind="stable")]
@@ -117,6 +128,32 @@ def _one_rank(work: pl.DataFrame, kernel_wait_ns: int, carry: dict[int, int] | N
         pl.Series("kernel_wait_ns", per_stream(np.where(kernel, gap, 0)), dtype=pl.Int64),
         pl.Series("other_ns", per_stream(np.where(~host & ~kernel, gap, 0)), dtype=pl.Int64),
     ).select(COLUMNS)
+
+
+def _one_rank_native(work: pl.DataFrame, kernel_wait_ns: int, carry: dict[int, int] | None, stream: np.ndarray,
+                     ts: np.ndarray, end: np.ndarray, streams: np.ndarray, order: np.ndarray) -> pl.DataFrame:
+    """:func:`_one_rank` in one pass over the ops in (start, end) order, each stream's sums kept as it goes, with the
+    GIL released (``_sweep.idle``): no sort by stream."""
+    assert _native is not None
+    dense = np.searchsorted(streams, stream) if len(streams) > 1 else np.zeros(len(stream), dtype=np.int64)
+    launch_col = work["launch_ns"]
+    if launch_col.null_count() == len(launch_col):  # no op's launch known (XLA on TPU)
+        has_launch = launch = np.zeros(len(ts), dtype=np.int64)
+    else:
+        has_launch = launch_col.is_not_null().to_numpy().astype(np.int64)
+        launch = launch_col.fill_null(0).to_numpy().astype(np.int64)
+    listed = streams.tolist()
+    known = np.array([s in carry for s in listed] if carry else np.zeros(len(listed)), dtype=np.int64)
+    before = np.array([carry.get(s, _NO_END) for s in listed] if carry else np.full(len(listed), _NO_END),
+                      dtype=np.int64)
+    sums = np.zeros((len(listed), 9), dtype=np.int64)
+    _native.idle(order.astype(np.int64), dense.astype(np.int64), ts, end, has_launch, launch, known, before,
+                 kernel_wait_ns, sums)
+    if carry is not None:
+        carry.update(zip(listed, sums[:, 7].tolist()))
+    out = work.select("trace_id", "rank", "stream")[sums[:, 8].tolist()]
+    return out.with_columns(
+        pl.Series(name, sums[:, i], dtype=pl.Int64) for i, name in enumerate(COLUMNS[3:])).select(COLUMNS)
 
 
 def _by_start_end(ts: np.ndarray, end: np.ndarray) -> np.ndarray:

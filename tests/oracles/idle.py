@@ -42,7 +42,8 @@ def idle_sql(device_ops: str, host_ops: str, where: str = "TRUE", kernel_wait_ns
            CAST(coalesce(sum(c.gap) FILTER (WHERE cause = 'host_wait'), 0) AS BIGINT) AS host_wait_ns,
            CAST(coalesce(sum(c.gap) FILTER (WHERE cause = 'kernel_wait'), 0) AS BIGINT) AS kernel_wait_ns,
            CAST(coalesce(sum(c.gap) FILTER (WHERE cause = 'other'), 0) AS BIGINT) AS other_ns
-    FROM streams s LEFT JOIN classified c USING (trace_id, rank, stream)
+    FROM streams s LEFT JOIN classified c  -- the ops of no stream number are a stream too: NULL matches NULL
+        ON c.trace_id = s.trace_id AND c.rank = s.rank AND c.stream IS NOT DISTINCT FROM s.stream
     GROUP BY ALL ORDER BY s.trace_id, s.rank, s.stream
     """
 
