@@ -9,6 +9,23 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+#: Text columns of the big tables whose row-group statistics (least and greatest value) no reader prunes by: the
+#: names, categories and descriptions of ops and host events, mixed in every row group. The XLA parsers hand these
+#: to Parquet as Arrow dictionaries, whose statistics take a quarter of the time of writing a TPU trace's device
+#: ops (the parse's slowest thread): their files are written without them (``xla_rows.writer_options``). Every
+#: other column keeps its statistics: the readers prune by trace, rank, time, kind, ids and null counts
+#: (docs/architecture.md, "Parquet statistics"). Kineto's plain texts cost 4% of their tables' encoding and keep
+#: theirs.
+UNPRUNED_TEXTS = frozenset({"name", "category", "long_name", "hlo_module", "hlo_category", "cat", "input_dims",
+                            "input_types", "concrete_inputs"})
+
+
+def statistics_for(schema: pa.Schema) -> list[str]:
+    """The columns of ``schema`` whose statistics a big table's file keeps, as Parquet paths (a list's are its
+    elements'): all but :data:`UNPRUNED_TEXTS`."""
+    return [f"{field.name}.list.element" if pa.types.is_list(field.type) else field.name
+            for field in schema if field.name not in UNPRUNED_TEXTS]
+
 
 class EncodingWriter:
     """A :class:`pyarrow.parquet.ParquetWriter` whose row groups are encoded and written on a thread of its own.

@@ -7,7 +7,7 @@ so each file has exactly the declared columns and types.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -45,10 +45,11 @@ def fit_text(value: object) -> str | None:
     return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
-def arrow_table(table: str, columns: Mapping[str, ColumnValues], *, trace_id: str) -> pa.Table:
+def arrow_table(table: str, columns: Mapping[str, ColumnValues], *, trace_id: str,
+                nulls: Callable[[int, pa.DataType], pa.Array] = pa.nulls) -> pa.Table:
     """An Arrow table of ``table``'s declared schema from column lists.
 
-    ``trace_id`` fills that column; other missing columns are null.
+    ``trace_id`` fills that column; other missing columns are null (``nulls(rows, type)`` makes them).
     """
     tbl = schema.table(table)
     unknown = set(columns) - set(tbl.column_names)
@@ -64,7 +65,7 @@ def arrow_table(table: str, columns: Mapping[str, ColumnValues], *, trace_id: st
             return pa.array(values, type=c.arrow_type)
         if c.name == "trace_id":
             return pa.repeat(pa.scalar(trace_id, type=c.arrow_type), rows)
-        return pa.nulls(rows, type=c.arrow_type)
+        return nulls(rows, c.arrow_type)
 
     arrays = [column(c) for c in tbl.columns]
     arrays = [a.combine_chunks() if isinstance(a, pa.ChunkedArray) else a for a in arrays]
@@ -109,13 +110,18 @@ class TableWriter:
             declared = pa.schema([f.with_type(_TEXT_CODES) if f.name in self._texts else f for f in declared])
             options = {"store_schema": False, **options}
         self._schema = declared
+        self._nulls: dict[pa.DataType, pa.Array] = {}
         self._writer = pq.ParquetWriter(staging / f"{table}.parquet", declared, **{"compression": "zstd", **options})
 
     def write(self, columns: Mapping[str, ColumnValues]) -> None:
         """Append rows given as column lists or Arrow arrays."""
+        self.write_part(self.part(columns))
+
+    def part(self, columns: Mapping[str, ColumnValues]) -> pa.Table:
+        """The rows of column lists or Arrow arrays as the file's Arrow table (:meth:`write_part` writes it)."""
         if self._texts:
             part = arrow_table(self.table, {n: v for n, v in columns.items() if n not in self._texts},
-                               trace_id=self.trace_id)
+                               trace_id=self.trace_id, nulls=self._null_column)
             texts = {n: _text_codes(columns[n]) if n in columns else pa.nulls(part.num_rows, _TEXT_CODES)
                      for n in self._texts if n != "trace_id"}
             if "trace_id" in self._texts:
@@ -124,7 +130,19 @@ class TableWriter:
             part = pa.Table.from_arrays([texts[f.name] if f.name in texts else part[f.name] for f in self._schema],
                                         schema=self._schema)
         else:
-            part = arrow_table(self.table, columns, trace_id=self.trace_id)
+            part = arrow_table(self.table, columns, trace_id=self.trace_id, nulls=self._null_column)
+        return part
+
+    def _null_column(self, rows: int, kind: pa.DataType) -> pa.Array:
+        """``rows`` nulls of ``kind``: a slice of one array per type that the parts share, not an array per part
+        (parts wait beside the writer with a column of 8 bytes a row for each column the parser leaves empty)."""
+        held = self._nulls.get(kind)
+        if held is None or len(held) < rows:
+            held = self._nulls[kind] = pa.nulls(rows, type=kind)
+        return held.slice(0, rows)
+
+    def write_part(self, part: pa.Table) -> None:
+        """Append rows made by :meth:`part`."""
         if part.num_rows:
             self._writer.write_table(part)
             self.rows += part.num_rows
@@ -177,7 +195,10 @@ class BackgroundWriter:
     Encoding and compressing a Parquet part takes about as long as making the rows it
     holds; Arrow does it without the GIL, so a writer thread overlaps the two on a
     second core. Parts are written in the order given (one worker), and at most
-    ``pending`` wait at a time, so memory stays bounded.
+    ``pending`` wait at a time, so memory stays bounded. The columns are made into the
+    part's Arrow table on the caller's thread (:meth:`TableWriter.part`): the writer's
+    thread is the slower one (on a TPU trace the parser waited on it for half its time),
+    so it only encodes.
     """
 
     def __init__(self, writer: TableWriter, pending: int = PENDING) -> None:
@@ -194,8 +215,9 @@ class BackgroundWriter:
 
     def write(self, columns: Mapping[str, ColumnValues]) -> None:
         """Queue one part (column lists or Arrow arrays), waiting while ``pending`` parts are queued."""
+        part = self._writer.part(columns)
         self._wait(self._limit - 1)
-        self._pending.append(self._pool.submit(self._writer.write, columns))
+        self._pending.append(self._pool.submit(self._writer.write_part, part))
 
     def _wait(self, keep: int) -> None:
         while len(self._pending) > keep:
