@@ -70,8 +70,8 @@ class HostLines(GpuStreams):
         scratch = self.staging / _HOST_SCRATCH
         scratch.mkdir(exist_ok=True)
         try:
-            with TableWriter(scratch, "host_ops", trace_id=self.options.trace_id,
-                             **writer_options("host_ops")) as unstepped:
+            with BackgroundWriter(TableWriter(scratch, "host_ops", trace_id=self.options.trace_id,
+                                              **writer_options("host_ops"))) as unstepped:
                 for plane in self.host_planes:
                     pid = plane.stats().get("process_id")
                     still_open: Stack = []
@@ -104,8 +104,8 @@ class HostLines(GpuStreams):
 
     def _write_host_steps(self, unstepped: Path) -> None:
         """Copy the host rows of ``unstepped`` into ``host_ops``, a row group at a time, each with its step."""
-        with TableWriter(self.staging, "host_ops", trace_id=self.options.trace_id,
-                         **writer_options("host_ops")) as out:
+        with BackgroundWriter(TableWriter(self.staging, "host_ops", trace_id=self.options.trace_id,
+                                          **writer_options("host_ops"))) as out:
             source = pq.ParquetFile(unstepped)
             for group in range(source.num_row_groups):
                 part = source.read_row_group(group, columns=list(HOST_COLUMNS))
