@@ -21,31 +21,7 @@
  *
  * The Python versions in analysis/critical_path.py do the same where this is not built.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-
-typedef struct {
-    Py_buffer b;
-    int64_t *p;
-    Py_ssize_t n;
-} Arr;
-
-static int arr(PyObject *obj, Arr *a, int writable) {
-    if (PyObject_GetBuffer(obj, &a->b, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
-    if (a->b.len % 8 != 0) {
-        PyBuffer_Release(&a->b);
-        PyErr_SetString(PyExc_TypeError, "expected an int64 buffer");
-        return -1;
-    }
-    a->p = (int64_t *)a->b.buf;
-    a->n = a->b.len / 8;
-    return 0;
-}
-
-static void release(Arr *a, int count) {
-    for (int i = 0; i < count; i++) PyBuffer_Release(&a[i].b);
-}
+#include "_int64_buffers.h"
 
 static PyObject *replay(PyObject *self, PyObject *args) {
     (void)self;

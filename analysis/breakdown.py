@@ -22,14 +22,13 @@ them; :func:`breakdown_frame` is the same for frames in memory.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
-from types import ModuleType
 
 import numpy as np
 import polars as pl
 
 from tracelake.contracts.classify import Category
+from tracelake.contracts.lazy import optional_module
 
 #: Output columns, in order (all integer ns except ``overlap_pct``).
 COLUMNS = (
@@ -41,11 +40,7 @@ COLUMNS = (
     "async_collective_ns", "exposed_async_collective_ns", "flops", "flops_utilisation_pct", "mfu_pct", "hfu_pct",
 )
 
-_native: ModuleType | None
-try:
-    _native = importlib.import_module(f"{__package__}._sweep")
-except ImportError:  # no compiler where it was installed: the numpy sweep
-    _native = None
+_native = optional_module(f"{__package__}._sweep")  # None where no compiler built it: the numpy sweep
 #: Whether the sweep runs in C (``_sweep.c``: one pass, the GIL released) rather than in numpy.
 NATIVE = _native is not None
 

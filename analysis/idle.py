@@ -8,13 +8,12 @@ most ``kernel_wait_ns`` (back-to-back launch gaps), else ``other``.
 
 from __future__ import annotations
 
-import importlib
-from types import ModuleType
 
 import numpy as np
 import polars as pl
 
 from tracelake.contracts.classify import Category
+from tracelake.contracts.lazy import optional_module
 
 #: Gaps up to this long, with the launch already issued, are launch-to-launch gaps.
 KERNEL_WAIT_NS = 30_000
@@ -22,11 +21,7 @@ KERNEL_WAIT_NS = 30_000
 COLUMNS = ("trace_id", "rank", "stream", "ops", "op_ns", "gaps", "idle_ns", "host_wait_ns", "kernel_wait_ns",
            "other_ns")
 
-_native: ModuleType | None
-try:
-    _native = importlib.import_module(f"{__package__}._sweep")
-except ImportError:  # no compiler where it was installed: the numpy sweep
-    _native = None
+_native = optional_module(f"{__package__}._sweep")  # None where no compiler built it: the numpy sweep
 
 #: Stands for "no earlier op on this stream" in a carry, and for a missing stream number in :func:`idle_window`.
 _NO_END = -(2**63)

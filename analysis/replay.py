@@ -11,22 +11,17 @@ loops below do the same, and a test keeps the two equal.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from tracelake.contracts.critical import PathKind
+from tracelake.contracts.lazy import optional_module
 
 from .depgraph import CODE, Graph
 
-_native: ModuleType | None
-try:
-    _native = importlib.import_module(f"{__package__}._replay")
-except ImportError:  # no compiler where it was installed: the Python loops
-    _native = None
+_native = optional_module(f"{__package__}._replay")  # None where no compiler built it: the Python loops
 #: Whether the C loops are in use.
 NATIVE = _native is not None
 

@@ -8,7 +8,8 @@ facade's, the store's, the NCCL log parser's, the CLI's) take polars from here::
 
     from tracelake.contracts.lazy import polars as pl
 
-and name an analysis module through :func:`lazy_module`, beside a ``TYPE_CHECKING`` import of it.
+and name an analysis module through :func:`lazy_module`, beside a ``TYPE_CHECKING`` import of it. The optional C
+extensions are imported through :func:`optional_module`.
 The type checker sees the modules themselves; at run time a stand-in imports its module when
 one of its attributes is first read. ``tests/test_lazy_imports.py`` checks that opening a
 warehouse and parsing each format but the NCCL debug log (whose parser is written in polars)
@@ -45,6 +46,15 @@ class LazyModule:
     def __repr__(self) -> str:
         state = "loaded" if self._module is not None else "not loaded yet"
         return f"<lazy module {self._name!r}, {state}>"
+
+
+def optional_module(name: str) -> ModuleType | None:
+    """The module ``name`` where it can be imported, else None: a C extension the install may not have built (no
+    compiler there), beside which its caller keeps a Python twin."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
 
 
 def lazy_module(name: str) -> Any:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from oracles.idle import idle_breakdown, idle_sql
+from oracles.idle import idle_breakdown, idle_sql, random_timeline
 from oracles.launches import launch_stats, launch_stats_sql, queue_lengths, queue_lengths_sql
 from tracelake.analysis.idle import COLUMNS as IDLE_COLUMNS
 from tracelake.analysis.launches import COLUMNS as LAUNCH_COLUMNS
@@ -167,20 +167,7 @@ def test_stored_idle_equals_the_sql_on_many_streams_ranks_and_ties(rng: random.R
     """idle_frame agrees with the SQL on one trace and rank and on several."""
     from tracelake.analysis.idle import idle_frame
 
-    n = rng.randint(1, 50)
-    device = pl.DataFrame({
-        "trace_id": [rng.choice(["t", "u"]) if many else "t" for _ in range(n)],
-        "rank": [rng.randint(0, 2) if many else 1 for _ in range(n)],
-        "stream": [rng.choice([3, 7, 2**40, -1]) for _ in range(n)],
-        "category": [rng.choice(["compute", "memory", "sync"]) for _ in range(n)],
-        "ts_ns": [rng.randint(0, 40) * 1000 for _ in range(n)],
-        "dur_ns": [rng.choice([0, 1000, rng.randint(1, 90) * 1000]) for _ in range(n)],
-        "correlation": [rng.choice([None, *range(6)]) for _ in range(n)],
-    }, schema={"trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "category": pl.String,
-               "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64})
-    host = pl.DataFrame({"trace_id": ["t"] * 6, "correlation": list(range(6)),
-                         "ts_ns": [rng.randint(0, 40) * 1000 for _ in range(6)]},
-                        schema={"trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64})
+    device, host = random_timeline(rng, rng.randint(1, 50), streams=[3, 7, 2**40, -1], many=many)
     con = duckdb.connect()
     con.register("d", device.to_arrow())
     con.register("h", host.to_arrow())

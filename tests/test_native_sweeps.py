@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from oracles.breakdown import breakdown_sql
-from oracles.idle import idle_sql
+from oracles.idle import idle_sql, random_timeline
 from tracelake.analysis import breakdown, idle
 from tracelake.warehouse import derived
 
@@ -100,17 +100,8 @@ def test_breakdown_in_windows_equals_the_sql_with_either_engine(rng: random.Rand
 def test_idle_in_windows_equals_the_sql_with_either_engine(rng: random.Random, n: int) -> None:
     """Several streams (one of no number), ties, ops inside others, launches before and after the previous
     end, fed in random windows with one carry: the rows are the oracle's."""
-    starts = sorted(rng.randint(0, 40) * 1000 for _ in range(n))
-    device = pl.DataFrame({
-        "trace_id": ["t"] * n, "rank": [1] * n, "stream": [rng.choice([3, 7, 2**40, None]) for _ in range(n)],
-        "category": [rng.choice(["compute", "memory", "sync"]) for _ in range(n)], "ts_ns": starts,
-        "dur_ns": [rng.choice([0, 1000, rng.randint(1, 90) * 1000]) for _ in range(n)],
-        "correlation": [rng.choice([None, *range(6)]) for _ in range(n)],
-    }, schema={"trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "category": pl.String,
-               "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64})
-    host = pl.DataFrame({"trace_id": ["t"] * 6, "correlation": list(range(6)),
-                         "ts_ns": [rng.randint(0, 40) * 1000 for _ in range(6)]},
-                        schema={"trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64})
+    device, host = random_timeline(rng, n, streams=[3, 7, 2**40, None], in_order=True)
+    starts = device["ts_ns"].to_list()
     con = duckdb.connect()
     con.register("d", device.to_arrow())
     con.register("h", host.to_arrow())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import duckdb
@@ -63,3 +64,24 @@ def idle_breakdown(
     """
     return con.sql(idle_sql(device_ops, host_ops, where, kernel_wait_ns), params=list(params or [])).pl()
 
+
+
+def random_timeline(rng: random.Random, n: int, *, streams: Sequence[int | None], in_order: bool = False,
+                    many: bool = False) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """``n`` random device ops on ``streams`` (ties, ops of no length, sync ops, several traces and ranks where
+    ``many``; starts sorted where ``in_order``) and six host launch calls: the inputs of :func:`idle_sql`."""
+    starts = [rng.randint(0, 40) * 1000 for _ in range(n)]
+    device = pl.DataFrame({
+        "trace_id": [rng.choice(["t", "u"]) if many else "t" for _ in range(n)],
+        "rank": [rng.randint(0, 2) if many else 1 for _ in range(n)],
+        "stream": [rng.choice(list(streams)) for _ in range(n)],
+        "category": [rng.choice(["compute", "memory", "sync"]) for _ in range(n)],
+        "ts_ns": sorted(starts) if in_order else starts,
+        "dur_ns": [rng.choice([0, 1000, rng.randint(1, 90) * 1000]) for _ in range(n)],
+        "correlation": [rng.choice([None, *range(6)]) for _ in range(n)],
+    }, schema={"trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "category": pl.String,
+               "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64})
+    host = pl.DataFrame({"trace_id": ["t"] * 6, "correlation": list(range(6)),
+                         "ts_ns": [rng.randint(0, 40) * 1000 for _ in range(6)]},
+                        schema={"trace_id": pl.String, "correlation": pl.Int64, "ts_ns": pl.Int64})
+    return device, host
