@@ -65,10 +65,11 @@ def writer_options(table: str) -> dict[str, Any]:
     it reads back three times faster (the stored analyses read it again). The op names' and descriptions'
     statistics are left out (:data:`.encoding.UNPRUNED_TEXTS`): a further quarter of the writing time.
     """
-    names = schema.table(table).column_names
-    delta = [c for c in DELTA_COLUMNS if c in names]
-    return {"use_dictionary": [c for c in names if c not in delta],
-            "column_encoding": dict.fromkeys(delta, "DELTA_BINARY_PACKED"), "write_statistics": statistics_for(schema.table(table).arrow_schema)}
+    tbl = schema.table(table)
+    delta = [c for c in DELTA_COLUMNS if c in tbl.column_names]
+    return {"use_dictionary": [c for c in tbl.column_names if c not in delta],
+            "column_encoding": dict.fromkeys(delta, "DELTA_BINARY_PACKED"),
+            "write_statistics": statistics_for(tbl.arrow_schema)}
 
 
 @dataclass
