@@ -8,7 +8,6 @@ most ``kernel_wait_ns`` (back-to-back launch gaps), else ``other``.
 
 from __future__ import annotations
 
-
 import numpy as np
 import polars as pl
 
@@ -136,14 +135,14 @@ def _one_rank_native(work: pl.DataFrame, kernel_wait_ns: int, carry: dict[int, i
         has_launch = launch = np.zeros(len(ts), dtype=np.int64)
     else:
         has_launch = launch_col.is_not_null().to_numpy().astype(np.int64)
-        launch = launch_col.fill_null(0).to_numpy().astype(np.int64)
+        launch = launch_col.fill_null(0).to_numpy().astype(np.int64, copy=False)
     listed = streams.tolist()
     known = np.array([s in carry for s in listed] if carry else np.zeros(len(listed)), dtype=np.int64)
     before = np.array([carry.get(s, _NO_END) for s in listed] if carry else np.full(len(listed), _NO_END),
                       dtype=np.int64)
     sums = np.zeros((len(listed), 9), dtype=np.int64)
-    _native.idle(order.astype(np.int64), dense.astype(np.int64), ts, end, has_launch, launch, known, before,
-                 kernel_wait_ns, sums)
+    _native.idle(order.astype(np.int64, copy=False), dense.astype(np.int64, copy=False), ts, end, has_launch, launch,
+                 known, before, kernel_wait_ns, sums)
     if carry is not None:
         carry.update(zip(listed, sums[:, 7].tolist()))
     out = work.select("trace_id", "rank", "stream")[sums[:, 8].tolist()]

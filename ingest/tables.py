@@ -122,7 +122,7 @@ class TableWriter:
         if self._texts:
             part = arrow_table(self.table, {n: v for n, v in columns.items() if n not in self._texts},
                                trace_id=self.trace_id, nulls=self._null_column)
-            texts = {n: _text_codes(columns[n]) if n in columns else pa.nulls(part.num_rows, _TEXT_CODES)
+            texts = {n: _text_codes(columns[n]) if n in columns else self._null_column(part.num_rows, _TEXT_CODES)
                      for n in self._texts if n != "trace_id"}
             if "trace_id" in self._texts:
                 texts["trace_id"] = pa.DictionaryArray.from_arrays(
