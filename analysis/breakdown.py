@@ -4,9 +4,11 @@ One sweep over each window's device ops: every op contributes a start (+1) and a
 end (-1) to the counter of its category; between two consecutive points the state
 (which categories are active) is constant, so each segment's length goes to the
 buckets its state belongs to. Unions, the communication/compute intersection and
-the exclusive buckets all come out of the same pass, with numpy sorts and cumulative
-sums and no per-nanosecond arrays (docs/analyses.md, "How the stored figures are
-computed"). Sync ops are not work and never count as busy.
+the exclusive buckets all come out of the same pass, with no per-nanosecond arrays
+(docs/analyses.md, "How the stored figures are computed"). Where the C module is built
+(``_sweep.c``'s ``window``) one pass over the window's columns makes the sweep, the spans and
+the carried intervals without the GIL; elsewhere numpy sorts and cumulative sums make the same
+(:func:`_sweeps`). Sync ops are not work and never count as busy.
 
 Async collective windows (XLA's ``Async XLA Ops``: start to done) join the sweep as
 a fourth state that is never busy: the part of them no device op covers is
@@ -46,6 +48,8 @@ NATIVE = _native is not None
 
 _CODES = {Category.COMPUTE: 0, Category.COMMUNICATION: 1, Category.MEMORY: 2}
 _ASYNC, _OTHER = 3, 4
+#: The code of an op that is not work (sync, or no category), which the C window skips.
+_SKIP = 5
 _STATE_BUCKETS = {
     # bucket: predicate over the 4-bit state (1 compute, 2 communication, 4 memory, 8 async window)
     "busy_ns": lambda s: (s & 7) != 0,
@@ -64,6 +68,8 @@ _STATE_BUCKETS = {
 
 #: ``_BUCKET_MASKS[b, s]``: whether state ``s`` counts towards bucket ``b`` (in ``_STATE_BUCKETS`` order).
 _BUCKET_MASKS = np.array([[bool(test(s)) for s in range(16)] for test in _STATE_BUCKETS.values()])
+#: The same as integers, states by buckets: integer time per state times it is the buckets' time, exactly.
+_BUCKETS_OF_STATES = _BUCKET_MASKS.T.astype(np.int64)
 
 
 def _stable_order(values: np.ndarray) -> np.ndarray:
@@ -140,7 +146,8 @@ def _whole_sums(state: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 def _sweeps(start: np.ndarray, end: np.ndarray, code: np.ndarray,
             step: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Bucket sums of the whole window and of each step (``step`` < 0: in no step), from one time order.
+    """Bucket sums of the whole window and of each step (``step`` < 0: in no step), from one time order: numpy's
+    sweep, where the C window is not built.
 
     The start and end points are each sorted with a stable (near-linear on traces) sort and merged;
     the per-step sweep reuses that order, stably re-sorted by step only when steps interleave in time.
@@ -152,10 +159,6 @@ def _sweeps(start: np.ndarray, end: np.ndarray, code: np.ndarray,
     packed = (dense << 4) | (code.astype(np.int64) << 1)
     del dense
     o_start, o_end = _stable_order(start), _stable_order(end)
-    if _native is not None:  # the same sums in one pass without the GIL (_sweep.c)
-        whole_states, step_states = np.zeros(16, dtype=np.int64), np.zeros((none, 16), dtype=np.int64)
-        _native.breakdown(start, end, packed, o_start, o_end, whole_states, step_states)
-        return _bucket_sums(whole_states[None, :])[0], values, _bucket_sums(step_states)
     t = np.concatenate([start[o_start], end[o_end]])
     p = np.concatenate([packed[o_start] | 1, packed[o_end]])
     del o_start, o_end, packed
@@ -268,13 +271,16 @@ def _empty_sums() -> np.ndarray:
     return np.zeros(len(_STATE_BUCKETS), dtype=np.int64)
 
 
-def _categories(ops: pl.DataFrame) -> np.ndarray:
-    """Each op's sweep code (:data:`_CODES`, else :data:`_OTHER`)."""
+def _categories(ops: pl.DataFrame, skip: bool = False) -> np.ndarray:
+    """Each op's sweep code (:data:`_CODES`, else :data:`_OTHER`; with ``skip``, :data:`_SKIP` for sync ops and
+    ops of no category, int64)."""
     category = pl.col("category")
-    return ops.select(pl.when(category == Category.COMPUTE).then(_CODES[Category.COMPUTE])
-                      .when(category == Category.COMMUNICATION).then(_CODES[Category.COMMUNICATION])
-                      .when(category == Category.MEMORY).then(_CODES[Category.MEMORY]).otherwise(_OTHER)
-                      .cast(pl.Int8))[:, 0].to_numpy()
+    codes = pl.when(category == Category.COMPUTE).then(_CODES[Category.COMPUTE]) \
+        .when(category == Category.COMMUNICATION).then(_CODES[Category.COMMUNICATION]) \
+        .when(category == Category.MEMORY).then(_CODES[Category.MEMORY])
+    if skip:
+        codes = codes.when(category.is_null() | (category == Category.SYNC)).then(_SKIP)
+    return ops.select(codes.otherwise(_OTHER).cast(pl.Int64 if skip else pl.Int8))[:, 0].to_numpy()
 
 
 #: The columns of the ops :meth:`BreakdownParts.add` reads (the last two optional).
@@ -295,12 +301,17 @@ class BreakdownParts:
     #: Intervals (start, end, code, step; step -1 for none) that end after the last window's ``high``.
     carry: tuple[np.ndarray, ...] = field(default_factory=lambda: tuple(np.zeros(0, dtype=np.int64)
                                                                          for _ in range(4)))
+    #: The C window's work space (:data:`_native`), reused by each window.
+    _work: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64), repr=False)
 
     def add(self, ops: pl.DataFrame, async_windows: pl.DataFrame | None = None, low: int = LOWEST,
             high: int = HIGHEST) -> None:
         """Add the ops (``category``, ``ts_ns``, ``dur_ns``, ``step``, ``flops``) and async windows (``ts_ns``,
         ``dur_ns``, ``step``) that start in ``[low, high)``; windows must come in time order.
         """
+        if _native is not None:  # the same, each column read once (_sweep.c's window)
+            self._add_native(ops, async_windows, low, high)
+            return
         ops = ops.select(c for c in _SPAN_COLUMNS if c in ops.columns).filter(  # only the columns read are copied
             (pl.col("category") != Category.SYNC) & (pl.col("dur_ns") >= 0))
         start = ops["ts_ns"].to_numpy().astype(np.int64)
@@ -333,6 +344,38 @@ class BreakdownParts:
             else:
                 self.steps[value] = sums
 
+    def _add_native(self, ops: pl.DataFrame, async_windows: pl.DataFrame | None, low: int, high: int) -> None:
+        assert _native is not None  # for the type checker: add() checks it
+        if ops["ts_ns"].null_count():  # an op without a start is nowhere in time (windows hold none)
+            ops = ops.filter(pl.col("ts_ns").is_not_null())
+        flops = ops["flops"]
+        floats = [*_valued(flops), *_valued(ops["model_flops"] if "model_flops" in ops.columns else flops)]
+        if "recomputed_flops" in ops.columns:
+            floats += _valued(ops["recomputed_flops"])
+        else:
+            floats += [np.zeros(ops.height), np.ones(ops.height, dtype=bool)]
+        extra = self.carry
+        if async_windows is not None and async_windows.height:
+            windows = async_windows.filter(pl.col("dur_ns") >= 0)
+            start = _ints(windows["ts_ns"])
+            extra = tuple(np.concatenate([old, new]) for old, new in zip(self.carry, (
+                start, start + _ints(windows["dur_ns"]), np.full(windows.height, _ASYNC, dtype=np.int64),
+                _ints(windows["step"].fill_null(-1)))))
+        size = ops.height + len(extra[0])
+        if len(self._work) < 10 * size:  # kept from window to window: fresh memory each time cost more than the sweep
+            self._work = np.empty(10 * size, dtype=np.int64)
+        whole, steps, spans, carried = _native.window(
+            _ints(ops["ts_ns"]), _ints(ops["dur_ns"].fill_null(-1)), _categories(ops, skip=True),
+            _ints(ops["step"].fill_null(-1)), *floats, *extra, low, high, self._work)
+        self.carry = tuple(self._work[i * size:i * size + carried].copy() for i in range(4))
+        self.whole += np.array(whole, dtype=np.int64) @ _BUCKETS_OF_STATES
+        for value, states in steps:
+            sums = np.array(states, dtype=np.int64) @ _BUCKETS_OF_STATES
+            self.steps[value] = self.steps[value] + sums if value in self.steps else sums
+        for step, first, last, flops_sum, has_flops, model, has_model, recomputed in spans:
+            span = _Span(first, last, flops_sum, bool(has_flops), model, bool(has_model), recomputed)
+            self.spans[step] = self.spans[step].merge(span) if step in self.spans else span
+
     def _add_spans(self, ops: pl.DataFrame) -> None:
         if not ops.height:
             return
@@ -364,6 +407,16 @@ class BreakdownParts:
             sums = dict(zip(names, found.tolist())) if found is not None else dict.fromkeys(names, 0)
             out.append(_row(trace_id, rank, step, span, sums, peak))
         return out
+
+
+def _ints(column: pl.Series) -> np.ndarray:
+    """A column without nulls as int64 values (not copied where they are int64 already)."""
+    return column.to_numpy().astype(np.int64, copy=False)
+
+
+def _valued(column: pl.Series) -> list[np.ndarray]:
+    """A float column's values (0 where null) and whether each is not null."""
+    return [column.fill_null(0.0).to_numpy().astype(np.float64, copy=False), column.is_not_null().to_numpy()]
 
 
 def _row(trace_id: str, rank: int, step: int | None, span: _Span, sums: dict[str, int],

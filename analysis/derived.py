@@ -98,10 +98,16 @@ class DerivedTables:
         idle_parts: list[pl.DataFrame] = []
         mine = self._async.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank))
         for low, high, ops in windows:
-            flops, model, again = operators.credit(ops)
-            ops = ops.with_columns(pl.coalesce(pl.col("flops"), pl.lit(flops)).alias("flops"),
-                                   pl.coalesce(pl.col("flops"), pl.lit(model)).alias("model_flops"),
-                                   pl.when(pl.col("flops").is_null()).then(pl.lit(again)).alias("recomputed_flops"))
+            credited = operators.credit(ops)
+            if credited is None:  # no call credited: an op's model FLOPs are its own, none recomputed
+                ops = ops.with_columns(pl.col("flops").alias("model_flops"),
+                                       pl.lit(None, dtype=pl.Float64).alias("recomputed_flops"))
+            else:
+                flops, model, again = credited
+                ops = ops.with_columns(pl.coalesce(pl.col("flops"), pl.lit(flops)).alias("flops"),
+                                       pl.coalesce(pl.col("flops"), pl.lit(model)).alias("model_flops"),
+                                       pl.when(pl.col("flops").is_null()).then(pl.lit(again))
+                                       .alias("recomputed_flops"))
             parts.add(ops, mine.filter((pl.col("ts_ns") >= low) & (pl.col("ts_ns") < high)), low, high)
             calls = self._calls.get(trace_id)
             ops = ops.with_columns(launch_of(ops["correlation"], calls))

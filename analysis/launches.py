@@ -119,12 +119,12 @@ def shared_correlations(correlation: np.ndarray) -> np.ndarray:
 LaunchCalls = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
-def launch_of(correlation: pl.Series, calls: LaunchCalls | None) -> list[pl.Series]:
-    """``launch_ns``, ``call_ns`` and ``graph`` of each op: of its correlation's call, null where none."""
+def launch_of(correlation: pl.Series, calls: LaunchCalls | None) -> list[pl.Series] | list[pl.Expr]:
+    """``launch_ns``, ``call_ns`` and ``graph`` of each op: of its correlation's call, null where none (then as
+    literals, which a frame holds without a value per row)."""
     names = ("launch_ns", "call_ns", "graph")
     if calls is None or not len(calls[0]) or correlation.null_count() == len(correlation):
-        return [pl.repeat(None, len(correlation), dtype=pl.Boolean if name == "graph" else pl.Int64,
-                          eager=True).alias(name) for name in names]
+        return [pl.lit(None, dtype=pl.Boolean if name == "graph" else pl.Int64).alias(name) for name in names]
     keys, *values = calls
     wanted = correlation.fill_null(0).to_numpy().astype(np.int64)
     at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)

@@ -347,20 +347,20 @@ class OpParts:
         self._kernels = np.zeros(n + 1, dtype=np.int64)
         self._model_by_dtype: dict[str, float] = {}
 
-    def credit(self, ops: pl.DataFrame) -> tuple[pl.Series, pl.Series, pl.Series]:
+    def credit(self, ops: pl.DataFrame) -> tuple[pl.Series, pl.Series, pl.Series] | None:
         """Add one window's ops (``category``, ``ts_ns``, ``dur_ns``, ``correlation``, ``event_id``) and return each
         op's credited ``flops``, ``model_flops`` and ``recomputed_flops`` (of its model FLOPs, those of a recomputed
-        call), null where it is not the first device op of an estimated call."""
+        call), null where it is not the first device op of an estimated call; None where the rank has no operator
+        call to credit (every op's three are null)."""
         n = self._credited.size
+        if self._operators is None or not n:  # no call to credit: every op goes to no operator
+            working = (pl.col("category") != Category.SYNC).fill_null(False)
+            busy, count = ops.select(pl.col("dur_ns").fill_null(0).filter(working).sum(), working.sum()).row(0)
+            self._device_ns[n] += busy  # an integer sum: the bincount below is exact as well below 2**53 ns
+            self._kernels[n] += count
+            return None
         work = ops.select((pl.col("category") != Category.SYNC).fill_null(False))[:, 0].to_numpy()
         dur = ops["dur_ns"].fill_null(0).to_numpy().astype(np.int64)
-        if self._operators is None or not n:  # no call to credit: every op goes to no operator
-            # a float sum as the bincount below makes it, so the totals are the same to the last bit
-            self._device_ns[n] += np.int64(np.bincount(np.zeros(int(work.sum()), dtype=np.intp), weights=dur[work],
-                                                       minlength=1)[0])
-            self._kernels[n] += int(work.sum())
-            nothing = pl.repeat(None, ops.height, dtype=pl.Float64, eager=True)
-            return nothing.alias("flops"), nothing.alias("model_flops"), nothing.alias("recomputed_flops")
         target = self._operators.targets(ops["correlation"])
         slot = np.where(target >= 0, target, n)[work]
         self._device_ns += np.bincount(slot, weights=dur[work], minlength=n + 1).astype(np.int64)

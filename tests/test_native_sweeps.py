@@ -74,7 +74,8 @@ def _timeline(rng: random.Random, n: int) -> pl.DataFrame:
 @given(rng=st.randoms(), n=st.integers(1, 70))
 def test_breakdown_in_windows_equals_the_sql_with_either_engine(rng: random.Random, n: int) -> None:
     """Ops and async windows in random windows of time (intervals carried past a window's end), steps in time
-    order or interleaved, sparse or huge step numbers: the rows are the oracle's for the whole timeline."""
+    order or interleaved, sparse or huge step numbers, a window's ops in start order or shuffled: the rows are the
+    oracle's for the whole timeline."""
     ops = _timeline(rng, n)
     windows = pl.DataFrame({"trace_id": ["t", "t"], "rank": [0, 0], "step": [ops["step"][0], ops["step"][-1]],
                             "ts_ns": [rng.randint(0, 300) for _ in range(2)], "dur_ns": [25, 70]},
@@ -85,12 +86,15 @@ def test_breakdown_in_windows_equals_the_sql_with_either_engine(rng: random.Rand
     con.register("w", windows.to_arrow())
     expected = con.sql(breakdown_sql("o", "w")).pl().drop("flops_utilisation_pct")
     edges = [breakdown.LOWEST, *_cuts(rng, ops["ts_ns"].to_list()), breakdown.HIGHEST]
+    seed = rng.randint(0, 2**32 - 1) if rng.random() < 0.5 else None  # None: in start order
     for name in ENGINES:
         with engine(name):
             parts = breakdown.BreakdownParts()
             for low, high in zip(edges, edges[1:]):
                 inside = (pl.col("ts_ns") >= low) & (pl.col("ts_ns") < high)
-                parts.add(ops.filter(inside), windows.filter(inside), low, high)
+                mine = ops.filter(inside)
+                parts.add(mine if seed is None else mine.sample(fraction=1.0, shuffle=True, seed=seed),
+                          windows.filter(inside), low, high)
             got = breakdown.rows_frame(parts.rows("t", 0, None)).drop("flops_utilisation_pct")
         assert got.equals(expected), name
 
@@ -131,17 +135,25 @@ def test_the_c_sweeps_refuse_what_lies_outside_their_arrays() -> None:
 
     ints = np.array([0, 5], dtype=np.int64)
     order = np.array([0, 1], dtype=np.int64)
-    with pytest.raises(ValueError, match="order out of range"):
-        _sweep.breakdown(ints, ints + 1, ints * 0, np.array([0, 2]), order, np.zeros(16, np.int64),
-                         np.zeros(16, np.int64))
-    with pytest.raises(ValueError, match="step or category out of range"):  # step 2 of one step
-        _sweep.breakdown(ints, ints + 1, np.array([2 << 4, 0]), order, order, np.zeros(16, np.int64),
-                         np.zeros(16, np.int64))
+    floats, valid, none = np.zeros(2), np.ones(2, dtype=bool), np.zeros(0, dtype=np.int64)
+
+    def window(code: np.ndarray, work: int = 20, ts: np.ndarray = ints, flags: np.ndarray = valid) -> object:
+        return _sweep.window(ts, ints + 1, code, ints * 0, floats, flags, floats, flags, floats, flags,
+                             none, none, none, none, breakdown.LOWEST, breakdown.HIGHEST, np.zeros(work, np.int64))
+
+    assert window(np.array([0, 1]))[3] == 0  # the arguments below are good but for the one named
+    with pytest.raises(ValueError, match="category out of range"):
+        window(np.array([0, 6]))
+    with pytest.raises(ValueError, match="category out of range"):  # an op is never an async window
+        window(np.array([3, 0]))
+    with pytest.raises(ValueError, match="too little work space"):
+        window(order, work=19)
     with pytest.raises(ValueError, match="unequal lengths"):
-        _sweep.breakdown(ints, ints[:1], ints, order, order, np.zeros(16, np.int64), np.zeros(16, np.int64))
+        window(order, ts=ints[:1])
     with pytest.raises(TypeError, match="int64"):
-        _sweep.breakdown(ints.astype(np.int32), ints, ints, order, order, np.zeros(16, np.int64),
-                         np.zeros(16, np.int64))
+        window(order, ts=ints.astype(np.int32))
+    with pytest.raises(TypeError, match="'[?]' items"):
+        window(order, flags=valid.astype(np.int8))
     known, before = np.zeros(1, np.int64), np.zeros(1, np.int64)
     with pytest.raises(ValueError, match="stream out of range"):
         _sweep.idle(order, np.array([0, 1]), ints, ints + 1, ints * 0, ints, known, before, 0, np.zeros(9, np.int64))
