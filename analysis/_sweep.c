@@ -244,6 +244,27 @@ static int order_of(const int64_t *keys, Py_ssize_t n, int64_t *order, int64_t *
     return 0;
 }
 
+/* The points of two parts of the intervals in time order: part a (positions 0 .. na) and part b (na .. na + nb),
+   each in order already (sorted_) or through its order (order[0 .. na) for a, order[na ..] less na for b). */
+typedef struct {
+    const int64_t *keys, *order;
+    int sorted_a, sorted_b;
+    Py_ssize_t a, na, b, nb;
+} Points;
+
+/* The position of the next point (of part a at a tie), -1 when none is left. */
+static inline int64_t next_of(const Points *p) {
+    int64_t x = p->a < p->na ? (p->sorted_a ? p->a : p->order[p->a]) : -1;
+    int64_t y = p->b < p->nb ? p->na + (p->sorted_b ? p->b : p->order[p->na + p->b]) : -1;
+    if (x < 0) return y;
+    return y >= 0 && p->keys[y] < p->keys[x] ? y : x;
+}
+
+static inline void advance(Points *p, int64_t position) {
+    if (position < p->na) p->a++;
+    else p->b++;
+}
+
 static PyObject *span_tuple(const Step *s, int whole) {
     PyObject *step = whole ? Py_NewRef(Py_None) : PyLong_FromLongLong(s->value);
     if (step == NULL) return NULL;
@@ -299,7 +320,8 @@ static PyObject *window(PyObject *self, PyObject *args) {
     const uint8_t *flops_ok = a[5].b.buf, *model_ok = a[7].b.buf, *recomputed_ok = a[9].b.buf;
     const int64_t *x_start = a[10].p, *x_end = a[11].p, *x_code = a[12].p, *x_step = a[13].p;
     /* the work space: the carried intervals (start, end, code, step), then per useful interval its clipped start,
-       clipped end, step index (-1: none) + 1 << 3 | code, and the orders of the starts and the ends */
+       clipped end, step index (-1: none) + 1 << 3 | code (the ops', then the others'), and the orders of the starts
+       and the ends where they are not in order (each part apart) */
     int64_t *w = a[14].p;
     int64_t *c_start = w, *c_end = w + cap, *c_code = w + 2 * cap, *c_step = w + 3 * cap;
     int64_t *cs = w + 4 * cap, *ce = w + 5 * cap, *packed = w + 6 * cap, *o_start = w + 7 * cap,
@@ -307,7 +329,7 @@ static PyObject *window(PyObject *self, PyObject *args) {
     Steps table = {NULL, 0, 0, calloc(16, sizeof(int64_t)), 15, 0, 0};
     Step whole;
     memset(&whole, 0, sizeof(Step));
-    Py_ssize_t carried = 0, useful = 0;
+    Py_ssize_t carried = 0, useful = 0, useful_ops = 0;  /* the ops come first among the useful intervals */
     const char *bad = NULL;
     if (table.slots == NULL) {
         release(a, WINDOW_ARRAYS);
@@ -348,19 +370,25 @@ static PyObject *window(PyObject *self, PyObject *args) {
         if (to <= from) continue;  /* nothing of it in the window */
         cs[useful] = from, ce[useful] = to, packed[useful] = (k + 1) << 3 | c;
         useful++;
+        useful_ops += !extra;
     }
-    int starts_sorted = bad == NULL ? order_of(cs, useful, o_start, scratch) : 0;
-    int ends_sorted = bad == NULL && starts_sorted >= 0 ? order_of(ce, useful, o_end, scratch) : 0;
-    if (starts_sorted < 0 || ends_sorted < 0) bad = "out of memory";
+    /* the ops' points and the other intervals' apart: the ops' starts (and on a TPU line their ends) are most often
+       in order already, and a few others would otherwise make them all be sorted */
+    Py_ssize_t nb = useful - useful_ops;
+    int sa = bad == NULL ? order_of(cs, useful_ops, o_start, scratch) : 0,
+        sb = bad == NULL ? order_of(cs + useful_ops, nb, o_start + useful_ops, scratch) : 0,
+        ea = bad == NULL ? order_of(ce, useful_ops, o_end, scratch) : 0,
+        eb = bad == NULL ? order_of(ce + useful_ops, nb, o_end + useful_ops, scratch) : 0;
+    if (sa < 0 || sb < 0 || ea < 0 || eb < 0) bad = "out of memory";
     if (bad == NULL) {
         Sweep all = {{0, 0, 0, 0}, 0, 0, 0};
-        Py_ssize_t i = 0, j = 0;
-        while (i < useful || j < useful) {
-            int64_t s = i < useful ? (starts_sorted ? i : o_start[i]) : 0,
-                    e = j < useful ? (ends_sorted ? j : o_end[j]) : 0;
-            int is_start = j >= useful || (i < useful && cs[s] <= ce[e]);  /* a start before an end at the same time */
+        Points starts = {cs, o_start, sa, sb, 0, useful_ops, 0, nb}, ends = {ce, o_end, ea, eb, 0, useful_ops, 0, nb};
+        for (;;) {
+            int64_t s = next_of(&starts), e = next_of(&ends);
+            if (s < 0 && e < 0) break;
+            int is_start = e < 0 || (s >= 0 && cs[s] <= ce[e]);  /* a start before an end at the same time */
             int64_t at = is_start ? s : e, t = is_start ? cs[s] : ce[e];
-            i += is_start, j += !is_start;
+            advance(is_start ? &starts : &ends, at);
             int64_t k = (packed[at] >> 3) - 1;
             int c = (int)(packed[at] & 7);
             step_to(&all, whole.sums, t, c, is_start);

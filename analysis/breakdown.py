@@ -24,6 +24,7 @@ them; :func:`breakdown_frame` is the same for frames in memory.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -363,7 +364,9 @@ class BreakdownParts:
                 _ints(windows["step"].fill_null(-1)))))
         size = ops.height + len(extra[0])
         if len(self._work) < 10 * size:  # kept from window to window: fresh memory each time cost more than the sweep
-            self._work = np.empty(10 * size, dtype=np.int64)
+            # mapped, not numpy's: numpy asks for huge pages from 4 MB, and then every part of the space the window
+            # does not use (the orders, where the ops are in order) would be memory held too
+            self._work = np.frombuffer(mmap.mmap(-1, 10 * size * 8), dtype=np.int64)
         whole, steps, spans, carried = _native.window(
             _ints(ops["ts_ns"]), _ints(ops["dur_ns"].fill_null(-1)), _categories(ops, skip=True),
             _ints(ops["step"].fill_null(-1)), *floats, *extra, low, high, self._work)
