@@ -69,7 +69,7 @@ _STATE_BUCKETS = {
 
 #: ``_BUCKET_MASKS[b, s]``: whether state ``s`` counts towards bucket ``b`` (in ``_STATE_BUCKETS`` order).
 _BUCKET_MASKS = np.array([[bool(test(s)) for s in range(16)] for test in _STATE_BUCKETS.values()])
-#: The same as integers, states by buckets: integer time per state times it is the buckets' time, exactly.
+#: The same as integers, (state, bucket): a row of time per state times it is the time per bucket, exactly.
 _BUCKETS_OF_STATES = _BUCKET_MASKS.T.astype(np.int64)
 
 

@@ -118,7 +118,7 @@ class DerivedTables:
             idle_parts.append(idle.idle_window(work.select(
                 "trace_id", "rank", "stream", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns")).alias("end_ns"),
                 "launch_ns"), carry))
-            counts.add(work)
+            counts.add(work, without_sync=True)
         queues = launched.queues(trace_id, rank)  # first: its waits, the largest part kept, go before the rest
         hardware = self._hardware.get((trace_id, rank))
         peak = self._peaks.get((trace_id, rank))

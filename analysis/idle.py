@@ -57,9 +57,7 @@ def _one_rank(work: pl.DataFrame, kernel_wait_ns: int, carry: dict[int, int] | N
     takes each stream's running maximum of the ends in one pass, and sums per stream by segment.
     ``carry`` (see :func:`idle_window`) gives each stream's latest end before these ops, and is updated.
     """
-    stream = work["stream"].to_numpy().astype(np.int64)
-    ts = work["ts_ns"].to_numpy().astype(np.int64)
-    end = work["end_ns"].to_numpy().astype(np.int64)
+    stream, ts, end = (work[name].to_numpy().astype(np.int64, copy=False) for name in ("stream", "ts_ns", "end_ns"))
     streams = _distinct(stream)
     order = _by_start_end(ts, end)
     if _native is not None:

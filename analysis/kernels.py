@@ -36,15 +36,18 @@ class KernelStats:
         self._merged_rows = 0
         self._rows = 0
 
-    def add(self, ops: pl.DataFrame) -> None:
-        """Count ``ops`` (``name``, ``category``, ``dur_ns``)."""
-        self.add_counts(ops.filter(pl.col("category") != Category.SYNC).group_by("name", "category", "dur_ns")
-                        .agg(pl.len().cast(pl.Int64).alias("n")))
+    def add(self, ops: pl.DataFrame, *, without_sync: bool = False) -> None:
+        """Count ``ops`` (``name``, ``category``, ``dur_ns``); ``without_sync``: the caller left out the sync ops
+        already (they are not filtered again)."""
+        work = ops if without_sync else ops.filter(pl.col("category") != Category.SYNC)
+        self._add(work.group_by("name", "category", "dur_ns").agg(pl.len().alias("n")))
 
     def add_counts(self, counts: pl.DataFrame) -> None:
         """Add counted durations: ``name``, ``category``, ``dur_ns`` and ``n``, how many ops of the name took it."""
-        part = counts.filter(pl.col("category") != Category.SYNC).select(
-            pl.col(c).cast(t) for c, t in _COUNTS_SCHEMA.items())
+        self._add(counts.filter(pl.col("category") != Category.SYNC))
+
+    def _add(self, counts: pl.DataFrame) -> None:
+        part = counts.select(pl.col(c).cast(t) for c, t in _COUNTS_SCHEMA.items())
         self._parts.append(part)
         self._rows += part.height
         if self._rows > 2 * self._merged_rows + _MERGE_ROWS:
