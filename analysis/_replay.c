@@ -21,7 +21,7 @@
  *
  * The Python versions in analysis/critical_path.py do the same where this is not built.
  */
-#include "_int64_buffers.h"
+#include "_buffers.h"
 
 static PyObject *replay(PyObject *self, PyObject *args) {
     (void)self;

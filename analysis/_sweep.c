@@ -35,7 +35,7 @@
  * lengths. The numpy sweeps in analysis/breakdown.py and analysis/idle.py compute the same where this
  * is not built, and tests keep each pair equal.
  */
-#include "_int64_buffers.h" /* Python.h first, as Python asks */
+#include "_buffers.h" /* Python.h first, as Python asks */
 
 #include <stdlib.h>
 #include <string.h>
@@ -381,7 +381,6 @@ static PyObject *window(PyObject *self, PyObject *args) {
         eb = bad == NULL ? order_of(ce + useful_ops, nb, o_end + useful_ops, scratch) : 0;
     if (sa < 0 || sb < 0 || ea < 0 || eb < 0) bad = "out of memory";
     if (bad == NULL) {
-        Sweep all = {{0, 0, 0, 0}, 0, 0, 0};
         Points starts = {cs, o_start, sa, sb, 0, useful_ops, 0, nb}, ends = {ce, o_end, ea, eb, 0, useful_ops, 0, nb};
         for (;;) {
             int64_t s = next_of(&starts), e = next_of(&ends);
@@ -391,7 +390,7 @@ static PyObject *window(PyObject *self, PyObject *args) {
             advance(is_start ? &starts : &ends, at);
             int64_t k = (packed[at] >> 3) - 1;
             int c = (int)(packed[at] & 7);
-            step_to(&all, whole.sums, t, c, is_start);
+            step_to(&whole.sweep, whole.sums, t, c, is_start);
             if (k >= 0) {
                 table.steps[k].swept = 1;
                 step_to(&table.steps[k].sweep, table.steps[k].sums, t, c, is_start);

@@ -349,12 +349,11 @@ class BreakdownParts:
         assert _native is not None  # for the type checker: add() checks it
         if ops["ts_ns"].null_count():  # an op without a start is nowhere in time (windows hold none)
             ops = ops.filter(pl.col("ts_ns").is_not_null())
-        flops = ops["flops"]
-        floats = [*_valued(flops), *_valued(ops["model_flops"] if "model_flops" in ops.columns else flops)]
-        if "recomputed_flops" in ops.columns:
-            floats += _valued(ops["recomputed_flops"])
-        else:
-            floats += [np.zeros(ops.height), np.ones(ops.height, dtype=bool)]
+        flops = _valued(ops["flops"])
+        model = _valued(ops["model_flops"]) if "model_flops" in ops.columns else flops  # else the ops' own, once
+        again = _valued(ops["recomputed_flops"]) if "recomputed_flops" in ops.columns else \
+            [np.zeros(ops.height), np.ones(ops.height, dtype=bool)]
+        floats = [*flops, *model, *again]
         extra = self.carry
         if async_windows is not None and async_windows.height:
             windows = async_windows.filter(pl.col("dur_ns") >= 0)

@@ -99,10 +99,7 @@ class DerivedTables:
         mine = self._async.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank))
         for low, high, ops in windows:
             credited = operators.credit(ops)
-            if credited is None:  # no call credited: an op's model FLOPs are its own, none recomputed
-                ops = ops.with_columns(pl.col("flops").alias("model_flops"),
-                                       pl.lit(None, dtype=pl.Float64).alias("recomputed_flops"))
-            else:
+            if credited is not None:  # else no call credited: the breakdown takes each op's own FLOPs as its model's
                 flops, model, again = credited
                 ops = ops.with_columns(pl.coalesce(pl.col("flops"), pl.lit(flops)).alias("flops"),
                                        pl.coalesce(pl.col("flops"), pl.lit(model)).alias("model_flops"),

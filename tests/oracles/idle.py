@@ -65,7 +65,6 @@ def idle_breakdown(
     return con.sql(idle_sql(device_ops, host_ops, where, kernel_wait_ns), params=list(params or [])).pl()
 
 
-
 def random_timeline(rng: random.Random, n: int, *, streams: Sequence[int | None], in_order: bool = False,
                     many: bool = False) -> tuple[pl.DataFrame, pl.DataFrame]:
     """``n`` random device ops on ``streams`` (ties, ops of no length, sync ops, several traces and ranks where

@@ -4,8 +4,8 @@
  * typed() takes one of float64 ('d') or bool ('?') items the same way; release() lets go of the first
  * `count` taken.
  */
-#ifndef TRACELAKE_INT64_BUFFERS_H
-#define TRACELAKE_INT64_BUFFERS_H
+#ifndef TRACELAKE_BUFFERS_H
+#define TRACELAKE_BUFFERS_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
