@@ -26,9 +26,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pyarrow as pa
+
 from tracelake.contracts.classify import Category
+from tracelake.contracts.lazy import duckdb
 from tracelake.contracts.schema import sql_literal
 
 from . import nccl_kernels

@@ -23,12 +23,12 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracelake.contracts.allocators import release_free_memory
+from tracelake.contracts.lazy import duckdb
 from tracelake.contracts.schema import sql_literal
 
 from . import kineto_scan, kineto_sql_tables

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import duckdb
-
 from tracelake.contracts.concrete import CONCRETE_OPS, CONCRETE_PREFIX
 from tracelake.contracts.errors import TraceFormatError
+from tracelake.contracts.lazy import duckdb
 from tracelake.contracts.schema import sql_literal
 
 from . import kineto_scan

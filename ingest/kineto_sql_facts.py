@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pyarrow.parquet as pq
 
 from tracelake.contracts.classify import Category, category_sql
+from tracelake.contracts.lazy import duckdb
 from tracelake.contracts.schema import sql_literal
 
 from . import kineto_memory_ops, kineto_nesting, kineto_scan, kineto_sql_tables

@@ -15,12 +15,12 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracelake.contracts import schema
+from tracelake.contracts.lazy import duckdb
 from tracelake.contracts.schema import sql_literal
 
 from .encoding import EncodingWriter

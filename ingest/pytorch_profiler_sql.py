@@ -25,10 +25,10 @@ import threading
 import time
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracelake.contracts.lazy import duckdb
 from tracelake.contracts.schema import sql_literal
 from tracelake.contracts.errors import IngestMemoryLimit, TraceFormatError
 

@@ -1,5 +1,8 @@
 """Modules loaded on first use (``contracts/lazy.py``; docs/architecture.md, "Memory").
 
+DuckDB likewise: an existing warehouse opens without it, and every format but Kineto's (parsed in DuckDB SQL) is
+parsed and ingested without it; a query loads it.
+
 An ingest's peak is in its parse; polars and the analyses come in only for the stored analyses after it. These
 tests check the claim where it matters, in fresh child processes: the CLI and the facade load without polars, every
 format but the NCCL debug log (whose parser is written in polars) parses without it, and a whole ingest through the
@@ -19,6 +22,7 @@ import pytest
 
 from support import REAL_XLA, ROOT
 from tracelake.contracts.lazy import LazyModule, lazy_module
+from tracelake.warehouse import Warehouse
 
 SAMPLES = ROOT / "sample_traces"
 #: One input per format (the xla_json one only where ../shared/real_traces is present; execution traces are
@@ -38,6 +42,8 @@ INPUTS = {
 }
 #: The one format whose parser needs polars.
 NEEDS_POLARS = "nccl_log"
+#: The one format whose parser needs DuckDB.
+NEEDS_DUCKDB = "pytorch_profiler"
 
 _PARSE_CHILD = """
 import json, sys, tempfile
@@ -73,6 +79,34 @@ rows = Warehouse(home=home).query("SELECT (SELECT count(*) FROM traces), (SELECT
 print(json.dumps({"exit": result.exit_code, "output": result.output[-2000:], "after_parse": loaded_after_parse,
                   "at_end": "polars" in sys.modules, "traces": rows[0], "breakdown_rows": rows[1],
                   "analyses": sorted(m for m in sys.modules if m.startswith("tracelake.analysis."))}))
+"""
+
+_DUCKDB_PARSE_CHILD = """
+import json, sys, tempfile
+from pathlib import Path
+import tracelake.api.cli  # what `tracelake ingest` loads
+from tracelake.warehouse import Warehouse
+from tracelake import ingest
+Warehouse(home=sys.argv[1])  # made by the test: its catalog is current
+seen = {"after opening": "duckdb" in sys.modules}
+for path in sys.argv[2:]:
+    fmt, _ = ingest.parse_into(Path(path), Path(tempfile.mkdtemp()), ingest.ParseOptions(source_name=Path(path).name,
+                                                                                         trace_id="0" * 20))
+    seen[fmt.name] = "duckdb" in sys.modules
+print(json.dumps(seen))
+"""
+
+_DUCKDB_INGEST_CHILD = """
+import json, sys
+from typer.testing import CliRunner
+import tracelake.api.cli as cli
+from tracelake.warehouse import Warehouse
+home, trace = sys.argv[1:3]
+result = CliRunner().invoke(cli.app, ["ingest", trace, "--home", home])
+after_ingest = "duckdb" in sys.modules
+rows = Warehouse(home=home).query("SELECT (SELECT count(*) FROM traces), (SELECT count(*) FROM breakdown)").rows[0]
+print(json.dumps({"exit": result.exit_code, "output": result.output[-2000:], "after_ingest": after_ingest,
+                  "after_query": "duckdb" in sys.modules, "traces": rows[0], "breakdown_rows": rows[1]}))
 """
 
 
@@ -117,6 +151,27 @@ def test_an_ingest_parses_without_polars_then_stores_its_analyses_with_it(name: 
         assert done["at_end"] is True and int(str(done["breakdown_rows"])) > 0
     # the repeated-rank warning needs the runs alone: the whole analysis (60-90 ms to load) waits for an analysis
     assert not {"tracelake.analysis.assemble", "tracelake.analysis.critical_path"} & set(done["analyses"]), done
+
+
+def test_an_existing_warehouse_opens_and_every_format_but_kineto_parses_without_duckdb(tmp_path: Path) -> None:
+    home = tmp_path / "warehouse"
+    Warehouse(home=home)  # writes the catalog (with DuckDB), in this process: the child finds it current
+    inputs = {name: path for name, path in INPUTS.items() if path.is_file()}
+    inputs["execution_trace"] = _execution_trace(tmp_path)
+    ordered = [path for name, path in inputs.items() if name != NEEDS_DUCKDB] + [inputs[NEEDS_DUCKDB]]
+    seen = _child(_DUCKDB_PARSE_CHILD, str(home), *map(str, ordered))
+    assert seen.pop("after opening") is False, "importing the CLI and opening a warehouse loaded DuckDB"
+    assert set(seen) == set(inputs), f"the inputs were detected as {sorted(seen)}, not {sorted(inputs)}"
+    assert {name for name, loaded in seen.items() if loaded} == {NEEDS_DUCKDB}, seen
+
+
+def test_an_xla_ingest_into_an_existing_warehouse_loads_duckdb_only_for_the_query_after(tmp_path: Path) -> None:
+    home = tmp_path / "warehouse"
+    Warehouse(home=home)
+    done = _child(_DUCKDB_INGEST_CHILD, str(home), str(INPUTS["xla"]))
+    assert done["exit"] == 0, done["output"]
+    assert done["after_ingest"] is False, "the ingest loaded DuckDB"
+    assert done["after_query"] is True and done["traces"] == 1 and int(str(done["breakdown_rows"])) > 0, done
 
 
 def test_a_lazy_module_imports_on_first_use_and_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -19,9 +19,8 @@ import re
 import threading
 from collections.abc import Iterable, Sequence
 
-import duckdb
-
 from tracelake.contracts import schema
+from tracelake.contracts.lazy import duckdb
 from tracelake.contracts.schema import sql_literal
 
 from .store import Store, temp_name

@@ -50,11 +50,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracelake.contracts import schema
+from tracelake.contracts.lazy import duckdb
 
 from . import catalog
 from .check_layout import QUARANTINE, Footer, Layout, Quarantine, inspect, walk

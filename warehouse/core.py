@@ -12,11 +12,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import duckdb
-
 from tracelake.contracts.critical import Speedup
 from tracelake.contracts.errors import InvalidArgument, NotFound, QueryError, WarehouseError
-from tracelake.contracts.lazy import lazy_module, polars as pl
+from tracelake.contracts.lazy import duckdb, lazy_module, polars as pl
 from tracelake.contracts.status import IngestStatus
 from tracelake.ingest.model import ByteCallback
 

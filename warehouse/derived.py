@@ -55,11 +55,10 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
     launch calls (25 bytes each), the distinct (name, duration) pairs of a rank and what
     :class:`~tracelake.analysis.launches.LaunchParts` keeps of each launched op.
     """
-    windows = pl.read_parquet(parsed / "collectives.parquet", columns=["trace_id", "rank", "step", "ts_ns",
-                                                                      "dur_ns", "is_async"])
+    windows = _read(parsed / "collectives.parquet", ["trace_id", "rank", "step", "ts_ns", "dur_ns", "is_async"])
     windows = windows.filter(pl.col("is_async").fill_null(False)).drop("is_async").sort("ts_ns")
     hardware = _hardware(parsed / "devices.parquet", peak_overrides)
-    devices = pl.read_parquet(parsed / "devices.parquet", columns=["trace_id", "rank", "peak_tflops", "name"])
+    devices = _read(parsed / "devices.parquet", ["trace_id", "rank", "peak_tflops", "name"])
     # The chip's own peak (XLA; its bf16 matrix peak) is preferred, unless a person gave the device's FLOP/s in
     # the settings: then theirs (docs/analyses.md, "Peaks").
     given = [o for o in peak_overrides if set(o.figures) - {"hbm"}]
@@ -102,11 +101,17 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
         pq.write_table(arrow.cast(tbl.arrow_schema), out_dir / f"{name}.parquet", compression="zstd")
 
 
+def _read(path: Path, columns: list[str]) -> pl.DataFrame:
+    """``columns`` of a small parsed table, read by Arrow, which the parse has loaded already. polars' own Parquet
+    reader starts its I/O runtime and threads on first use: 15 MB more at the peak of a 30 MB TPU profile's ingest,
+    and 40 ms (docs/architecture.md, "Memory")."""
+    return pl.DataFrame(pq.read_table(path, columns=columns))
+
+
 def _hardware(devices: Path, overrides: tuple[Override, ...] = ()) -> dict[tuple[str, int], Peaks]:
     """Per (trace, rank), the peaks of its accelerator (the lowest device index that the table of known devices
     matches by name, SM count and memory: :func:`tracelake.analysis.peaks.lookup`)."""
-    frame = pl.read_parquet(devices, columns=["trace_id", "rank", "device", "kind", "name", "core_count",
-                                              "memory_bytes"])
+    frame = _read(devices, ["trace_id", "rank", "device", "kind", "name", "core_count", "memory_bytes"])
     found: dict[tuple[str, int], Peaks] = {}
     for trace_id, rank, _, _, name, cores, memory in frame.filter(
             pl.col("trace_id").is_not_null() & pl.col("rank").is_not_null() & (pl.col("kind") != "nic")).sort(

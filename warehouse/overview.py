@@ -8,10 +8,10 @@ exposed communication) is :mod:`tracelake.analysis.breakdown`'s.
 
 from __future__ import annotations
 
-import duckdb
 import polars as pl
 
 from tracelake.contracts.classify import Category
+from tracelake.contracts.lazy import duckdb
 
 
 def rank_summary(con: duckdb.DuckDBPyConnection, job: str) -> pl.DataFrame:

@@ -27,9 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import duckdb
-
 from tracelake.contracts.errors import QueryError
+from tracelake.contracts.lazy import duckdb
 
 from .sql_functions import FILE_TABLE_FUNCTIONS, FUNCTIONS, TABLE_FUNCTIONS
 

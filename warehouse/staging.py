@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -29,7 +28,7 @@ from tracelake import ingest
 from tracelake.analysis import peaks
 from tracelake.contracts import schema
 from tracelake.contracts.errors import NotFound, TraceFormatError, TracelakeError, WarehouseError
-from tracelake.contracts.lazy import lazy_module
+from tracelake.contracts.lazy import duckdb, lazy_module
 from tracelake.contracts.status import IngestStatus
 from tracelake.ingest.detect import Format
 from tracelake.ingest.model import ByteCallback, TraceInfo
