@@ -12,7 +12,11 @@ not 0: with 0, every window's frames faulted their pages in afresh (each window 
 before it freed), and on a 30 MB TPU profile the stored analyses took 0.63-0.69 s of one thread where they take
 0.49-0.53 s when freed pages are kept. Kept for 100 ms, the next window reuses them and the trace's end hands them
 back: the 30 MB TPU ingest 6-10% faster for 4-7 MB more at its peak, the 1 GB Qwen-shaped Kineto trace's peak level
-(322 MB against 321, 2026-12-07). jemalloc reads ``_RJEM_MALLOC_CONF`` once, when polars loads,
+(322 MB against 321, 2026-12-07). And one arena (``narenas:1``), not one per thread up to four per core: a page
+one thread frees is the next one's to take, where an arena per thread kept each thread's freed pages apart (and
+a purging thread each). Six alternating ingests of each on the 30 MB TPU profile: peaks 222 MB the median, 225 the
+largest, against 228 and 231 with an arena per thread, at the same time (0.92 s); level on the 100 MB TPU profile,
+the 30 MB GPU one (its largest peak 229 MB against 264) and the 1 GB Qwen shape. jemalloc reads ``_RJEM_MALLOC_CONF`` once, when polars loads,
 so the packages that load the data libraries (:mod:`tracelake.api`, :mod:`tracelake.warehouse`, and
 :mod:`tracelake.ingest` and :mod:`tracelake.analysis` for those who use them as a library) call
 :func:`return_freed_memory_promptly` before anything imports polars. A value the user set is
@@ -48,8 +52,9 @@ import os
 
 #: The variable polars' jemalloc reads its options from.
 POLARS_JEMALLOC_VARIABLE = "_RJEM_MALLOC_CONF"
-#: Freed pages go back to the system within 100 ms (dirty decay), once there at once (muzzy decay of 0 ms).
-POLARS_JEMALLOC_OPTIONS = "dirty_decay_ms:100,muzzy_decay_ms:0"
+#: Freed pages go back to the system within 100 ms (dirty decay), once there at once (muzzy decay of 0 ms); one
+#: arena for every thread.
+POLARS_JEMALLOC_OPTIONS = "dirty_decay_ms:100,muzzy_decay_ms:0,narenas:1"
 
 
 #: The variable Arrow reads its default memory pool from, and the pool: the system's allocator.

@@ -152,7 +152,7 @@ def test_the_entry_points_set_polars_allocator_before_polars_loads() -> None:
         env = {k: v for k, v in os.environ.items() if k not in variables}
         out = subprocess.run([sys.executable, "-c", code.format(module=module)], env=env, capture_output=True,
                              text=True, check=True).stdout.split()
-        assert out == ["dirty_decay_ms:100,muzzy_decay_ms:0", "system", "False", "False", "system"], module
+        assert out == ["dirty_decay_ms:100,muzzy_decay_ms:0,narenas:1", "system", "False", "False", "system"], module
         env.update({"_RJEM_MALLOC_CONF": "narenas:1", "ARROW_DEFAULT_MEMORY_POOL": "mimalloc"})
         out = subprocess.run([sys.executable, "-c", code.format(module=module)], env=env, capture_output=True,
                              text=True, check=True).stdout.split()
