@@ -51,12 +51,13 @@ from pathlib import Path
 import tracelake.api.cli  # what `tracelake ingest` loads
 from tracelake.warehouse import Warehouse
 from tracelake import ingest
-Warehouse(home=tempfile.mkdtemp())
-seen = {"after imports": "polars" in sys.modules}
-for path in sys.argv[1:]:
+watched, home, paths = sys.argv[1], sys.argv[2], sys.argv[3:]  # home "": a new warehouse
+Warehouse(home=home or tempfile.mkdtemp())
+seen = {"after imports": watched in sys.modules}
+for path in paths:
     fmt, _ = ingest.parse_into(Path(path), Path(tempfile.mkdtemp()), ingest.ParseOptions(source_name=Path(path).name,
                                                                                          trace_id="0" * 20))
-    seen[fmt.name] = "polars" in sys.modules
+    seen[fmt.name] = watched in sys.modules
 print(json.dumps(seen))
 """
 
@@ -79,21 +80,6 @@ rows = Warehouse(home=home).query("SELECT (SELECT count(*) FROM traces), (SELECT
 print(json.dumps({"exit": result.exit_code, "output": result.output[-2000:], "after_parse": loaded_after_parse,
                   "at_end": "polars" in sys.modules, "traces": rows[0], "breakdown_rows": rows[1],
                   "analyses": sorted(m for m in sys.modules if m.startswith("tracelake.analysis."))}))
-"""
-
-_DUCKDB_PARSE_CHILD = """
-import json, sys, tempfile
-from pathlib import Path
-import tracelake.api.cli  # what `tracelake ingest` loads
-from tracelake.warehouse import Warehouse
-from tracelake import ingest
-Warehouse(home=sys.argv[1])  # made by the test: its catalog is current
-seen = {"after opening": "duckdb" in sys.modules}
-for path in sys.argv[2:]:
-    fmt, _ = ingest.parse_into(Path(path), Path(tempfile.mkdtemp()), ingest.ParseOptions(source_name=Path(path).name,
-                                                                                         trace_id="0" * 20))
-    seen[fmt.name] = "duckdb" in sys.modules
-print(json.dumps(seen))
 """
 
 _DUCKDB_INGEST_CHILD = """
@@ -135,7 +121,7 @@ def test_every_format_but_the_nccl_log_parses_without_polars(tmp_path: Path) -> 
     inputs = {name: path for name, path in INPUTS.items() if path.is_file()}  # xla_json: with the real traces only
     inputs["execution_trace"] = _execution_trace(tmp_path)
     ordered = [path for name, path in inputs.items() if name != NEEDS_POLARS] + [inputs[NEEDS_POLARS]]
-    seen = _child(_PARSE_CHILD, *map(str, ordered))
+    seen = _child(_PARSE_CHILD, "polars", "", *map(str, ordered))
     assert seen.pop("after imports") is False, "importing the CLI and the facade loaded polars"
     assert set(seen) == set(inputs), f"the inputs were detected as {sorted(seen)}, not {sorted(inputs)}"
     assert {name for name, loaded in seen.items() if loaded} == {NEEDS_POLARS}, seen
@@ -159,8 +145,8 @@ def test_an_existing_warehouse_opens_and_every_format_but_kineto_parses_without_
     inputs = {name: path for name, path in INPUTS.items() if path.is_file()}
     inputs["execution_trace"] = _execution_trace(tmp_path)
     ordered = [path for name, path in inputs.items() if name != NEEDS_DUCKDB] + [inputs[NEEDS_DUCKDB]]
-    seen = _child(_DUCKDB_PARSE_CHILD, str(home), *map(str, ordered))
-    assert seen.pop("after opening") is False, "importing the CLI and opening a warehouse loaded DuckDB"
+    seen = _child(_PARSE_CHILD, "duckdb", str(home), *map(str, ordered))
+    assert seen.pop("after imports") is False, "importing the CLI and opening a warehouse loaded DuckDB"
     assert set(seen) == set(inputs), f"the inputs were detected as {sorted(seen)}, not {sorted(inputs)}"
     assert {name for name, loaded in seen.items() if loaded} == {NEEDS_DUCKDB}, seen
 
