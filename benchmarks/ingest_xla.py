@@ -274,11 +274,9 @@ def measure(trace: Path, what: str, workdir: Path, args: argparse.Namespace) -> 
             for key in kinds:
                 shutil.rmtree(home, ignore_errors=True)
                 try:
-                    if key == INGEST:
-                        subprocess.run([sys.executable, "-c", MAKE_WAREHOUSE_CHILD, str(home)], check=True,
-                                       env=env, timeout=timeout)
+                    made = _make_warehouse(home, env, timeout) if key == INGEST else None
                     runs.setdefault(f"{key}{label}", []).append(
-                        _run(sys.executable, TRACELAKE_CHILD, [trace, home], workdir, timeout, env))
+                        made or _run(sys.executable, TRACELAKE_CHILD, [trace, home], workdir, timeout, env))
                 finally:
                     shutil.rmtree(home, ignore_errors=True)
             if args.old:  # the parse alone too, build against build
@@ -310,6 +308,19 @@ def measure(trace: Path, what: str, workdir: Path, args: argparse.Namespace) -> 
         ratios["against_old"] = _against_old(results)
     return {"file": str(trace), "what": what, "trace_bytes": size, "results": results, "ratios": ratios,
             **({"xprof_error": xprof_error} if xprof_error else {})}
+
+
+def _make_warehouse(home: Path, env: dict[str, str] | None, timeout: float) -> dict[str, Any] | None:
+    """Make the empty warehouse at ``home`` that an "existing warehouse" run ingests into; None once made, else the
+    run's ``{"error": ...}`` (the others still run)."""
+    try:
+        subprocess.run([sys.executable, "-c", MAKE_WAREHOUSE_CHILD, str(home)], check=True, env=env, timeout=timeout,
+                       capture_output=True, text=True)
+    except (subprocess.SubprocessError, OSError) as exc:
+        detail = getattr(exc, "stderr", None) or str(exc)
+        print(f"making the warehouse failed, continuing: {detail.strip().splitlines()[-1][:300]}", flush=True)
+        return {"error": f"making the warehouse failed: {detail}"}
+    return None
 
 
 def _ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:

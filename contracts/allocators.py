@@ -1,26 +1,24 @@
 """Allocator settings that must be in place before the data libraries load, and the call that hands freed memory
 back between the steps of an ingest (:func:`release_free_memory`): the one module that knows the allocators.
 
-polars allocates through its own jemalloc (symbols prefixed ``_rjem_``), which by default keeps
-freed pages for about ten seconds before handing them back to the system. Ingest works in
-windows: each window's frames are freed as the next one comes, and with that default the
-windows' freed pages stay counted in the process's resident memory until the trace is done
-(docs/architecture.md, "Memory"). With the decays at 0 they go back at once: on a 1 GB
-Kineto trace the ingest's peak RSS fell by about 5% (622 to 592 MB, mean of 3 runs each,
-alternating), at the same time; the windows' own growth fell from 240 to 60 MB. The dirty decay is 100 ms now,
-not 0: with 0, every window's frames faulted their pages in afresh (each window of a rank allocates what the one
-before it freed), and on a 30 MB TPU profile the stored analyses took 0.63-0.69 s of one thread where they take
-0.49-0.53 s when freed pages are kept. Kept for 100 ms, the next window reuses them and the trace's end hands them
-back: the 30 MB TPU ingest 6-10% faster for 4-7 MB more at its peak, the 1 GB Qwen-shaped Kineto trace's peak level
-(322 MB against 321, 2026-12-07). And one arena (``narenas:1``), not one per thread up to four per core: a page
-one thread frees is the next one's to take, where an arena per thread kept each thread's freed pages apart (and
-a purging thread each). Six alternating ingests of each on the 30 MB TPU profile: peaks 222 MB the median, 225 the
-largest, against 228 and 231 with an arena per thread, at the same time (0.92 s); level on the 100 MB TPU profile,
-the 30 MB GPU one (its largest peak 229 MB against 264) and the 1 GB Qwen shape. jemalloc reads ``_RJEM_MALLOC_CONF`` once, when polars loads,
-so the packages that load the data libraries (:mod:`tracelake.api`, :mod:`tracelake.warehouse`, and
-:mod:`tracelake.ingest` and :mod:`tracelake.analysis` for those who use them as a library) call
-:func:`return_freed_memory_promptly` before anything imports polars. A value the user set is
-kept. This module imports nothing of the project's.
+polars allocates through its own jemalloc (symbols prefixed ``_rjem_``), which by default keeps freed pages for
+about ten seconds before handing them back to the system. Ingest works in windows: each window's frames are freed as
+the next one comes, and with that default the windows' freed pages stay counted in the process's resident memory
+until the trace is done (docs/architecture.md, "Memory"). With the decays at 0 they go back at once: on a 1 GB
+Kineto trace the ingest's peak RSS fell by about 5% (622 to 592 MB, mean of 3 runs each, alternating), at the same
+time; the windows' own growth fell from 240 to 60 MB. The dirty decay is 100 ms now, not 0: with 0, every window's
+frames faulted their pages in afresh (each window of a rank allocates what the one before it freed), and on a 30 MB
+TPU profile the stored analyses took 0.63-0.69 s of one thread where they take 0.49-0.53 s when freed pages are
+kept. Kept for 100 ms, the next window reuses them and the trace's end hands them back: the 30 MB TPU ingest 6-10%
+faster for 4-7 MB more at its peak, the 1 GB Qwen-shaped Kineto trace's peak level (322 MB against 321, 2026-12-07).
+And one arena (``narenas:1``), not one per thread up to four per core: a page one thread frees is the next one's to
+take, where an arena per thread kept each thread's freed pages apart (and a purging thread each). Six alternating
+ingests of each on the 30 MB TPU profile: peaks 222 MB the median, 225 the largest, against 228 and 231 with an
+arena per thread, at the same time (0.92 s); level on the 100 MB TPU profile, the 30 MB GPU one (its largest peak
+229 MB against 264) and the 1 GB Qwen shape. jemalloc reads ``_RJEM_MALLOC_CONF`` once, when polars loads, so the
+packages that load the data libraries (:mod:`tracelake.api`, :mod:`tracelake.warehouse`, and :mod:`tracelake.ingest`
+and :mod:`tracelake.analysis` for those who use them as a library) call :func:`return_freed_memory_promptly` before
+anything imports polars. A value the user set is kept. This module imports nothing of the project's.
 
 Arrow's default pool (mimalloc) keeps freed pages too, and trimming between the steps of an ingest
 does not reach what it holds during one: the system allocator instead took the peak of a 1 GB

@@ -8,10 +8,11 @@ facade's, the store's, the NCCL log parser's, the CLI's) take polars from here::
 
     from tracelake.contracts.lazy import polars as pl
 
-DuckDB likewise (``from tracelake.contracts.lazy import duckdb``): parsing an XLA profile or an NCCL output and
-opening a warehouse whose catalog is current use none of it, and its import held 14 MiB through the whole
-ingest. Kineto traces are parsed with it, a catalog is written with it, queries run on it. And name an analysis module through :func:`lazy_module`, beside a ``TYPE_CHECKING`` import of it. The optional C
-extensions are imported through :func:`optional_module`.
+and name an analysis module through :func:`lazy_module`, beside a ``TYPE_CHECKING`` import of it. DuckDB likewise
+(``from tracelake.contracts.lazy import duckdb``): parsing an XLA profile or an NCCL output and opening a warehouse
+whose catalog is current use none of it, and its import held 14 MiB through the whole ingest; Kineto traces are
+parsed with it, a catalog is written with it, queries run on it. The optional C extensions are imported through
+:func:`optional_module`.
 The type checker sees the modules themselves; at run time a stand-in imports its module when
 one of its attributes is first read. ``tests/test_lazy_imports.py`` checks that opening a
 warehouse and parsing each format but the NCCL debug log (whose parser is written in polars)
