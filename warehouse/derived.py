@@ -57,13 +57,15 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
     """
     windows = _read(parsed / "collectives.parquet", ["trace_id", "rank", "step", "ts_ns", "dur_ns", "is_async"])
     windows = windows.filter(pl.col("is_async").fill_null(False)).drop("is_async").sort("ts_ns")
-    hardware = _hardware(parsed / "devices.parquet", peak_overrides)
-    devices = _read(parsed / "devices.parquet", ["trace_id", "rank", "peak_tflops", "name"])
+    devices = _read(parsed / "devices.parquet", ["trace_id", "rank", "device", "kind", "name", "core_count",
+                                                 "memory_bytes", "peak_tflops"])
+    hardware = _hardware(devices, peak_overrides)
     # The chip's own peak (XLA; its bf16 matrix peak) is preferred, unless a person gave the device's FLOP/s in
     # the settings: then theirs (docs/analyses.md, "Peaks").
     given = [o for o in peak_overrides if set(o.figures) - {"hbm"}]
     peaks: dict[tuple[str, int], float] = {}
-    for t, r, p, name in devices.drop_nulls(["trace_id", "rank", "peak_tflops"]).iter_rows():
+    for t, r, p, name in devices.select("trace_id", "rank", "peak_tflops", "name").drop_nulls(
+            ["trace_id", "rank", "peak_tflops"]).iter_rows():
         key = (str(t), int(r))
         mine = hardware.get(key) if any(matches(o, name) for o in given) else None
         figure = mine.flops_for(PROFILE_PEAK_DTYPE) if mine is not None else None
@@ -108,10 +110,10 @@ def _read(path: Path, columns: list[str]) -> pl.DataFrame:
     return pl.DataFrame(pq.read_table(path, columns=columns))
 
 
-def _hardware(devices: Path, overrides: tuple[Override, ...] = ()) -> dict[tuple[str, int], Peaks]:
+def _hardware(devices: pl.DataFrame, overrides: tuple[Override, ...] = ()) -> dict[tuple[str, int], Peaks]:
     """Per (trace, rank), the peaks of its accelerator (the lowest device index that the table of known devices
-    matches by name, SM count and memory: :func:`tracelake.analysis.peaks.lookup`)."""
-    frame = _read(devices, ["trace_id", "rank", "device", "kind", "name", "core_count", "memory_bytes"])
+    matches by name, SM count and memory: :func:`tracelake.analysis.peaks.lookup`), from the ``devices`` rows."""
+    frame = devices.select("trace_id", "rank", "device", "kind", "name", "core_count", "memory_bytes")
     found: dict[tuple[str, int], Peaks] = {}
     for trace_id, rank, _, _, name, cores, memory in frame.filter(
             pl.col("trace_id").is_not_null() & pl.col("rank").is_not_null() & (pl.col("kind") != "nic")).sort(
