@@ -46,16 +46,19 @@ def scope_name(name: str | None) -> str | None:
 
 @dataclass
 class Autograd:
-    """The events with a ``sequence_number`` (positions ``rows``, ascending), its value ``seq`` and whether each is a
-    backward event (``backward``: a ``fwd_thread_id`` above 0)."""
+    """The events with a ``sequence_number`` (positions ``rows``, ascending), its value ``seq``, whether each is a
+    backward event (``backward``: a ``fwd_thread_id`` above 0) and its ``event_id`` (``ids``: of the forward events
+    of a sequence number, the lowest id is its forward)."""
 
     rows: np.ndarray
     seq: np.ndarray
     backward: np.ndarray
+    ids: np.ndarray
 
     @classmethod
     def empty(cls) -> Autograd:
-        return cls(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
+        return cls(np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool),
+                   np.zeros(0, dtype=np.int64))
 
 
 #: Start positions :func:`nearest` walks up from at once: its temporaries are this long, whatever the trace's length.
@@ -89,10 +92,9 @@ def _nearest(start: np.ndarray, parent: np.ndarray, mask: np.ndarray) -> np.ndar
     return found
 
 
-def scopes(calls: np.ndarray, parent: np.ndarray, kind: np.ndarray, autograd: Autograd, ids: np.ndarray) -> np.ndarray:
+def scopes(calls: np.ndarray, parent: np.ndarray, kind: np.ndarray, autograd: Autograd) -> np.ndarray:
     """The position of the scope event of each call (positions ``calls``; -1 for none), by the rule of the module
-    docstring. ``kind`` is :func:`scope_kind` of every event, ``parent`` each event's parent position and ``ids``
-    its ``event_id`` (of the forward events of a sequence number, the lowest id is its forward)."""
+    docstring. ``kind`` is :func:`scope_kind` of every event and ``parent`` each event's parent position."""
     if not len(calls) or not (kind != NONE).any():
         return np.full(len(calls), -1, dtype=np.int64)
     module = nearest(calls, parent, kind == MODULE)
@@ -105,7 +107,7 @@ def scopes(calls: np.ndarray, parent: np.ndarray, kind: np.ndarray, autograd: Au
         if has.any():
             forward = ~autograd.backward
             seq_fwd, row_fwd = autograd.seq[forward], autograd.rows[forward]
-            order = np.lexsort((ids[row_fwd], seq_fwd))  # of each sequence number, its lowest event id first
+            order = np.lexsort((autograd.ids[forward], seq_fwd))  # of each sequence number, its lowest event id first
             seq_fwd, row_fwd = seq_fwd[order], row_fwd[order]
             wanted = autograd.seq[np.searchsorted(autograd.rows, backward[has])]
             at = np.minimum(np.searchsorted(seq_fwd, wanted), max(len(seq_fwd) - 1, 0))

@@ -20,6 +20,8 @@ import polars as pl
 from tracelake.contracts.classify import Category
 
 from .flops import counted, op_cost
+from .event_flags import EventFlags
+from .event_index import parent_rows
 from .launches import launch_call_rows
 from .op_scope import Autograd, Paths, chains, nearest, path_name, scope_kind, scopes
 from .recompute import recompute_kind, recomputed
@@ -82,42 +84,6 @@ def counted_mask(names: pl.Series) -> np.ndarray:
 
 #: Calls a chunk in :meth:`Operators.totals`' sums.
 TOTALS_CHUNK = 1 << 16
-#: Events a chunk in :func:`parent_rows`' table lookups.
-PARENT_CHUNK = 1 << 20
-
-
-def parent_rows(ids: np.ndarray, parent_ids: np.ndarray, chunk: int = PARENT_CHUNK) -> np.ndarray:
-    """The position of each event's parent (-1 for none or one not among ``ids``), the first event of an id that
-    repeats. Parsers number events densely, so a table indexed by id does it without a sort; else a sort.
-
-    Positions are int32 below 2**31 events (half the memory of the largest arrays here), and the temporaries take
-    the ids' own width: ids passed as int32 (a trace's event ids fit) keep them at half the size of int64. The
-    table is filled and read ``chunk`` events at a time, so its temporaries are that long, not the trace's length."""
-    n = len(ids)
-    if not n:
-        return np.zeros(0, dtype=np.int64)
-    kind = np.int32 if n < 2**31 else np.int64
-    if ids.dtype != parent_ids.dtype:  # one width for both: the differences below stay in range
-        ids, parent_ids = ids.astype(np.int64), parent_ids.astype(np.int64)
-    low, high = int(ids.min()), int(ids.max())
-    if high - low < 4 * n + 1024:
-        # a chunk at a time, so that the temporaries are a chunk long (at 2 GB, 3.5M host events: 14 MiB each)
-        position = np.full(high - low + 1, -1, dtype=kind)
-        for start in range((n - 1) // chunk * chunk, -1, -chunk):  # written last to first: the first wins
-            stop = min(start + chunk, n)
-            position[ids[start:stop][::-1] - low] = np.arange(stop - 1, start - 1, -1, dtype=kind)
-        found = np.empty(len(parent_ids), dtype=kind)
-        for start in range(0, len(parent_ids), chunk):
-            wanted = parent_ids[start:start + chunk]
-            inside = (wanted >= low) & (wanted <= high)
-            found[start:start + chunk] = np.where(inside, position[np.where(inside, wanted - low, 0)], -1)
-        return found
-    inside = (parent_ids >= low) & (parent_ids <= high)
-    order = np.argsort(ids, kind="stable").astype(kind)
-    at = np.minimum(np.searchsorted(ids[order], parent_ids), n - 1)
-    return np.where(inside & (ids[order[at]] == parent_ids), order[at], -1).astype(kind)
-
-
 def launch_positions(call_row: np.ndarray, correlation: np.ndarray, ts_ns: np.ndarray,
                      dur_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Of the host events with a correlation and a start (``call_row``: their positions; ``dur_ns`` 0 for none), the
@@ -126,12 +92,12 @@ def launch_positions(call_row: np.ndarray, correlation: np.ndarray, ts_ns: np.nd
     return found, call_row[chosen]
 
 
-def _owners(start: np.ndarray, parent: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray) -> np.ndarray:
+def _owners(start: np.ndarray, parent: np.ndarray, flags: EventFlags) -> np.ndarray:
     """For each start event (an index), the nearest event on its parent chain (itself included) that is a counted
     operator, else the nearest operator; -1 for none. Walks up from the starts only (:func:`.op_scope.nearest`):
     memory follows the launch calls, not every host event."""
-    counted_op = nearest(start, parent, is_op & is_counted)
-    return np.where(counted_op >= 0, counted_op, nearest(start, parent, is_op))
+    counted_op = nearest(start, parent, flags.counted_op())
+    return np.where(counted_op >= 0, counted_op, nearest(start, parent, flags.is_op()))
 
 
 class Operators:
@@ -157,15 +123,16 @@ class Operators:
                                 if "fwd_thread_id" in host.columns else pl.lit(False).alias("backward")
                                 ).filter(pl.col("sequence_number").is_not_null())
             autograd = Autograd(marks["row"].to_numpy().astype(np.int64),
-                                marks["sequence_number"].to_numpy().astype(np.int64), marks["backward"].to_numpy())
+                                marks["sequence_number"].to_numpy().astype(np.int64), marks["backward"].to_numpy(),
+                                host["event_id"].to_numpy().astype(np.int64)[marks["row"].to_numpy()])
         ids = host["event_id"].to_numpy().astype(np.int64)
         self._attribute(
-            ids, parent_rows(ids, host["parent_id"].fill_null(-1).to_numpy().astype(np.int64)),
-            (host["cat"] == "cpu_op").fill_null(False).to_numpy(), counted_mask(host["name"]),
+            parent_rows(ids, host["parent_id"].fill_null(-1).to_numpy().astype(np.int64)),
+            EventFlags.pack((host["cat"] == "cpu_op").fill_null(False).to_numpy(), counted_mask(host["name"]), kind,
+                            np.array([recompute_kind(n) for n in host["name"].cast(pl.String).to_list()],
+                                     dtype=np.int8)),
             launch_positions(*(calls[c].fill_null(0).to_numpy().astype(np.int64)
-                               for c in ("row", "correlation", "ts_ns", "dur_ns"))),
-            kind, autograd,
-            np.array([recompute_kind(n) for n in host["name"].cast(pl.String).to_list()], dtype=np.int8))
+                               for c in ("row", "correlation", "ts_ns", "dur_ns"))), autograd)
         names = host["name"].cast(pl.String).to_list()
         chosen = host[self.rows.tolist()]
         self.set_calls(chosen.select(*(pl.col(c).cast(t) if c in chosen.columns else pl.lit(None, dtype=t).alias(c)
@@ -174,30 +141,28 @@ class Operators:
                                  for r in self.scope_rows.tolist()], dtype=pl.String)))
 
     @classmethod
-    def from_arrays(cls, event_id: np.ndarray, parent: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray,
-                    launches: tuple[np.ndarray, np.ndarray], kind: np.ndarray | None = None,
-                    autograd: Autograd | None = None, recompute: np.ndarray | None = None) -> Operators:
-        """From one trace's host events as arrays: every event's ``event_id``, its parent's position (``parent``,
-        :func:`parent_rows` of the ids and parent ids: a caller holding many events lets the parent ids go before
-        the rest is worked out), whether it is a ``cpu_op`` and whether a counted one; the ``launches``
-        (:func:`launch_positions` of the events with a correlation and a start: a caller lets those events'
-        columns go first); every event's :func:`scope_kind` and the autograd marks (:class:`~.op_scope.Autograd`),
-        for the calls' modules (:attr:`scope_rows`); every event's :func:`~.recompute.recompute_kind`, for
-        :attr:`recomputed`. The calls have no name nor cost until :meth:`set_keyed`."""
+    def from_arrays(cls, parent: np.ndarray, flags: EventFlags, launches: tuple[np.ndarray, np.ndarray],
+                    autograd: Autograd | None = None) -> Operators:
+        """From one trace's host events as arrays: every event's parent's position (``parent``, from an
+        :class:`~.event_index.EventIndex` of the ids: a caller holding many events need not hold their ids) and its
+        :class:`~.event_flags.EventFlags` (a ``cpu_op``, a counted one, its :func:`scope_kind` and
+        :func:`~.recompute.recompute_kind`); the ``launches`` (:func:`launch_positions` of the events with a
+        correlation and a start: a caller lets those events' columns go first); the autograd marks
+        (:class:`~.op_scope.Autograd`), for the calls' modules (:attr:`scope_rows`). The calls have no name nor cost
+        until :meth:`set_keyed`."""
         self = cls.__new__(cls)
-        self._attribute(event_id, parent, is_op, is_counted, launches, kind, autograd, recompute)
+        self._attribute(parent, flags, launches, autograd)
         self.set_keyed(np.zeros(0, dtype=np.int64), pl.DataFrame(schema={c: pl.String for c in GROUP_COLUMNS}),
                        np.zeros(0, dtype=np.int64))
         return self
 
-    def _attribute(self, ids: np.ndarray, parent: np.ndarray, is_op: np.ndarray, is_counted: np.ndarray,
-                   launches: tuple[np.ndarray, np.ndarray], kind: np.ndarray | None, autograd: Autograd | None,
-                   recompute: np.ndarray | None) -> None:
+    def _attribute(self, parent: np.ndarray, flags: EventFlags, launches: tuple[np.ndarray, np.ndarray],
+                   autograd: Autograd | None) -> None:
         found, starts = launches
-        target = _owners(starts, parent, is_op, is_counted) if len(starts) else np.zeros(0, dtype=np.int64)
+        target = _owners(starts, parent, flags) if len(starts) else np.zeros(0, dtype=np.int64)
         # the calls that own a launch, in input order: a mark per event (no sort), and each launch's call found
         # among them by bisection (a running count per event took 4 bytes for every host event)
-        marked = np.zeros(len(ids), dtype=bool)
+        marked = np.zeros(len(parent), dtype=bool)
         marked[target[target >= 0]] = True
         #: The input positions of the operator calls that launched device ops, ascending.
         self.rows = np.flatnonzero(marked)
@@ -205,16 +170,15 @@ class Operators:
         #: Sorted correlation ids and the index (into :attr:`rows`) of each one's operator, -1 for none.
         self.correlation = found
         self.op_of = np.where(target >= 0, np.searchsorted(self.rows, np.maximum(target, 0)), -1).astype(
-            np.int32 if len(ids) < 2**31 else np.int64)
-        #: The position of each call's scope event (docs/analyses.md, "Module"), -1 for none.
-        self.scope_rows = np.full(len(self.rows), -1, dtype=np.int64) if kind is None else \
-            scopes(self.rows, parent, kind, autograd or Autograd.empty(), ids)
+            np.int32 if len(parent) < 2**31 else np.int64)
+        del target  # gone before the walks below: 8 bytes a launch call
         #: Whether each call runs as a recomputation (docs/analyses.md, "HFU and MFU"): MFU leaves its FLOPs out.
-        self.recomputed = np.zeros(len(self.rows), dtype=bool) if recompute is None else \
-            recomputed(self.rows, parent, recompute)
+        self.recomputed = recomputed(self.rows, parent, flags.recompute())
+        kind = flags.kind()
+        #: The position of each call's scope event (docs/analyses.md, "Module"), -1 for none.
+        self.scope_rows = scopes(self.rows, parent, kind, autograd or Autograd.empty())
         #: Of each scope event, the scope events of its path, outermost first (:func:`.op_scope.chains`).
-        self.scope_paths = chains(self.scope_rows[self.scope_rows >= 0], parent, kind) \
-            if kind is not None else Paths.empty()
+        self.scope_paths = chains(self.scope_rows[self.scope_rows >= 0], parent, kind)
 
     def set_calls(self, calls: pl.DataFrame) -> None:
         """The calls of :attr:`rows`, in that order: ``name``, ``dur_ns``, ``input_dims``, ``input_types`` and

@@ -69,19 +69,27 @@ def _expected_kernels_per_module() -> dict[str, int]:
     return dict(counts)
 
 
-@pytest.mark.parametrize("row_group", [None, 499])
-def test_kernels_per_module_path_equal_the_raw_trace(row_group: int | None) -> None:
-    """Also with the host events in row groups of 499 rows: each group's names come with a dictionary of their own,
-    which the module paths' names are read through."""
+@pytest.mark.parametrize("layout", ["as parsed", "row groups of 499", "shuffled"])
+def test_kernels_per_module_path_equal_the_raw_trace(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also with the host events in row groups of 499 rows (each group's names come with a dictionary of their own,
+    which the module paths' names are read through), their paths looked up 5 at a time; and with the host events
+    shuffled (their ids no longer ascend: each parent's position is found through the first position of each id)."""
+    from tracelake.warehouse import derived
+
     expected = _expected_kernels_per_module()
     assert len(expected) > 20 and any(p.count("/") >= 2 for p in expected)
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder)
         ingest.parse_into(TRAIN, out, ingest.ParseOptions(source_name=TRAIN.name, trace_id="t" * 20))
-        if row_group:
-            host = pq.read_table(out / "host_ops.parquet")
-            pq.write_table(host, out / "host_ops.parquet", row_group_size=row_group)
+        host = pq.read_table(out / "host_ops.parquet")
+        if layout == "row groups of 499":
+            pq.write_table(host, out / "host_ops.parquet", row_group_size=499)
             assert pq.ParquetFile(out / "host_ops.parquet").num_row_groups > 10
+            monkeypatch.setattr(derived, "PATHS_CHUNK", 5)
+        elif layout == "shuffled":
+            host = host.take(np.random.default_rng(3).permutation(host.num_rows))
+            assert not (np.diff(host["event_id"].to_numpy()) > 0).all()
+            pq.write_table(host, out / "host_ops.parquet", row_group_size=4999)
         write_derived(out, out)
         rows = pl.read_parquet(out / "op_stats.parquet")
     got = dict(rows.filter(pl.col("module").str.starts_with("GPT_0")).group_by("module")
@@ -94,9 +102,9 @@ def test_the_scope_rules_on_a_small_tree() -> None:
     autograd thread: 7 backward event of seq 9 (8 aten::mm (9 launch)); 10 forward event of seq 9 under 1."""
     kinds = [MODULE, MODULE, NONE, NONE, FRAME, NONE, NONE, NONE, NONE, NONE, NONE]
     parent = np.array([-1, 0, 1, 2, -1, 4, 5, -1, 7, 8, 1])
-    autograd = Autograd(np.array([7, 10]), np.array([9, 9]), np.array([True, False]))
+    autograd = Autograd(np.array([7, 10]), np.array([9, 9]), np.array([True, False]), np.array([7, 10]))
     calls = np.array([2, 5, 8])
-    found = scopes(calls, parent, np.array(kinds, dtype=np.int8), autograd, np.arange(11))
+    found = scopes(calls, parent, np.array(kinds, dtype=np.int8), autograd)
     assert found.tolist() == [1, 4, 1]  # the Block; the frame; the forward's Block
     assert chains(np.array([1, 4]), parent, np.array(kinds, dtype=np.int8)).as_dict() == {1: (0, 1), 4: (4,)}
 

@@ -24,7 +24,8 @@ from hypothesis import given, settings, strategies as st
 from support import ROOT, real_kineto_files
 
 from tracelake import ingest
-from tracelake.analysis.op_stats import NO_OPERATOR, OpParts, Operators, parent_rows, peak_for
+from tracelake.analysis.event_flags import EventFlags
+from tracelake.analysis.op_stats import NO_OPERATOR, OpParts, Operators, peak_for
 from tracelake.analysis.peaks import lookup
 from tracelake.warehouse.derived import write_derived
 
@@ -268,29 +269,6 @@ def test_roofline_columns() -> None:
     assert np.isclose(out["arithmetic_intensity"][1], 1000.0)
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(0, 40), max_size=60), st.data(), st.sampled_from([np.int32, np.int64]),
-       st.sampled_from([np.int32, np.int64]), st.booleans())
-def test_parent_rows_match_a_lookup_made_here(ids, data, id_type, parent_type, sparse):
-    """Each event's parent position equals the first position of its parent id (-1: none among the ids), by a dict
-    made here, whatever the widths of the two arrays (the first pass keeps them as int32 where they fit) and on
-    both of parent_rows' paths (dense ids: a table, filled and read whole or a chunk at a time; sparse ones,
-    ``sparse`` spreading them apart: a sort)."""
-    ids = [i * 10**9 if sparse else i for i in ids]
-    parents = data.draw(st.lists(st.sampled_from([-1, 3 * 10**9 if sparse else 41, *ids]), min_size=len(ids),
-                                 max_size=len(ids)))
-    if sparse and (id_type is np.int32 or parent_type is np.int32):
-        id_type = parent_type = np.int64  # sparse ids do not fit 32 bits
-    first: dict[int, int] = {}
-    for at, i in enumerate(ids):
-        first.setdefault(i, at)
-    found = parent_rows(np.array(ids, dtype=id_type), np.array(parents, dtype=parent_type))
-    assert found.tolist() == [first.get(p, -1) for p in parents]
-    chunk = data.draw(st.integers(1, 9))  # the table filled and read a few events at a time: the same positions
-    assert parent_rows(np.array(ids, dtype=id_type), np.array(parents, dtype=parent_type), chunk).tolist() == \
-        found.tolist()
-
-
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_totals_equal_sums_per_kind_made_call_by_call(data: st.DataObject) -> None:
@@ -301,7 +279,8 @@ def test_totals_equal_sums_per_kind_made_call_by_call(data: st.DataObject) -> No
     kinds = data.draw(st.integers(1, 5))
     calls = data.draw(st.lists(st.tuples(st.integers(0, kinds - 1), st.integers(0, 10**12), st.integers(0, 10**12),
                                          st.integers(0, 3)), min_size=1, max_size=40))
-    ops = Operators.from_arrays(np.arange(2), np.full(2, -1), np.ones(2, dtype=bool), np.ones(2, dtype=bool),
+    ops = Operators.from_arrays(np.full(2, -1), EventFlags.pack(np.ones(2, dtype=bool), np.ones(2, dtype=bool),
+                                                                np.zeros(2, dtype=np.int8), np.zeros(2, dtype=np.int8)),
                                 (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
     distinct = pl.DataFrame({c: [f"aten::op{k}" if c == "name" else None for k in range(kinds)] for c in GROUP_COLUMNS},
                             schema={c: pl.String for c in GROUP_COLUMNS})

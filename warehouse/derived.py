@@ -20,11 +20,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracelake.analysis import breakdown
+from tracelake.analysis import breakdown, event_index
 from tracelake.analysis.derived import DerivedTables, RankRows, Window
+from tracelake.analysis.event_flags import EventFlags
 from tracelake.analysis.flops import counted
 from tracelake.analysis.op_scope import Autograd, Paths, path_name, scope_kind
-from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators, launch_positions, parent_rows
+from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators, launch_positions
 from tracelake.analysis.recompute import recompute_kind
 from tracelake.analysis.peaks import Override, Peaks, matches, resolve
 from tracelake.contracts import schema
@@ -139,28 +140,31 @@ def _operators(host_ops: Path) -> dict[str, Operators]:
     file = pq.ParquetFile(host_ops, read_dictionary=[c for c in ("trace_id", "cat", "name", "input_dims",
                                                                  "input_types", "concrete_inputs") if c in names])
     autograd = [c for c in ("sequence_number", "fwd_thread_id") if c in names]
+    groups = range(file.num_row_groups)
+    # First the event ids alone, for each trace's index of them: then a row group's parent ids become positions as
+    # it is read, and no array of every event's id or parent id is held (docs/architecture.md, "Memory")
+    pieces: dict[str, list[np.ndarray]] = {}
+    for part in _read_ahead(file, [(group, ["trace_id", "event_id"]) for group in groups]):
+        for trace_id, mine, _ in _by_trace(part):
+            pieces.setdefault(trace_id, []).append(narrow(_ints(mine["event_id"], -1)))
+    indexes = {trace_id: event_index.build(found) for trace_id, found in pieces.items()}
+    del pieces
     traces: dict[str, _Trace] = {}
     known: dict[str, tuple[bool, int, int]] = {}
     # (row group, trace, first position, rows, whether the group is that trace's part as it is) of each trace's part
     spans: list[tuple[int, str, int, int, bool]] = []
     columns = ["trace_id", "event_id", "parent_id", "cat", "name", "correlation", "ts_ns", "dur_ns", *autograd]
-    for group, part in enumerate(_read_ahead(file, [(group, columns) for group in range(file.num_row_groups)])):
-        whole = not (part["trace_id"].null_count or part["event_id"].null_count)
-        if not whole:
-            part = part.filter(pc.and_(pc.is_valid(part["trace_id"]), pc.is_valid(part["event_id"])))
-        ids = pc.unique(part["trace_id"]).to_pylist()
-        whole = whole and len(ids) == 1
-        for trace_id in ids:
-            mine = part if len(ids) == 1 else part.filter(pc.equal(part["trace_id"], trace_id))
-            trace = traces.setdefault(str(trace_id), _Trace())
-            spans.append((group, str(trace_id), trace.size, mine.num_rows, whole))
+    for group, part in zip(groups, _read_ahead(file, [(group, columns) for group in groups]), strict=True):
+        for trace_id, mine, whole in _by_trace(part):
+            trace = traces.setdefault(trace_id, _Trace(indexes[trace_id]))
+            spans.append((group, trace_id, trace.size, mine.num_rows, whole))
             trace.add(mine, known)
         # No release per row group: Arrow's pool is the system's (contracts/allocators.py), whose freed tops go back
         # as they form; a trim here handed back pages the next row group faulted in again (docs/architecture.md)
         del part
     found = {trace_id: trace.operators() for trace_id, trace in traces.items()}
     release_free_memory()  # the attribution's arrays (every host event's), back before the second pass reads
-    wanted = [c for c in ("event_id", "name", "rank", "dur_ns", *KEY_COLUMNS[1:]) if c in names]
+    wanted = [c for c in ("name", "dur_ns", *KEY_COLUMNS[1:]) if c in names]
     kept: dict[str, list[pa.Table]] = {}
     taken = dict.fromkeys(found, 0)  # per trace, how many of its calls' rows are read
     reads: list[tuple[int, str, int, bool, np.ndarray]] = []  # the row groups holding calls, and the calls' positions
@@ -170,8 +174,9 @@ def _operators(host_ops: Path) -> dict[str, Operators]:
         if stop > taken[trace_id]:
             reads.append((group, trace_id, first, whole, rows[taken[trace_id]:stop]))
             taken[trace_id] = stop
-    groups = _read_ahead(file, [(group, wanted if whole else ["trace_id", *wanted]) for group, _, _, whole, _ in reads])
-    for (_, trace_id, first, whole, calls), part in zip(reads, groups, strict=True):
+    read = _read_ahead(file, [(group, wanted if whole else ["trace_id", "event_id", *wanted])
+                              for group, _, _, whole, _ in reads])
+    for (_, trace_id, first, whole, calls), part in zip(reads, read, strict=True):
         if not whole:
             part = part.filter(pc.and_(pc.equal(part["trace_id"], trace_id), pc.is_valid(part["event_id"])))
         kept.setdefault(trace_id, []).append(part.take(calls - first).select(wanted))
@@ -184,6 +189,18 @@ def _operators(host_ops: Path) -> dict[str, Operators]:
                             else np.zeros(table.num_rows, dtype=np.int64))
         operators.drop_scopes()
     return found
+
+
+def _by_trace(part: pa.Table) -> Iterator[tuple[str, pa.Table, bool]]:
+    """The rows of each trace in a row group of host events (rows without a trace or an event id left out), and
+    whether they are the row group as it is (one trace, nothing left out)."""
+    whole = not (part["trace_id"].null_count or part["event_id"].null_count)
+    if not whole:
+        part = part.filter(pc.and_(pc.is_valid(part["trace_id"]), pc.is_valid(part["event_id"])))
+    ids = pc.unique(part["trace_id"]).to_pylist()
+    for trace_id in ids:
+        yield str(trace_id), part if len(ids) == 1 else part.filter(pc.equal(part["trace_id"], trace_id)), \
+            whole and len(ids) == 1
 
 
 def _read_ahead(file: pq.ParquetFile, groups: list[tuple[int, list[str]]]) -> Iterator[pa.Table]:
@@ -207,10 +224,11 @@ def _has_operators(host_ops: Path) -> bool:
 class _Trace:
     """What the first pass keeps of one trace's host events (:func:`_operators`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, index: event_index.EventIndex) -> None:
         self.size = 0
-        self.pieces: list[list[np.ndarray]] = [[] for _ in range(10)]
-        self.marks: list[list[np.ndarray]] = [[], [], []]  # autograd: positions, sequence numbers, backward
+        self.index = index
+        self.pieces: list[list[np.ndarray]] = [[] for _ in range(6)]  # parents, flags, the launch calls' four
+        self.marks: list[list[np.ndarray]] = [[], [], [], []]  # autograd: positions, sequence numbers, backward, ids
         self.scope_rows: list[np.ndarray] = []
         self.scope_names: list[pa.Array] = []
 
@@ -233,10 +251,11 @@ class _Trace:
         kind = np.where(is_py, np.array([f[1] for f in flags], dtype=np.int8)[codes], 0).astype(np.int8)
         calls = np.flatnonzero(pc.and_(pc.is_valid(part["correlation"]), pc.is_valid(part["ts_ns"]))
                                .to_numpy(zero_copy_only=False))
-        columns = (narrow(_ints(part["event_id"], -1)), narrow(_ints(part["parent_id"], -1)), is_op,
-                   is_op & np.array([f[0] for f in flags], dtype=bool)[codes], calls + offset,
-                   *(_ints(part[c], 0)[calls] for c in ("correlation", "ts_ns", "dur_ns")), kind,
-                   np.array([f[2] for f in flags], dtype=np.int8)[codes])
+        packed = EventFlags.pack(is_op, np.array([f[0] for f in flags], dtype=bool)[codes], kind,
+                                 np.array([f[2] for f in flags], dtype=np.int8)[codes])
+        at = (calls + offset).astype(np.int32 if self.index.size < 2**31 else np.int64)  # the calls' positions
+        columns = (self.index.positions(_ints(part["parent_id"], -1)), packed.bits, at,
+                   *(_ints(part[c], 0)[calls] for c in ("correlation", "ts_ns", "dur_ns")))
         for piece, column in zip(self.pieces, columns, strict=True):
             piece.append(column)
         scoped = np.flatnonzero(kind)
@@ -247,7 +266,7 @@ class _Trace:
             backward = (_ints(part["fwd_thread_id"], 0) > 0)[marked] if "fwd_thread_id" in part.column_names else \
                 np.zeros(len(marked), dtype=bool)
             for piece, column in zip(self.marks, (marked + offset, _ints(part["sequence_number"], 0)[marked],
-                                                  backward), strict=True):
+                                                  backward, _ints(part["event_id"], -1)[marked]), strict=True):
                 piece.append(column)
 
     def operators(self) -> Operators:
@@ -260,13 +279,10 @@ class _Trace:
             return whole
 
         # the launch calls first: each correlation's call found, their four columns go before the rest is joined
-        launches = launch_positions(joined(4), joined(5), joined(6), joined(7))
-        ids = joined(0)
-        parent = parent_rows(ids, joined(1))  # the parent ids go as soon as their positions are known
-        is_op, is_counted, kind, recompute = (joined(column) for column in (2, 3, 8, 9))
+        launches = launch_positions(joined(2), joined(3), joined(4), joined(5))
+        parent, flags = joined(0), EventFlags(joined(1))
         marks = Autograd(*(np.concatenate(piece) for piece in self.marks)) if self.marks[0] else Autograd.empty()
-        return Operators.from_arrays(ids, parent, is_op, is_counted, launches, kind=kind, autograd=marks,
-                                     recompute=recompute)
+        return Operators.from_arrays(parent, flags, launches, autograd=marks)
 
     def modules(self, scope_rows: np.ndarray, paths: Paths) -> tuple[np.ndarray, list[str | None]]:
         """For the positions ``scope_rows`` (-1: none) and each one's path of scope events, a code each into the
@@ -274,7 +290,9 @@ class _Trace:
 
         A path's text (:func:`~tracelake.analysis.op_scope.path_name`) is made once per distinct sequence of names:
         the events' names are dictionary codes, and the 100,000s of paths of a long trace repeat a few thousand
-        sequences (the same modules, step after step), so no string is made or held per path."""
+        sequences (the same modules, step after step), so no string is made or held per path. The sequences are
+        looked up :data:`PATHS_CHUNK` paths at a time: the Python lists made of them are a chunk long (whole, at 4 GB
+        of trace, they took 30 MB)."""
         code = np.zeros(len(scope_rows), dtype=np.int64)
         if not self.scope_names or not len(paths):
             return code, [None]
@@ -287,46 +305,56 @@ class _Trace:
         word = pc.fill_null(named.indices, len(words)).to_numpy(zero_copy_only=False).astype(np.int64)
         word[rows[at] != members] = len(words)  # an event that is not a scope event: no name
         words.append(None)
-        sequence = word[inverse.reshape(-1)].tolist()
-        offsets = paths.offsets.tolist()
-        texts: dict[tuple[int, ...], str | None] = {}
-        shown: list[str | None] = []
-        for begin, end in pairwise(offsets):
-            key = tuple(sequence[begin:end])
-            if key not in texts:
-                texts[key] = path_name([words[w] for w in key])
-            shown.append(texts[key])
-        distinct = sorted({t for t in texts.values() if t is not None})
-        index = {t: i for i, t in enumerate(distinct)}
-        codes = np.array([index[t] if t is not None else len(distinct) for t in shown] + [len(distinct)],
-                         dtype=np.int64)
-        code[:] = codes[paths.index(scope_rows)]  # -1 (no scope) has no path: the last code, none
+        inverse = inverse.reshape(-1)
+        texts: dict[str | None, int] = {}  # each path text, numbered as first met
+        numbered: dict[tuple[int, ...], int] = {}  # each sequence of names, by its text's number
+        shown = np.empty(len(paths) + 1, dtype=np.int64)  # each path's text's number; the last: no path
+        for first in range(0, len(paths), PATHS_CHUNK):
+            last = min(first + PATHS_CHUNK, len(paths))
+            sequence = word[inverse[paths.offsets[first]:paths.offsets[last]]].tolist()
+            mine = []
+            for begin, end in pairwise((paths.offsets[first:last + 1] - paths.offsets[first]).tolist()):
+                key = tuple(sequence[begin:end])
+                if (number := numbered.get(key)) is None:
+                    number = numbered[key] = texts.setdefault(path_name([words[w] for w in key]), len(texts))
+                mine.append(number)
+            shown[first:last] = mine
+        shown[-1] = texts.setdefault(None, len(texts))
+        distinct = sorted(t for t in texts if t is not None)
+        where: dict[str | None, int] = {t: i for i, t in enumerate(distinct)}
+        order = np.array([where.get(t, len(distinct)) for t in texts], dtype=np.int64)  # by number: code, none last
+        code[:] = order[shown][paths.index(scope_rows)]  # -1 (no scope) has no path: the last code, none
         return code, [*distinct, None]
+
+
+#: Paths whose sequences of names :meth:`_Trace.modules` looks up at once.
+PATHS_CHUNK = 1 << 16
 
 
 def _keyed(table: pa.Table, rows: int, module: tuple[np.ndarray, list[str | None]]) -> tuple[np.ndarray, pl.DataFrame]:
     """Each row's index into the distinct (name, input_dims, input_types, concrete_inputs, module) of ``table``
     (columns read as dictionaries, one dictionary per column; ``module``: codes and their names), and those distinct
-    rows: from the dictionaries' codes, no string is copied per row."""
-    codes: list[np.ndarray] = []
+    rows: from the dictionaries' codes, no string is copied per row. The key is built a column at a time, in place:
+    one column's codes are held at once, not five (at 4 GB of trace, 690K calls: 22 MB less)."""
     words: list[list[str | None]] = []
+    combined = np.zeros(rows, dtype=np.int64)
     for column in KEY_COLUMNS:
         values = table[column] if column in table.column_names else None
         if values is None or not values.num_chunks:
-            codes.append(np.zeros(rows, dtype=np.int64))
             words.append([None])
             continue
         if not pa.types.is_dictionary(values.type):
             values = pc.dictionary_encode(values)
         known = values.chunk(0).dictionary.to_pylist()
-        codes.append(np.concatenate([pc.fill_null(chunk.indices, len(known)).to_numpy(zero_copy_only=False)
-                                     for chunk in values.chunks]).astype(np.int64))
+        combined *= len(known) + 1
+        at = 0
+        for chunk in values.chunks:
+            combined[at:at + len(chunk)] += pc.fill_null(chunk.indices, len(known)).to_numpy(zero_copy_only=False)
+            at += len(chunk)
         words.append([*known, None])
-    codes.append(module[0])
+    combined *= len(module[1])
+    combined += module[0]
     words.append(module[1])
-    combined = np.zeros(rows, dtype=np.int64)
-    for code, known in zip(codes, words, strict=True):
-        combined = combined * len(known) + code
     distinct, key = np.unique(combined, return_inverse=True)
     columns: dict[str, list[str | None]] = {}
     for column, known in zip(reversed(GROUP_COLUMNS), reversed(words), strict=True):

@@ -1,0 +1,121 @@
+"""Where an event id is among a trace's events: the position of each event's parent, from the parents' ids.
+
+A trace's host events name their parent by ``event_id`` (docs/analyses.md, "Operators"); the analyses walk parent
+chains by position. :class:`EventIndex` answers an id's position (the first, where an id repeats) for any ids:
+
+- **Dense ids** (their span at most :data:`DENSE_SPAN` times their number, as parsers number events): a bit per id
+  in the span and a count of the bits before each 64, so an id's rank among the distinct ids is a count of bits.
+  At 4 GB of Kineto trace (7M host events, ids spanning 12M) that is 1.7 MB, where a table of positions over the
+  span took 49 MB.
+- **Sparse ids**: the distinct ids, sorted, and an id found by bisection.
+
+Where the ids ascend strictly (``host_ops`` stores a trace's events in order of ``event_id``), an id's rank is its
+position; otherwise the index also keeps the first position of each distinct id (4 bytes each). The index is built
+from the ids a piece at a time (a row group's), and asked a piece at a time: a caller need not hold every event's
+id, nor every parent's, at once. Pure: numpy in, positions out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+#: Ids span at most this many times their number (plus :data:`DENSE_SLACK`) to be kept as bits.
+DENSE_SPAN = 4
+DENSE_SLACK = 1024
+#: Ids asked at once: the lookups' temporaries are this long, whatever the number asked.
+CHUNK = 1 << 20
+
+
+class _Bits:
+    """Dense ids: a bit per id from ``low`` on, and how many bits are set before each 64."""
+
+    def __init__(self, words: np.ndarray, low: int) -> None:
+        self.words, self.low = words, low
+        self.before = np.zeros(len(words), dtype=np.int64)
+        np.cumsum(np.bitwise_count(words[:-1]), out=self.before[1:])
+
+    def rank(self, wanted: np.ndarray, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        offset = np.where(inside, wanted - self.low, 0).astype(np.uint64)
+        at, bit = offset >> np.uint64(6), offset & np.uint64(63)
+        word = self.words[at]
+        present = inside & (((word >> bit) & np.uint64(1)) == 1)
+        return self.before[at] + np.bitwise_count(word & ((np.uint64(1) << bit) - np.uint64(1))), present
+
+
+class _Keys:
+    """Sparse ids: the distinct ids, sorted."""
+
+    def __init__(self, keys: np.ndarray) -> None:
+        self.keys = keys
+
+    def rank(self, wanted: np.ndarray, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        at = np.minimum(np.searchsorted(self.keys, wanted), len(self.keys) - 1)
+        return at, inside & (self.keys[at] == wanted)
+
+
+class EventIndex:
+    """The positions of a trace's event ids (:func:`build`): ``size`` events, ids from ``low`` to ``high``, their
+    ranks among the distinct ids (``ranks``) and, where the ids do not ascend strictly, the first position of each
+    distinct id by rank (``first``; None: the rank is the position)."""
+
+    def __init__(self, size: int, low: int, high: int, ranks: _Bits | _Keys | None,
+                 first: np.ndarray | None = None) -> None:
+        self.size, self._low, self._high = size, low, high
+        self._ranks, self._first = ranks, first
+        self._kind = np.int32 if size < 2**31 else np.int64
+
+    def positions(self, wanted: np.ndarray, chunk: int = CHUNK) -> np.ndarray:
+        """The position of each id in ``wanted`` (-1: not an id of the trace), as int32 below 2**31 events."""
+        found = np.empty(len(wanted), dtype=self._kind)
+        for start in range(0, len(wanted), chunk):
+            found[start:start + chunk] = self._positions(np.asarray(wanted[start:start + chunk], dtype=np.int64))
+        return found
+
+    def _positions(self, wanted: np.ndarray) -> np.ndarray:
+        if self._ranks is None:
+            return np.full(len(wanted), -1, dtype=self._kind)
+        rank, present = self._ranks.rank(wanted, (wanted >= self._low) & (wanted <= self._high))
+        if self._first is not None:
+            rank = self._first[np.where(present, rank, 0)]
+        return np.where(present, rank, -1).astype(self._kind)
+
+
+def build(pieces: Sequence[np.ndarray]) -> EventIndex:
+    """The index of the ids in ``pieces`` (integer arrays, in the trace's order; position = order across them)."""
+    pieces = [np.asarray(piece) for piece in pieces if len(piece)]
+    size = sum(len(piece) for piece in pieces)
+    if not size:
+        return EventIndex(0, 0, -1, None)
+    low = min(int(piece.min()) for piece in pieces)
+    high = max(int(piece.max()) for piece in pieces)
+    ascending = all(bool(np.all(piece[1:] > piece[:-1])) for piece in pieces) and all(
+        int(a[-1]) < int(b[0]) for a, b in zip(pieces, pieces[1:]))
+    if high - low >= DENSE_SPAN * size + DENSE_SLACK:
+        keys, first = np.unique(np.concatenate(pieces).astype(np.int64), return_index=True)
+        return EventIndex(size, low, high, _Keys(keys), None if ascending else first)
+    bits = np.zeros(((high - low) // 64 + 1) * 8, dtype=np.uint8)
+    for piece in pieces:  # each piece's ids as bits over its own span, OR-ed in: no array spans the whole
+        offset = piece.astype(np.int64) - low
+        start = int(offset.min()) // 8 * 8
+        mine = np.zeros(int(offset.max()) - start + 1, dtype=bool)
+        mine[offset - start] = True
+        packed = np.packbits(mine, bitorder="little")
+        bits[start // 8:start // 8 + len(packed)] |= packed
+    ranks = _Bits(bits.view(np.uint64), low)
+    if ascending:
+        return EventIndex(size, low, high, ranks)
+    first = np.zeros(int(ranks.before[-1] + np.bitwise_count(ranks.words[-1])), dtype=np.int64)
+    end = size
+    for piece in reversed(pieces):  # each distinct id's first position: written last to first, so the first wins
+        rank, _ = ranks.rank(piece.astype(np.int64), np.ones(len(piece), dtype=bool))
+        first[rank[::-1]] = np.arange(end - 1, end - len(piece) - 1, -1)
+        end -= len(piece)
+    return EventIndex(size, low, high, ranks, first)
+
+
+def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
+    """The position of each event's parent (-1 for none or one not among ``ids``), the first event of an id that
+    repeats: int32 below 2**31 events."""
+    return build([ids]).positions(parent_ids)

@@ -1,0 +1,79 @@
+"""The positions of event ids (analysis/event_index.py) against a dict made here, on every kind of ids; the flags
+of every host event (analysis/event_flags.py) packed and unpacked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tracelake.analysis.event_flags import EventFlags
+from tracelake.analysis.event_index import build, parent_rows
+
+
+@st.composite
+def _ids(draw: st.DrawFn) -> list[int]:
+    """Ids as parsers write them (ascending, dense) and as they may come (any order, repeats, sparse, negative)."""
+    form = draw(st.sampled_from(["ascending", "any", "repeats"]))
+    if form == "ascending":
+        ids = sorted(draw(st.sets(st.integers(0, 300), max_size=80)))
+    else:
+        ids = draw(st.lists(st.integers(-5, 40 if form == "repeats" else 300), max_size=80,
+                            unique=form == "any"))
+    if draw(st.booleans()):  # spread apart: the sparse form (a sort, not bits)
+        ids = [i * 10**9 for i in ids]
+    return ids
+
+
+@settings(max_examples=400, deadline=None)
+@given(_ids(), st.data(), st.sampled_from([np.int32, np.int64]))
+def test_positions_match_a_dict_made_here(ids: list[int], data: st.DataObject, kind: type) -> None:
+    """Each asked id's position is the first position of that id (-1: not an id), by a dict made here, whatever
+    the pieces the ids come in (the row groups), the chunks they are asked in and the width of either array."""
+    big = any(abs(i) >= 2**31 for i in ids)
+    first: dict[int, int] = {}
+    for at, i in enumerate(ids):
+        first.setdefault(i, at)
+    asked = data.draw(st.lists(st.sampled_from([-1, 301, 3 * 10**9, *ids]), max_size=60))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(ids)), max_size=5)))
+    pieces = [np.array(piece, dtype=np.int64 if big else kind) for piece in np.split(np.array(ids, dtype=np.int64),
+                                                                                    cuts)]
+    index = build(pieces)
+    assert index.size == len(ids)
+    wanted = np.array(asked, dtype=np.int64 if big or any(abs(a) >= 2**31 for a in asked) else kind)
+    found = index.positions(wanted, chunk=data.draw(st.integers(1, 9)))
+    assert found.tolist() == [first.get(a, -1) for a in asked]
+    assert found.dtype == np.int32  # positions below 2**31: half the memory of int64
+    assert parent_rows(np.array(ids, dtype=np.int64), wanted).tolist() == found.tolist()
+
+
+def test_dense_ids_are_held_as_bits_not_as_a_table_over_their_span() -> None:
+    """A million ascending ids spread over twice their number: the index holds a bit per id of the span and a count
+    per 64 (1 MiB here), not 4 bytes per id of the span (8 MiB), and answers like a dict over a sample."""
+    rng = np.random.default_rng(7)
+    ids = np.sort(rng.choice(2_000_000, 1_000_000, replace=False))
+    index = build(np.array_split(ids, 16))
+    held = sum(getattr(part, "nbytes", 0) for part in vars(index._ranks).values())
+    assert held < 2_000_000 // 8 + 2_000_000 // 64 * 8 + 1024
+    sample = rng.choice(2_000_000, 5000)
+    where = {int(i): at for at, i in enumerate(ids)}
+    assert index.positions(sample).tolist() == [where.get(int(i), -1) for i in sample]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.booleans(), st.integers(0, 3), st.integers(0, 3)), max_size=50))
+def test_event_flags_unpack_what_was_packed(events: list[tuple[bool, bool, int, int]]) -> None:
+    """Each of the four flags comes back as it went in (counted only where a ``cpu_op``), event by event."""
+    flags = EventFlags.pack(*(np.array([e[i] for e in events], dtype=kind)
+                              for i, kind in enumerate((bool, bool, np.int8, np.int8))))
+    assert len(flags) == len(events) and flags.bits.dtype == np.uint8
+    assert flags.is_op().tolist() == [e[0] for e in events]
+    assert flags.counted_op().tolist() == [e[0] and e[1] for e in events]
+    assert flags.kind().tolist() == [e[2] for e in events]
+    assert flags.recompute().tolist() == [e[3] for e in events]
+
+
+def test_event_flags_refuse_a_kind_that_does_not_fit_two_bits() -> None:
+    with pytest.raises(ValueError, match="kind takes values 0-3"):
+        EventFlags.pack(np.ones(1, dtype=bool), np.ones(1, dtype=bool), np.array([4], dtype=np.int8),
+                        np.zeros(1, dtype=np.int8))
