@@ -181,10 +181,12 @@ def _operators(host_ops: Path) -> dict[str, Operators]:
             part = part.filter(pc.and_(pc.equal(part["trace_id"], trace_id), pc.is_valid(part["event_id"])))
         kept.setdefault(trace_id, []).append(part.take(calls - first).select(wanted))
     for trace_id, operators in found.items():
-        parts = kept.get(trace_id)
+        parts = kept.pop(trace_id, None)
         table = pa.concat_tables(parts).unify_dictionaries() if parts else pa.table({})
-        key, distinct = _keyed(table, table.num_rows, traces[trace_id].modules(operators.scope_rows,
-                                                                               operators.scope_paths))
+        del parts
+        # the trace's first-pass leftovers (its scope events' names) go once its modules are named
+        module = traces.pop(trace_id).modules(operators.scope_rows, operators.scope_paths)
+        key, distinct = _keyed(table, table.num_rows, module)
         operators.set_keyed(key, distinct, _ints(table["dur_ns"], 0) if "dur_ns" in table.column_names
                             else np.zeros(table.num_rows, dtype=np.int64))
         operators.drop_scopes()
@@ -253,13 +255,14 @@ class _Trace:
                                .to_numpy(zero_copy_only=False))
         packed = EventFlags.pack(is_op, np.array([f[0] for f in flags], dtype=bool)[codes], kind,
                                  np.array([f[2] for f in flags], dtype=np.int8)[codes])
-        at = (calls + offset).astype(np.int32 if self.index.size < 2**31 else np.int64)  # the calls' positions
+        position = np.int32 if self.index.size < 2**31 else np.int64  # the width of a position in the trace
+        at = (calls + offset).astype(position)
         columns = (self.index.positions(_ints(part["parent_id"], -1)), packed.bits, at,
                    *(_ints(part[c], 0)[calls] for c in ("correlation", "ts_ns", "dur_ns")))
         for piece, column in zip(self.pieces, columns, strict=True):
             piece.append(column)
         scoped = np.flatnonzero(kind)
-        self.scope_rows.append(scoped + offset)
+        self.scope_rows.append((scoped + offset).astype(position))
         self.scope_names.append(name.take(pa.array(scoped)))
         if "sequence_number" in part.column_names:
             marked = np.flatnonzero(part["sequence_number"].is_valid().to_numpy(zero_copy_only=False))
@@ -282,6 +285,7 @@ class _Trace:
         launches = launch_positions(joined(2), joined(3), joined(4), joined(5))
         parent, flags = joined(0), EventFlags(joined(1))
         marks = Autograd(*(np.concatenate(piece) for piece in self.marks)) if self.marks[0] else Autograd.empty()
+        self.marks = [[], [], [], []]  # their pieces go now, not with the trace (at 4 GB, 35 MB)
         return Operators.from_arrays(parent, flags, launches, autograd=marks)
 
     def modules(self, scope_rows: np.ndarray, paths: Paths) -> tuple[np.ndarray, list[str | None]]:
