@@ -128,10 +128,12 @@ def _hardware(devices: pl.DataFrame, overrides: tuple[Override, ...] = ()) -> di
 def _operators(host_ops: Path) -> dict[str, Operators]:
     """Per trace, its operator calls and what each launch call is attributed to (:class:`Operators`).
 
-    Two passes a row group at a time, in Arrow and numpy: the first keeps 12 bytes per host event (the chain from
-    a launch call up to its operator runs through Python functions and annotations, so every event's parent is
-    needed), 32 per launch call and the names of Python scope events; the second the names and shapes of the calls
-    that launched device ops only, as dictionary codes.
+    A row group at a time, in Arrow and numpy: the event ids alone first, into each trace's
+    :class:`~tracelake.analysis.event_index.EventIndex`; then a pass that keeps 5 bytes per host event (its parent's
+    position and its :class:`~tracelake.analysis.event_flags.EventFlags`: the chain from a launch call up to its
+    operator runs through Python functions and annotations, so every event's parent is needed), 28 per launch call
+    and the names of Python scope events; then the names and shapes of the calls that launched device ops only, as
+    dictionary codes.
     """
     names = set(pq.read_schema(host_ops).names)
     if not _has_operators(host_ops):  # XLA's host events, say: every device op goes to no operator
