@@ -66,6 +66,12 @@ class EventIndex:
         self._ranks, self._first = ranks, first
         self._kind = np.int32 if size < 2**31 else np.int64
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes the index holds."""
+        held = [*vars(self._ranks).values(), self._first] if self._ranks is not None else []
+        return sum(part.nbytes for part in held if isinstance(part, np.ndarray))
+
     def positions(self, wanted: np.ndarray, chunk: int = CHUNK) -> np.ndarray:
         """The position of each id in ``wanted`` (-1: not an id of the trace), as int32 below 2**31 events."""
         found = np.empty(len(wanted), dtype=self._kind)
