@@ -64,7 +64,7 @@ class EventIndex:
                  first: np.ndarray | None = None) -> None:
         self.size, self._low, self._high = size, low, high
         self._ranks, self._first = ranks, first
-        self._kind = np.int32 if size < 2**31 else np.int64
+        self._kind = _width(size)
 
     @property
     def nbytes(self) -> int:
@@ -100,7 +100,7 @@ def build(pieces: Sequence[np.ndarray]) -> EventIndex:
         int(a[-1]) < int(b[0]) for a, b in zip(pieces, pieces[1:]))
     if high - low >= DENSE_SPAN * size + DENSE_SLACK:
         keys, first = np.unique(np.concatenate(pieces).astype(np.int64), return_index=True)
-        return EventIndex(size, low, high, _Keys(keys), None if ascending else first)
+        return EventIndex(size, low, high, _Keys(keys), None if ascending else first.astype(_width(size)))
     bits = np.zeros(((high - low) // 64 + 1) * 8, dtype=np.uint8)
     for piece in pieces:  # each piece's ids as bits over its own span, OR-ed in: no array spans the whole
         offset = piece.astype(np.int64) - low
@@ -109,16 +109,21 @@ def build(pieces: Sequence[np.ndarray]) -> EventIndex:
         mine[offset - start] = True
         packed = np.packbits(mine, bitorder="little")
         bits[start // 8:start // 8 + len(packed)] |= packed
-    ranks = _Bits(bits.view(np.uint64), low)
+    ranks = _Bits(bits.view("<u8"), low)  # little-endian words: bit i of word w is the byte order packbits wrote
     if ascending:
         return EventIndex(size, low, high, ranks)
-    first = np.zeros(int(ranks.before[-1] + np.bitwise_count(ranks.words[-1])), dtype=np.int64)
+    first = np.zeros(int(ranks.before[-1] + np.bitwise_count(ranks.words[-1])), dtype=_width(size))
     end = size
     for piece in reversed(pieces):  # each distinct id's first position: written last to first, so the first wins
         rank, _ = ranks.rank(piece.astype(np.int64), np.ones(len(piece), dtype=bool))
         first[rank[::-1]] = np.arange(end - 1, end - len(piece) - 1, -1)
         end -= len(piece)
     return EventIndex(size, low, high, ranks, first)
+
+
+def _width(size: int) -> type[np.signedinteger]:
+    """The integer type of a position among ``size`` events: int32 below 2**31."""
+    return np.int32 if size < 2**31 else np.int64
 
 
 def parent_rows(ids: np.ndarray, parent_ids: np.ndarray) -> np.ndarray:
