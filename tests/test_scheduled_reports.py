@@ -124,15 +124,25 @@ def test_the_schedule_makes_a_missed_run_then_each_run_on_time(fleet_copy: Path)
     settings = ServerSettings(home=fleet_copy, report_window="")
     warehouse = Warehouse(settings=settings)
     cron = Cron.parse("0 6 * * MON")
-    # started on a Thursday: last Monday's run was missed; then the clock passes the next two Mondays
-    clock = _Clock(dt.datetime(2026, 12, 3, 1, tzinfo=UTC), dt.datetime(2026, 12, 3, 1, tzinfo=UTC),
-                   dt.datetime(2026, 12, 7, 6, 0, 1, tzinfo=UTC), dt.datetime(2026, 12, 7, 6, 0, 2, tzinfo=UTC),
-                   dt.datetime(2026, 12, 14, 6, 0, 5, tzinfo=UTC))
+    # The dates follow the copy's ingest, not the calendar: the clock starts just after the traces were ingested,
+    # so the last Monday's run before then was missed (and predates every trace), then it passes the next two.
+    ingested = [t["ingested_at"] for t in warehouse.traces()]
+    start = max(ingested).replace(microsecond=0) + dt.timedelta(seconds=1)
+    missed = cron.previous(start)
+    assert missed is not None
+    if missed >= min(ingested):
+        pytest.skip("the fleet warehouse was ingested across a Monday 06:00 UTC")
+    second = cron.next_after(start)
+    assert second is not None
+    third = cron.next_after(second)
+    assert third is not None
+    third_done = cron.next_after(third)  # next_run moves on to it once the third report is made
+    clock = _Clock(start, start, second + dt.timedelta(seconds=1), second + dt.timedelta(seconds=2),
+                   third + dt.timedelta(seconds=5))
     scheduler = ReportScheduler(warehouse, cron, clock=clock)
 
     async def run_until_three_reports() -> None:
         task = asyncio.create_task(scheduler.run())
-        third_done = dt.datetime(2026, 12, 21, 6, tzinfo=UTC)  # next_run moves on once the third report is made
         for _ in range(600):
             if (len(scheduler.archive.list()) >= 3 and scheduler.next_run == third_done) or task.done():
                 break
@@ -143,13 +153,13 @@ def test_the_schedule_makes_a_missed_run_then_each_run_on_time(fleet_copy: Path)
 
     asyncio.run(run_until_three_reports())
     made = sorted((r.scheduled_for, r.trigger) for r in scheduler.archive.list())
-    assert made == [(dt.datetime(2026, 11, 30, 6, tzinfo=UTC), "missed"),
-                    (dt.datetime(2026, 12, 7, 6, tzinfo=UTC), "schedule"),
-                    (dt.datetime(2026, 12, 14, 6, tzinfo=UTC), "schedule")]
+    assert made == [(missed, "missed"), (second, "schedule"), (third, "schedule")]
+    assert missed.weekday() == second.weekday() == third.weekday() == 0 and third - second == dt.timedelta(days=7)
     # window "" = every trace ingested before the report was due (the missed run predates the ingest)
     everything = warehouse.fleet().totals["traces"][0]
+    assert 0 < everything <= len(ingested)
     assert [r.traces for r in sorted(scheduler.archive.list(), key=lambda r: r.name)] == [0, everything, everything]
-    assert scheduler.next_run == dt.datetime(2026, 12, 21, 6, tzinfo=UTC) and scheduler.last_error is None
+    assert scheduler.next_run == third_done and scheduler.last_error is None
 
 
 def test_no_missed_run_when_the_last_one_was_made(fleet_copy: Path) -> None:
