@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from tracelake.contracts.classify import Category
 
+from .event_index import narrow
 from .quantiles import quantile_cont, rounded
 
 COLUMNS = (
@@ -144,16 +145,17 @@ class LaunchParts:
 
     Feed every op of the rank once (in any windows, in any order) to :meth:`add`, then take
     :meth:`stats`, :meth:`queues` and :meth:`graph_kernels`: the rank's rows. What
-    is kept is 8 bytes per kernel launched one by one (its delay, for the exact quantiles), 16 per
-    launched op (launch and end of its wait, per stream) and 56 per kernel of a graph launch (what the
-    per-launch view needs), far less than the ops and the joined host calls.
+    is kept is 4 bytes per kernel launched one by one (its delay, for the exact quantiles; 8 where a window's
+    delays do not all fit in int32, 2.1 s), 12 per launched op (its launch, and its wait until it starts,
+    per stream; 16 where the waits do not fit) and 56 per kernel of a graph launch (what the per-launch
+    view needs), far less than the ops and the joined host calls.
     """
 
     def __init__(self) -> None:
         self._delays: list[np.ndarray] = []
         self._shorter = 0
         self._overhead_ns = 0
-        self._waits: dict[int | None, tuple[list[np.ndarray], list[np.ndarray]]] = {}  # per stream: launches, ends
+        self._waits: dict[int | None, tuple[list[np.ndarray], list[np.ndarray]]] = {}  # per stream: launches, waits
         self._queues: pl.DataFrame | None = None  # the streams' rows, once made (:meth:`queues`)
         self._graph_kernels: list[pl.DataFrame] = []
 
@@ -168,7 +170,7 @@ class LaunchParts:
         single = kernels.filter(~pl.col("graph").fill_null(False)).select(
             pl.max_horizontal(pl.col("ts_ns") - pl.col("launch_ns") - pl.col("call_ns"), 0).alias("delay_ns"),
             (pl.col("dur_ns") < pl.col("call_ns")).fill_null(False).alias("shorter"), "call_ns")
-        self._delays.append(single["delay_ns"].to_numpy().astype(np.int64))
+        self._delays.append(narrow(single["delay_ns"].to_numpy().astype(np.int64)))
         shorter = single.filter(pl.col("shorter"))
         self._shorter += shorter.height
         self._overhead_ns += int(shorter["call_ns"].sum() or 0)
@@ -180,11 +182,11 @@ class LaunchParts:
                 pl.col("dur_ns").fill_null(0).cast(pl.Int64), pl.col("launch_ns").cast(pl.Int64),
                 pl.col("call_ns").cast(pl.Int64)))
         waits = launched.filter(pl.col("category") != Category.SYNC).select(
-            "stream", "launch_ns", pl.max_horizontal("ts_ns", "launch_ns").alias("end_ns"))
+            "stream", "launch_ns", pl.max_horizontal(pl.col("ts_ns") - pl.col("launch_ns"), 0).alias("wait_ns"))
         for (stream,), part in waits.partition_by("stream", as_dict=True).items():
-            launches, ends = self._waits.setdefault(None if stream is None else int(stream), ([], []))
+            launches, waited = self._waits.setdefault(None if stream is None else int(stream), ([], []))
             launches.append(part["launch_ns"].to_numpy())
-            ends.append(part["end_ns"].to_numpy())
+            waited.append(narrow(part["wait_ns"].to_numpy()))
 
     def graph_kernels(self) -> pl.DataFrame | None:
         """The kernels graph launches started (for :func:`tracelake.analysis.graphs.graph_rows`); None for none.
@@ -230,13 +232,14 @@ class LaunchParts:
         caller that takes the queues first has the rest of a rank's rows made without them."""
         if self._queues is None:
             rows = []
-            for stream, (launches, ends) in self._waits.items():  # a stream at a time, its pieces let go as joined
+            for stream, (launches, waits) in self._waits.items():  # a stream at a time, its pieces let go as joined
                 launch = np.concatenate(launches)
                 launches.clear()
-                end = np.concatenate(ends)
-                ends.clear()
+                end = np.concatenate(waits).astype(np.int64)
+                waits.clear()
+                waited = int(end.sum())  # the integral of the depth is each op's wait, end - launch
+                end += launch
                 span = int(end.max()) - int(launch.min())
-                waited = int((end - launch).sum())  # the integral of the depth is each op's wait, end - launch
                 launch.sort()
                 end.sort()
                 rows.append({"stream": stream, "launches": len(launch), "max_queue": _deepest(launch, end),

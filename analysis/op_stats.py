@@ -21,7 +21,7 @@ from tracelake.contracts.classify import Category
 
 from .flops import counted, op_cost
 from .event_flags import EventFlags
-from .event_index import parent_rows
+from .event_index import narrow, parent_rows
 from .launches import launch_call_rows
 from .op_scope import Autograd, Paths, chains, nearest, path_name, scope_kind, scopes
 from .recompute import recompute_kind, recomputed
@@ -196,8 +196,8 @@ class Operators:
         #: One row per distinct (name, shapes, types, concrete inputs, module) of a call: ``op``, ``input_shapes``,
         #: ``module`` and its cost.
         self.kinds = _costs(distinct)
-        self._key = key.astype(np.int64, copy=False)
-        self._host_ns = host_ns.astype(np.int64, copy=False)
+        self._key = key.astype(np.int32 if len(distinct) < 2**31 else np.int64, copy=False)
+        self._host_ns = narrow(host_ns)
         self._flops = self.kinds["flops"].to_numpy()
         self._model = self.kinds["model_flops"].to_numpy()
         self._dtype_names: list[str] = self.kinds["dtype"].drop_nulls().unique().sort().to_list()
@@ -211,9 +211,11 @@ class Operators:
             self.correlation = ids
 
     def drop_scopes(self) -> None:
-        """Let go of the calls' scope events (:attr:`scope_rows`, :attr:`scope_paths`) once their modules are named in
-        :meth:`set_keyed`: nothing after reads them, and at 2 GB of trace they are 7 MiB the device ops' windows
-        would otherwise be analysed beside."""
+        """Let go of what only naming the calls reads, once :meth:`set_keyed` has them: their positions among the
+        host events (:attr:`rows`) and their scope events (:attr:`scope_rows`, :attr:`scope_paths`). Nothing after
+        reads them, and at 4 GB of trace they are 12 MiB the device ops' windows would otherwise be analysed beside
+        (:attr:`calls` counts the keys)."""
+        self.rows = np.zeros(0, dtype=np.int64)
         self.scope_rows = np.zeros(0, dtype=np.int64)
         self.scope_paths = Paths.empty()
 
@@ -320,15 +322,16 @@ class OpParts:
         if self._operators is None or not n:  # no call to credit: every op goes to no operator
             working = (pl.col("category") != Category.SYNC).fill_null(False)
             busy, count = ops.select(pl.col("dur_ns").fill_null(0).filter(working).sum(), working.sum()).row(0)
-            self._device_ns[n] += busy  # an integer sum: the bincount below is exact as well below 2**53 ns
+            self._device_ns[n] += busy  # integer sums, here and below
             self._kernels[n] += count
             return None
         work = ops.select((pl.col("category") != Category.SYNC).fill_null(False))[:, 0].to_numpy()
         dur = ops["dur_ns"].fill_null(0).to_numpy().astype(np.int64)
         target = self._operators.targets(ops["correlation"])
         slot = np.where(target >= 0, target, n)[work]
-        self._device_ns += np.bincount(slot, weights=dur[work], minlength=n + 1).astype(np.int64)
-        self._kernels += np.bincount(slot, minlength=n + 1)
+        # added in place at the window's slots: a bincount the length of the calls was two such arrays a window
+        np.add.at(self._device_ns, slot, dur[work])
+        np.add.at(self._kernels, slot, 1)
         flops = np.full(ops.height, np.nan)
         model = np.full(ops.height, np.nan)
         again = np.full(ops.height, np.nan)

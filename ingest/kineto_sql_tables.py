@@ -80,9 +80,11 @@ def _limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
 #: gets. The nesting's sort of the host events took about 280 MB of RSS under the whole 200 MB limit on a 1 GB
 #: trace, the peak of the ingest: at half the limit it spills sooner, 87 MB off that peak for +0.17 s of CPU in 12.
 #: The final tables' sorts (each joined table's facts by event id, the memory instants by time) run under the same
-#: share on the ingest's own connection (:func:`_memory_share`): at 1 GB the memory instants' sort peaked 50 MiB
+#: share on the ingest's own connection (:func:`memory_share`): at 1 GB the memory instants' sort peaked 50 MiB
 #: lower for 0.09 s. (Hash joins under the share went by twice the ranges, each reading all the facts again: 3-5%
-#: more time on the 1 GB Qwen shape; the merge has no ranges.) Not below 100 MB, where it would spill for little
+#: more time on the 1 GB Qwen shape; the merge has no ranges.) So does the device ops' steps' group of the launch
+#: calls by correlation (``kineto_sql_facts.device_steps``): on the 4 GB Qwen shape (1.29 M correlations) it reached
+#: 374 MiB of RSS under the whole limit, 278-282 under the share. Not below 100 MB, where it would spill for little
 #: gain; a lower limit a person set holds.
 SIDE_SHARE = 0.5
 SIDE_FLOOR = 100 * 10**6
@@ -165,7 +167,7 @@ def write_tables(
     for table_name, (source, exprs) in sources.items():
         select = schema.select_list(schema.table(table_name), common | exprs)
         out = sql_literal(str(staging / f"{table_name}.parquet"))
-        with _memory_share(con, SIDE_SHARE):  # the memory instants' sort spills sooner: 50 MiB off its peak at 1 GB
+        with memory_share(con, SIDE_SHARE):  # the memory instants' sort spills sooner: 50 MiB off its peak at 1 GB
             con.execute(f"COPY (SELECT {select} FROM {source} ORDER BY {_ORDER[table_name]}) TO {out} "
                         "(FORMAT parquet, COMPRESSION zstd)")
 
@@ -244,7 +246,7 @@ def _write_merged(
     """
     columns = ", ".join(facts.columns)
     if not facts.sorted_file.exists():  # the sliced native sweep writes the host events' facts so itself
-        with _memory_share(con, SIDE_SHARE):
+        with memory_share(con, SIDE_SHARE):
             con.execute(f"COPY (SELECT event_id, {columns} FROM {facts.relation} ORDER BY event_id) "
                         f"TO {sql_literal(str(facts.sorted_file))} "
                         f"(FORMAT parquet, COMPRESSION lz4, ROW_GROUP_SIZE {_ROW_GROUP_ROWS})")
@@ -402,7 +404,7 @@ class _GroupedWriter:
 
 
 @contextmanager
-def _memory_share(con: duckdb.DuckDBPyConnection, share: float) -> Iterator[None]:
+def memory_share(con: duckdb.DuckDBPyConnection, share: float) -> Iterator[None]:
     """``con`` under ``share`` of its memory limit (never below :data:`SIDE_FLOOR`, unless its limit is lower),
     then its limit again."""
     limit = _limit_bytes(con)

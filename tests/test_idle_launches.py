@@ -178,30 +178,33 @@ def test_stored_idle_equals_the_sql_on_many_streams_ranks_and_ties(rng: random.R
 
 
 @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
-@given(rng=st.randoms())
-def test_launch_parts_in_windows_equal_the_sql_on_random_timelines(rng: random.Random) -> None:
+@given(rng=st.randoms(), wide=st.booleans())
+def test_launch_parts_in_windows_equal_the_sql_on_random_timelines(rng: random.Random, wide: bool) -> None:
     """LaunchParts (what ingest stores), fed a rank's ops in random pieces, equals launch_stats and queue_lengths.
 
     The timelines have ties, zero durations, launches after the op's start, null streams, ops no host
     call launched, and host ids carried by several events (the call is the first by start, then duration).
+    ``wide``: times in steps of 0.1 s, so delays and waits pass 2**31 ns (LaunchParts keeps them as int32 only
+    where a window's all fit).
     """
     import numpy as np
 
     from tracelake.analysis.launches import GRAPH_CALL, LaunchParts, launch_calls, shared_correlations
 
     n, calls = rng.randint(1, 60), rng.randint(1, 12)
+    unit = 10**8 if wide else 100
     device = pl.DataFrame({
         "trace_id": ["t"] * n, "rank": [2] * n, "stream": [rng.choice([None, 3, 7]) for _ in range(n)],
         "kind": [rng.choice(["kernel", "kernel", "memcpy", "sync"]) for _ in range(n)],
         "category": [rng.choice(["compute", "memory", "communication", "sync"]) for _ in range(n)],
-        "ts_ns": [rng.randint(0, 30) * 100 for _ in range(n)],
-        "dur_ns": [rng.choice([0, 100, rng.randint(1, 20) * 100]) for _ in range(n)],
+        "ts_ns": [rng.randint(0, 30) * unit for _ in range(n)],
+        "dur_ns": [rng.choice([0, unit, rng.randint(1, 20) * unit]) for _ in range(n)],
         "correlation": [rng.choice([None, *range(calls + 3)]) for _ in range(n)],
         "graph_id": [None] * n,
     }, schema={"trace_id": pl.String, "rank": pl.Int32, "stream": pl.Int64, "kind": pl.String,
                "category": pl.String, "ts_ns": pl.Int64, "dur_ns": pl.Int64, "correlation": pl.Int64,
                "graph_id": pl.Int64})
-    events = [(rng.randrange(calls), rng.randint(0, 30) * 100, rng.choice([None, 0, rng.randint(1, 9) * 100]))
+    events = [(rng.randrange(calls), rng.randint(0, 30) * unit, rng.choice([None, 0, rng.randint(1, 9) * unit]))
               for _ in range(calls + rng.randint(0, 4))]
     host = pl.DataFrame({"trace_id": ["t"] * len(events), "correlation": [e[0] for e in events],
                          "ts_ns": [e[1] for e in events], "dur_ns": [e[2] for e in events],

@@ -301,7 +301,7 @@ def test_totals_equal_sums_per_kind_made_call_by_call(data: st.DataObject) -> No
 def test_the_launch_ids_are_shared_only_where_they_are_the_same() -> None:
     """:meth:`Operators.share_ids` holds the launch calls' own array where it has the same ids (one copy for the
     windows), and keeps its own where they differ in any id or in width."""
-    from tracelake.warehouse.derived_inputs import narrow
+    from tracelake.analysis.event_index import narrow
 
     ops = Operators(_rule_host())
     mine = ops.correlation
@@ -315,3 +315,44 @@ def test_the_launch_ids_are_shared_only_where_they_are_the_same() -> None:
     fits, wide = np.array([0, 5, 2**31 - 1, -3]), np.array([1, 2**31])
     assert narrow(fits).dtype == np.int32 and narrow(fits).tolist() == fits.tolist()
     assert narrow(wide).dtype == np.int64 and narrow(wide).tolist() == wide.tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(*(st.sampled_from([None, "a", "b", "[[2, 3]]"]) for _ in range(4)),
+                               st.integers(0, 3)), max_size=60),
+       chunks=st.integers(1, 4), missing=st.sampled_from([(), ("concrete_inputs",), ("input_types", "name")]))
+def test_the_calls_key_names_each_calls_own_row(rows: list[tuple[str | None, str | None, str | None, str | None,
+                                                                  int]], chunks: int,
+                                                 missing: tuple[str, ...]) -> None:
+    """``_keyed`` (the calls' key, by hashing their dictionary codes): each call's row of ``distinct`` holds its own
+    name, shapes, types, concrete inputs and module; ``distinct`` has each combination once, in the order of the
+    codes (as a sort of them has it); columns in several chunks or absent (a column the trace lacks: null)."""
+    import pyarrow as pa
+
+    from tracelake.warehouse.derived import _keyed
+
+    modules: list[str | None] = ["enc.0", "dec", "enc.1", None]  # the module codes' names, the last one none
+    size = len(rows) // chunks + 1
+    columns = {}
+    for i, name in enumerate(("name", "input_dims", "input_types", "concrete_inputs")):
+        if name in missing:
+            continue
+        values = [r[i] for r in rows]
+        columns[name] = pa.chunked_array([pa.array(values[at:at + size], pa.string()).dictionary_encode()
+                                          for at in range(0, len(values), size)] or [pa.array([], pa.string())
+                                                                                      .dictionary_encode()],
+                                         ).unify_dictionaries()
+    module = (np.array([r[4] for r in rows], dtype=np.int64), modules)
+    known = {name: [*column.chunk(0).dictionary.to_pylist(), None] for name, column in columns.items()}
+    key, distinct = _keyed(columns, len(rows), module)
+    assert columns == {}  # each column let go once folded in
+    assert len(key) == len(rows) and distinct.height == len(set(distinct.rows()))
+    names = ("name", "input_dims", "input_types", "concrete_inputs")
+    expected = [tuple(None if n in missing else r[i] for i, n in enumerate(names)) + (modules[r[4]],) for r in rows]
+    assert [distinct.row(int(k)) for k in key] == expected
+    assert set(distinct.rows()) == set(expected)
+
+    def codes(row: tuple[str | None, ...]) -> tuple[int, ...]:  # each value's place in its column's dictionary
+        return (*(known[n].index(v) for n, v in zip(names, row, strict=False) if n in known), modules.index(row[4]))
+
+    assert distinct.rows() == sorted(distinct.rows(), key=codes)

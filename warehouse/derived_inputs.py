@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tracelake.analysis.event_index import narrow
 from tracelake.analysis.launches import GRAPH_CALL, LaunchCalls, launch_calls, member, shared_correlations
 from tracelake.contracts.allocators import release_free_memory
 
@@ -174,11 +175,3 @@ def ints(column: pa.ChunkedArray, missing: int) -> np.ndarray:
     """The column as int64, ``missing`` for nulls (a column without nulls is not copied to fill them)."""
     filled = pc.fill_null(column, missing) if column.null_count else column
     return filled.to_numpy().astype(np.int64, copy=False)
-
-
-def narrow(values: np.ndarray) -> np.ndarray:
-    """Integers as int32 where they all fit (a trace's event ids, a launch call's duration in ns: under 2.1 s), else
-    as they are: arrays kept for every host event or launch call take half the memory."""
-    if len(values) and -2**31 <= int(values.min()) and int(values.max()) < 2**31:
-        return values.astype(np.int32)
-    return values
