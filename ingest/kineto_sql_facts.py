@@ -157,11 +157,18 @@ def nesting_sql(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("DROP TABLE depths; DROP TABLE host1")
 
 
+#: The span of an event id, and the least one: ``device_steps`` orders the launch calls by one HUGEINT, the start
+#: times the span plus the id above the least, where a (start, id) struct took 0.62 s to group the 4 GB Qwen shape's
+#: 1.29 M correlations and the number 0.36 s.
+_ID_SPAN, _ID_LOW = 2**64, -2**63
+
+
 def device_steps(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
     """``dev_d``: the device ops with their step: that of the runtime call that launched them, else by time.
 
     The launch is the host event with the op's ``correlation`` that lies in a step; where
-    several do (a correlation reused), the earliest (by start, then ``event_id``). By time,
+    several do (a correlation reused), the earliest (by start, then ``event_id``: a host event has a step only where
+    it has a start, so every one compared has one). By time,
     the step is that of :func:`step_spans` at the op's start.
 
     It goes to a file in ``parts/``, not to a table in DuckDB's memory, where it would
@@ -176,8 +183,10 @@ def device_steps(con: duckdb.DuckDBPyConnection, parts: Path) -> None:
                 SELECT d.*, coalesce(l.step, CASE WHEN d.ts_ns < s.end_ns THEN s.step END) AS step
                 FROM dev_n d
                 LEFT JOIN (
-                    SELECT correlation, arg_min(step, (ts_ns, event_id)) AS step FROM host_d
-                    WHERE correlation IS NOT NULL AND step IS NOT NULL GROUP BY correlation
+                    SELECT correlation, arg_min(step, CAST(ts_ns AS HUGEINT) * CAST({_ID_SPAN} AS HUGEINT)
+                                                      + (CAST(event_id AS HUGEINT) - CAST({_ID_LOW} AS HUGEINT)))
+                           AS step
+                    FROM host_d WHERE correlation IS NOT NULL AND step IS NOT NULL GROUP BY correlation
                 ) l USING (correlation)
                 ASOF LEFT JOIN step_spans s ON d.ts_ns >= s.ts_ns
             ) TO {out} (FORMAT parquet, COMPRESSION lz4)

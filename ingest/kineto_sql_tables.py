@@ -82,10 +82,11 @@ def _limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
 #: The final tables' sorts (each joined table's facts by event id, the memory instants by time) run under the same
 #: share on the ingest's own connection (:func:`memory_share`): at 1 GB the memory instants' sort peaked 50 MiB
 #: lower for 0.09 s. (Hash joins under the share went by twice the ranges, each reading all the facts again: 3-5%
-#: more time on the 1 GB Qwen shape; the merge has no ranges.) So does the device ops' steps' group of the launch
-#: calls by correlation (``kineto_sql_facts.device_steps``): on the 4 GB Qwen shape (1.29 M correlations) it reached
-#: 374 MiB of RSS under the whole limit, 278-282 under the share. Not below 100 MB, where it would spill for little
-#: gain; a lower limit a person set holds.
+#: more time on the 1 GB Qwen shape; the merge has no ranges.) So do the merge's ordered scan of the parts
+#: (:func:`_write_merged`: on the 4 GB Qwen shape its step peaked at 339 MiB against 346-358, in the same time) and
+#: the device ops' steps' group of the launch calls by correlation (``kineto_sql_facts.device_steps``: 1.29 M
+#: correlations at 4 GB reached 374 MiB of RSS under the whole limit, 278-282 under the share). Not below 100 MB,
+#: where it would spill for little gain; a lower limit a person set holds.
 SIDE_SHARE = 0.5
 SIDE_FLOOR = 100 * 10**6
 
@@ -255,7 +256,7 @@ def _write_merged(
     select = schema.select_list(tbl, exprs)  # the facts' columns NULL here, filled below
     sorted_facts = _Rows(facts.sorted_file)
     order = _Order(ordered_by)
-    with _insertion_order(con), _GroupedWriter(out, arrow_schema) as writer:
+    with _insertion_order(con), memory_share(con, SIDE_SHARE), _GroupedWriter(out, arrow_schema) as writer:
         for batch in con.sql(f"SELECT {select} FROM {part_rows}").to_arrow_reader(_ROW_GROUP_ROWS):
             ids, values = sorted_facts.take(batch.num_rows)
             if not np.array_equal(ids, batch.column("event_id").to_numpy()) or not order.holds(batch):
