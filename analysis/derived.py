@@ -108,7 +108,7 @@ class DerivedTables:
             parts.add(ops, mine.filter((pl.col("ts_ns") >= low) & (pl.col("ts_ns") < high)), low, high)
             calls = self._calls.get(trace_id)
             ops = ops.with_columns(launch_of(ops["correlation"], calls))
-            if calls is not None and len(calls[0]):  # else no op has a launch call: nothing to add
+            if calls is not None and calls[0].size:  # else no op has a launch call: nothing to add
                 launched.add(ops)
             work = ops.select("trace_id", "rank", "stream", "name", "category", "ts_ns", "dur_ns", "launch_ns").filter(
                 pl.col("category") != Category.SYNC)  # only the columns idle and kernel stats read are copied

@@ -64,7 +64,7 @@ class EventIndex:
                  first: np.ndarray | None = None) -> None:
         self.size, self._low, self._high = size, low, high
         self._ranks, self._first = ranks, first
-        self._kind = _width(size)
+        self._kind = position_type(size)
 
     @property
     def nbytes(self) -> int:
@@ -100,7 +100,7 @@ def build(pieces: Sequence[np.ndarray]) -> EventIndex:
         int(a[-1]) < int(b[0]) for a, b in zip(pieces, pieces[1:]))
     if high - low >= DENSE_SPAN * size + DENSE_SLACK:
         keys, first = np.unique(np.concatenate(pieces).astype(np.int64), return_index=True)
-        return EventIndex(size, low, high, _Keys(keys), None if ascending else first.astype(_width(size)))
+        return EventIndex(size, low, high, _Keys(keys), None if ascending else first.astype(position_type(size)))
     bits = np.zeros(((high - low) // 64 + 1) * 8, dtype=np.uint8)
     for piece in pieces:  # each piece's ids as bits over its own span, OR-ed in: no array spans the whole
         offset = piece.astype(np.int64) - low
@@ -112,7 +112,7 @@ def build(pieces: Sequence[np.ndarray]) -> EventIndex:
     ranks = _Bits(bits.view("<u8"), low)  # little-endian words: bit i of word w is the byte order packbits wrote
     if ascending:
         return EventIndex(size, low, high, ranks)
-    first = np.zeros(int(ranks.before[-1] + np.bitwise_count(ranks.words[-1])), dtype=_width(size))
+    first = np.zeros(int(ranks.before[-1] + np.bitwise_count(ranks.words[-1])), dtype=position_type(size))
     end = size
     for piece in reversed(pieces):  # each distinct id's first position: written last to first, so the first wins
         rank, _ = ranks.rank(piece.astype(np.int64), np.ones(len(piece), dtype=bool))
@@ -129,7 +129,7 @@ def narrow(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def _width(size: int) -> type[np.signedinteger]:
+def position_type(size: int) -> type[np.signedinteger]:
     """The integer type of a position among ``size`` events: int32 below 2**31."""
     return np.int32 if size < 2**31 else np.int64
 

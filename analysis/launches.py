@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from tracelake.contracts.classify import Category
 
-from .event_index import narrow
+from .event_index import EventIndex, narrow
 from .quantiles import quantile_cont, rounded
 
 COLUMNS = (
@@ -115,21 +115,23 @@ def shared_correlations(correlation: np.ndarray) -> np.ndarray:
     return ids[counts > 1]
 
 
-#: One trace's launch calls, by correlation id (sorted): ids, ``launch_ns``, ``call_ns`` and whether the call is a
-#: graph launch (named like one, or its id carried by more than one kernel: :func:`shared_correlations`).
-LaunchCalls = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+#: One trace's launch calls, by correlation id (sorted): the ids as an index (:class:`~.event_index.EventIndex`: an
+#: id's position is its rank; a bit per id of their span where they are dense, not 8 bytes an id), ``launch_ns``,
+#: ``call_ns`` and whether the call is a graph launch (named like one, or its id carried by more than one kernel:
+#: :func:`shared_correlations`).
+LaunchCalls = tuple[EventIndex, np.ndarray, np.ndarray, np.ndarray]
 
 
 def launch_of(correlation: pl.Series, calls: LaunchCalls | None) -> list[pl.Series] | list[pl.Expr]:
     """``launch_ns``, ``call_ns`` and ``graph`` of each op: of its correlation's call, null where none (then as
     literals, which a frame holds without a value per row)."""
     names = ("launch_ns", "call_ns", "graph")
-    if calls is None or not len(calls[0]) or correlation.null_count() == len(correlation):
+    if calls is None or not calls[0].size or correlation.null_count() == len(correlation):
         return [pl.lit(None, dtype=pl.Boolean if name == "graph" else pl.Int64).alias(name) for name in names]
     keys, *values = calls
-    wanted = correlation.fill_null(0).to_numpy().astype(np.int64)
-    at = np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)
-    missing = ~((keys[at] == wanted) & correlation.is_not_null().to_numpy())
+    at = keys.positions(correlation.fill_null(0).to_numpy().astype(np.int64))
+    missing = (at < 0) | correlation.is_null().to_numpy()
+    at = np.maximum(at, 0)
     return [pl.Series(name, pa.array(column[at], mask=missing, type=pa.bool_() if name == "graph" else pa.int64()))
             for name, column in zip(names, values, strict=True)]
 

@@ -157,9 +157,11 @@ class Paths:
         return {start: self.of(start) for start in self.starts.tolist()}
 
 
-def chains(positions: np.ndarray, parent: np.ndarray, kind: np.ndarray) -> Paths:
+def chains(positions: np.ndarray, parent: np.ndarray, is_module: np.ndarray) -> Paths:
     """For each scope event (positions, in any order; one path each), the modules it is nested in and itself,
     outermost first: the path the ``module`` column shows (``GPT_0/Block_3/Linear_12``). A frame is its own path.
+    ``is_module``: whether each event is a module (its :func:`scope_kind` is :data:`MODULE`; the kinds themselves are
+    not needed here, so a caller lets go of them first).
 
     Each module's link to the next module up is found for all of them at once (:func:`_module_links`), and then,
     a level a round from the top, each one's depth and how many events the walk from it up to the top passes.
@@ -167,7 +169,6 @@ def chains(positions: np.ndarray, parent: np.ndarray, kind: np.ndarray) -> Paths
     or that never reaches the top (a cycle of modules), is walked event by event (:func:`_walk`), as far as that.
     """
     starts = np.unique(np.asarray(positions, dtype=np.int64))
-    is_module = kind == MODULE
     in_starts = np.flatnonzero(is_module[starts])
     modules = starts[in_starts]
     linked, up, hops = _module_links(modules, parent, is_module)
@@ -187,7 +188,7 @@ def chains(positions: np.ndarray, parent: np.ndarray, kind: np.ndarray) -> Paths
     whole = (depth[at] > 0) & (passed[at] <= _MAX_DEPTH)  # else walked event by event
     lengths = np.ones(len(starts), dtype=np.int64)
     lengths[in_starts[whole]] = depth[at[whole]]
-    walked = {int(i): _walk(int(starts[i]), parent, kind) for i in in_starts[~whole].tolist()}
+    walked = {int(i): _walk(int(starts[i]), parent, is_module) for i in in_starts[~whole].tolist()}
     for i, path in walked.items():
         lengths[i] = len(path)
     offsets = np.zeros(len(starts) + 1, dtype=np.int64)
@@ -245,14 +246,14 @@ def _module_links(modules: np.ndarray, parent: np.ndarray, is_module: np.ndarray
     return positions[order], np.concatenate(ups)[order], np.concatenate(passes)[order]
 
 
-def _walk(start: int, parent: np.ndarray, kind: np.ndarray) -> tuple[int, ...]:
+def _walk(start: int, parent: np.ndarray, is_module: np.ndarray) -> tuple[int, ...]:
     """The modules on the walk up from ``start`` (itself included) over at most :data:`_MAX_DEPTH` events, outermost
     first."""
     path, at = [], start
     for _ in range(_MAX_DEPTH):
         if at < 0:
             break
-        if kind[at] == MODULE:
+        if is_module[at]:
             path.append(at)
         at = int(parent[at])
     return tuple(reversed(path))

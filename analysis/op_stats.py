@@ -21,9 +21,10 @@ from tracelake.contracts.classify import Category
 
 from .flops import counted, op_cost
 from .event_flags import EventFlags
-from .event_index import narrow, parent_rows
+from . import event_index
+from .event_index import narrow, parent_rows, position_type
 from .launches import launch_call_rows
-from .op_scope import Autograd, Paths, chains, nearest, path_name, scope_kind, scopes
+from .op_scope import MODULE, Autograd, Paths, chains, nearest, path_name, scope_kind, scopes
 from .recompute import recompute_kind, recomputed
 from .peaks import Peaks
 
@@ -165,20 +166,25 @@ class Operators:
         marked = np.zeros(len(parent), dtype=bool)
         marked[target[target >= 0]] = True
         #: The input positions of the operator calls that launched device ops, ascending.
-        self.rows = np.flatnonzero(marked)
+        self.rows = np.flatnonzero(marked).astype(position_type(len(parent)))
         del marked
-        #: Sorted correlation ids and the index (into :attr:`rows`) of each one's operator, -1 for none.
-        self.correlation = found
+        #: The launch calls' correlation ids (sorted, distinct) as an index: each one's rank, a bit per id of their
+        #: span where they are dense (:mod:`.event_index`), not 8 bytes each.
+        self.correlation = event_index.build([found])
+        #: By the rank of its correlation id, the index (into :attr:`rows`) of each launch call's operator, -1 for none.
         self.op_of = np.where(target >= 0, np.searchsorted(self.rows, np.maximum(target, 0)), -1).astype(
-            np.int32 if len(parent) < 2**31 else np.int64)
+            position_type(len(parent)))
         del target  # gone before the walks below: 8 bytes a launch call
         #: Whether each call runs as a recomputation (docs/analyses.md, "HFU and MFU"): MFU leaves its FLOPs out.
         self.recomputed = recomputed(self.rows, parent, flags.recompute())
         kind = flags.kind()
         #: The position of each call's scope event (docs/analyses.md, "Module"), -1 for none.
-        self.scope_rows = scopes(self.rows, parent, kind, autograd or Autograd.empty())
+        self.scope_rows = scopes(self.rows, parent, kind, autograd or Autograd.empty()).astype(
+            position_type(len(parent)))
+        is_module = kind == MODULE
+        del kind  # the paths' walk reads the modules' mask alone: a byte per host event less at its peak
         #: Of each scope event, the scope events of its path, outermost first (:func:`.op_scope.chains`).
-        self.scope_paths = chains(self.scope_rows[self.scope_rows >= 0], parent, kind)
+        self.scope_paths = chains(self.scope_rows[self.scope_rows >= 0], parent, is_module)
 
     def set_calls(self, calls: pl.DataFrame) -> None:
         """The calls of :attr:`rows`, in that order: ``name``, ``dur_ns``, ``input_dims``, ``input_types`` and
@@ -203,12 +209,6 @@ class Operators:
         self._dtype_names: list[str] = self.kinds["dtype"].drop_nulls().unique().sort().to_list()
         self._dtype_code = self.kinds["dtype"].replace_strict(
             {name: i for i, name in enumerate(self._dtype_names)}, default=-1, return_dtype=pl.Int64).to_numpy()
-
-    def share_ids(self, ids: np.ndarray) -> None:
-        """Hold ``ids`` as :attr:`correlation` where they are the same sorted ids (the launch calls' own, which
-        :func:`.launches.launch_calls` sorts too): one copy of them for a rank's windows, not two."""
-        if ids.dtype == self.correlation.dtype and np.array_equal(ids, self.correlation):
-            self.correlation = ids
 
     def drop_scopes(self) -> None:
         """Let go of what only naming the calls reads, once :meth:`set_keyed` has them: their positions among the
@@ -263,12 +263,11 @@ class Operators:
 
     def targets(self, correlation: pl.Series) -> np.ndarray:
         """The :attr:`ops` index each op's correlation is attributed to; -1 where none."""
-        if not len(self.correlation):
+        if not self.correlation.size:
             return np.full(len(correlation), -1, dtype=np.int64)
-        wanted = correlation.fill_null(-1).to_numpy().astype(np.int64)
-        at = np.minimum(np.searchsorted(self.correlation, wanted), len(self.correlation) - 1)
-        found = (self.correlation[at] == wanted) & correlation.is_not_null().to_numpy()
-        return np.where(found, self.op_of[at], -1)
+        at = self.correlation.positions(correlation.fill_null(-1).to_numpy().astype(np.int64))
+        found = (at >= 0) & correlation.is_not_null().to_numpy()
+        return np.where(found, self.op_of[np.maximum(at, 0)], -1)
 
 
 def _costs(distinct: pl.DataFrame) -> pl.DataFrame:

@@ -29,7 +29,8 @@ def _walked_chains(positions: np.ndarray, parent: np.ndarray, kind: np.ndarray) 
     """The rule of :func:`op_scope.chains`, one event at a time."""
     found: dict[int, tuple[int, ...]] = {}
     for start in positions.tolist():
-        found[start] = (start,) if kind[start] != op_scope.MODULE else op_scope._walk(start, parent, kind)
+        found[start] = (start,) if kind[start] != op_scope.MODULE else \
+            op_scope._walk(start, parent, kind == op_scope.MODULE)
     return found
 
 
@@ -45,7 +46,8 @@ def test_chains_equal_the_walk_event_by_event(seed: int) -> None:
         kind = rng.integers(0, 3, n).astype(np.int8)
         positions = np.unique(rng.integers(0, n, int(rng.integers(0, n + 1))))
         positions = positions[kind[positions] != op_scope.NONE]
-        assert op_scope.chains(positions, parent, kind).as_dict() == _walked_chains(positions, parent, kind)
+        assert op_scope.chains(positions, parent, kind == op_scope.MODULE).as_dict() == \
+            _walked_chains(positions, parent, kind)
 
 
 def test_chains_deeper_than_the_walk_stop_where_the_walk_stops() -> None:
@@ -53,7 +55,8 @@ def test_chains_deeper_than_the_walk_stop_where_the_walk_stops() -> None:
     parent = np.arange(-1, n - 1, dtype=np.int64)
     kind = np.where(np.arange(n) % 7 == 0, op_scope.MODULE, op_scope.NONE).astype(np.int8)
     positions = np.flatnonzero(kind)[::13]
-    assert op_scope.chains(positions, parent, kind).as_dict() == _walked_chains(positions, parent, kind)
+    assert op_scope.chains(positions, parent, kind == op_scope.MODULE).as_dict() == \
+        _walked_chains(positions, parent, kind)
 
 
 def _states_by_category(code: np.ndarray, is_start: np.ndarray) -> np.ndarray:

@@ -106,21 +106,22 @@ def test_the_scope_rules_on_a_small_tree() -> None:
     calls = np.array([2, 5, 8])
     found = scopes(calls, parent, np.array(kinds, dtype=np.int8), autograd)
     assert found.tolist() == [1, 4, 1]  # the Block; the frame; the forward's Block
-    assert chains(np.array([1, 4]), parent, np.array(kinds, dtype=np.int8)).as_dict() == {1: (0, 1), 4: (4,)}
+    assert chains(np.array([1, 4]), parent, np.array(kinds, dtype=np.int8) == MODULE).as_dict() == \
+        {1: (0, 1), 4: (4,)}
 
 
 def test_paths_are_found_by_their_scope_event_alone() -> None:
     """:class:`Paths` answers for the scope events it was made for, in any order, and for no other event."""
     kinds = np.array([MODULE, MODULE, MODULE, FRAME, NONE], dtype=np.int8)
     parent = np.array([-1, 0, 1, 2, 3])
-    paths = chains(np.array([3, 2, 0]), parent, kinds)  # unsorted, as the calls' scopes come
+    paths = chains(np.array([3, 2, 0]), parent, kinds == MODULE)  # unsorted, as the calls' scopes come
     assert paths.starts.tolist() == [0, 2, 3] and len(paths) == 3
     assert paths.of(2) == (0, 1, 2) and paths.of(0) == (0,) and paths.of(3) == (3,)
     for missing in (1, 4, -1):
         with pytest.raises(KeyError):
             paths.of(missing)
     assert np.all(np.diff(paths.offsets) >= 1) and paths.offsets[-1] == len(paths.members)
-    empty = chains(np.zeros(0, dtype=np.int64), parent, kinds)
+    empty = chains(np.zeros(0, dtype=np.int64), parent, kinds == MODULE)
     assert len(empty) == 0 and empty.as_dict() == {}
 
 

@@ -298,20 +298,10 @@ def test_totals_equal_sums_per_kind_made_call_by_call(data: st.DataObject) -> No
         == expected
 
 
-def test_the_launch_ids_are_shared_only_where_they_are_the_same() -> None:
-    """:meth:`Operators.share_ids` holds the launch calls' own array where it has the same ids (one copy for the
-    windows), and keeps its own where they differ in any id or in width."""
+def test_arrays_are_narrowed_only_where_every_value_fits() -> None:
+    """A launch call's duration (a delay, a wait) is kept as int32 only when every one fits, values unchanged."""
     from tracelake.analysis.event_index import narrow
 
-    ops = Operators(_rule_host())
-    mine = ops.correlation
-    same = mine.copy()
-    ops.share_ids(same)
-    assert ops.correlation is same
-    for other in (same + 1, same.astype(np.int32), same[:-1]):
-        ops.share_ids(other)
-        assert ops.correlation is same
-    # a launch call's duration is narrowed to int32 only when every one fits, values unchanged
     fits, wide = np.array([0, 5, 2**31 - 1, -3]), np.array([1, 2**31])
     assert narrow(fits).dtype == np.int32 and narrow(fits).tolist() == fits.tolist()
     assert narrow(wide).dtype == np.int64 and narrow(wide).tolist() == wide.tolist()

@@ -74,9 +74,6 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
     operators = _operators(parsed / "host_ops.parquet")
     release_free_memory()  # the operators' passes freed their row groups: hand them back before the windows
     launches, graph_calls = launch_times(parsed / "host_ops.parquet", parsed / "device_ops.parquet")
-    for trace_id, found in operators.items():  # one copy of the launch calls' ids for the windows, not two
-        if trace_id in launches:
-            found.share_ids(launches[trace_id][0])
     tables = DerivedTables(launches, graph_calls, windows, peaks, operators, hardware)
     ranks = keys(parsed / "device_ops.parquet")
 
