@@ -53,8 +53,9 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
     numpy, which let go of the GIL); the tables are the same whatever the number.
 
     Rank by rank in windows of :data:`CHUNK_ROWS` ops: memory follows ``threads`` windows, plus the host
-    launch calls (25 bytes each), the distinct (name, duration) pairs of a rank and what
-    :class:`~tracelake.analysis.launches.LaunchParts` keeps of each launched op.
+    launch calls (13 bytes each and their ids' index, a bit per id of their span; 4 more for each one's operator),
+    the distinct (name, duration) pairs of a rank and what :class:`~tracelake.analysis.launches.LaunchParts` keeps of
+    each launched op.
     """
     windows = _read(parsed / "collectives.parquet", ["trace_id", "rank", "step", "ts_ns", "dur_ns", "is_async"])
     windows = windows.filter(pl.col("is_async").fill_null(False)).drop("is_async").sort("ts_ns")
