@@ -202,7 +202,7 @@ class Operators:
         #: One row per distinct (name, shapes, types, concrete inputs, module) of a call: ``op``, ``input_shapes``,
         #: ``module`` and its cost.
         self.kinds = _costs(distinct)
-        self._key = key.astype(np.int32 if len(distinct) < 2**31 else np.int64, copy=False)
+        self._key = key.astype(position_type(len(distinct)), copy=False)
         self._host_ns = narrow(host_ns)
         self._flops = self.kinds["flops"].to_numpy()
         self._model = self.kinds["model_flops"].to_numpy()

@@ -259,7 +259,7 @@ class _Trace:
                                .to_numpy(zero_copy_only=False))
         packed = EventFlags.pack(is_op, np.array([f[0] for f in flags], dtype=bool)[codes], kind,
                                  np.array([f[2] for f in flags], dtype=np.int8)[codes])
-        position = np.int32 if self.index.size < 2**31 else np.int64  # the width of a position in the trace
+        position = event_index.position_type(self.index.size)
         at = (calls + offset).astype(position)
         columns = (self.index.positions(_ints(part["parent_id"], -1)), packed.bits, at,
                    *(_ints(part[c], 0)[calls] for c in ("correlation", "ts_ns", "dur_ns")))

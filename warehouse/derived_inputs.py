@@ -17,7 +17,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracelake.analysis import event_index
-from tracelake.analysis.event_index import narrow
 from tracelake.analysis.launches import GRAPH_CALL, LaunchCalls, launch_calls, member, shared_correlations
 from tracelake.contracts.allocators import release_free_memory
 
@@ -111,7 +110,7 @@ def launch_times(host_ops: Path, device_ops: Path) -> tuple[dict[str, LaunchCall
         ids, starts, durations, graph = launch_calls(*columns)
         del columns
         graph |= member(ids, shared.get(trace_id, ids[:0]))
-        found[trace_id] = (event_index.build([ids]), starts, narrow(durations), graph)
+        found[trace_id] = (event_index.build([ids]), starts, event_index.narrow(durations), graph)
         del ids, starts, durations, graph
     # The sorts' and joins' freed buffers: glibc keeps them (about 2.5x the calls' arrays) into the windows, where
     # the stored analyses peak (GPU 300 MB profile: 621 MB to 452 MB with two ranks at once).
