@@ -24,9 +24,10 @@ process (so each peak RSS belongs to one tool):
   register) into an empty warehouse made beforehand by a child of its own, as every
   ingest but a warehouse's first finds it; and (``--warehouse both``, the default, or
   ``new``) into a warehouse the same child makes first. Making one writes its DuckDB
-  catalog, which loads DuckDB and maps some 40 MB of it into the process: memory a
-  first ingest holds at its peak and the ingests after it do not (parsing an XLA
-  profile needs no DuckDB). The ratios to XProf are the first's, the second's are
+  catalog; a process without DuckDB loaded has a short-lived child of its own write it
+  (``warehouse/catalog_child.py``: parsing an XLA profile needs no DuckDB), so the
+  first ingest no longer holds some 40 MB of DuckDB's library at its peak, as it did in
+  the builds before 2026-12-07. The ratios to XProf are the first's, the second's are
   printed beside them;
 * tracelake only parses it into its Parquet tables (``ingest.parse_into``: the
   streaming XSpace reader, without the per-trace analyses), to tell the two apart;
@@ -59,8 +60,8 @@ the other, the fastest run kept (CPU seconds: the least; peak RSS: the largest).
 
 Beside each peak RSS, ``above start``: the peak less the RSS the child had just before its
 call (interpreter, imports, and for tracelake the warehouse made), the memory the file
-itself cost. The fixed part differs: tracelake's process holds some 95 MB before reading a
-byte (Python, numpy, Arrow; 140 MB where it has just made a new warehouse, with DuckDB), XProf's
+itself cost. The fixed part differs: tracelake's process holds some 85-95 MB before reading a
+byte (Python, numpy, Arrow; before 2026-12-07, 140 MB where it had just made a new warehouse), XProf's
 some 40 MB, and polars' library and runtime add some 40 MB more once the stored analyses start;
 at 30 MB that difference is much of tracelake's figure, at 300 MB little of it.
 

@@ -11,7 +11,10 @@ facade's, the store's, the NCCL log parser's, the CLI's) take polars from here::
 and name an analysis module through :func:`lazy_module`, beside a ``TYPE_CHECKING`` import of it. DuckDB likewise
 (``from tracelake.contracts.lazy import duckdb``): parsing an XLA profile or an NCCL output and opening a warehouse
 whose catalog is current use none of it, and its import held 14 MiB through the whole ingest; Kineto traces are
-parsed with it, a catalog is written with it, queries run on it. The optional C extensions are imported through
+parsed with it, a catalog is written with it, queries run on it. And Arrow's datasets (``from
+tracelake.contracts.lazy import pyarrow_dataset as ds``): a warehouse reads several traces' files through one, but
+no ingest does, and importing it loads Arrow's query engine, file systems and formats, 15 MB of the process's
+memory (its own and its libraries' pages). The optional C extensions are imported through
 :func:`optional_module`.
 The type checker sees the modules themselves; at run time a stand-in imports its module when
 one of its attributes is first read. ``tests/test_lazy_imports.py`` checks that opening a
@@ -69,6 +72,8 @@ def lazy_module(name: str) -> Any:
 if TYPE_CHECKING:
     import duckdb as duckdb
     import polars as polars
+    import pyarrow.dataset as pyarrow_dataset
 else:
     duckdb = lazy_module("duckdb")
     polars = lazy_module("polars")
+    pyarrow_dataset = lazy_module("pyarrow.dataset")

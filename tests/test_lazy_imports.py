@@ -1,7 +1,7 @@
 """Modules loaded on first use (``contracts/lazy.py``; docs/architecture.md, "Memory").
 
-DuckDB likewise: an existing warehouse opens without it, and every format but Kineto's (parsed in DuckDB SQL) is
-parsed and ingested without it; a query loads it.
+DuckDB likewise: an existing warehouse opens without it, a new one has a child process write its catalog, and every
+format but Kineto's (parsed in DuckDB SQL) is parsed and ingested without it; a query loads it.
 
 An ingest's peak is in its parse; polars and the analyses come in only for the stored analyses after it. These
 tests check the claim where it matters, in fresh child processes: the CLI and the facade load without polars, every
@@ -18,6 +18,7 @@ import sys
 import threading
 from pathlib import Path
 
+import duckdb
 import pytest
 
 from support import REAL_XLA, ROOT
@@ -89,7 +90,7 @@ import tracelake.api.cli as cli
 from tracelake.warehouse import Warehouse
 home, trace = sys.argv[1:3]
 result = CliRunner().invoke(cli.app, ["ingest", trace, "--home", home])
-after_ingest = "duckdb" in sys.modules
+after_ingest = {name: name in sys.modules for name in ("duckdb", "pyarrow.dataset")}
 rows = Warehouse(home=home).query("SELECT (SELECT count(*) FROM traces), (SELECT count(*) FROM breakdown)").rows[0]
 print(json.dumps({"exit": result.exit_code, "output": result.output[-2000:], "after_ingest": after_ingest,
                   "after_query": "duckdb" in sys.modules, "traces": rows[0], "breakdown_rows": rows[1]}))
@@ -151,13 +152,23 @@ def test_an_existing_warehouse_opens_and_every_format_but_kineto_parses_without_
     assert {name for name, loaded in seen.items() if loaded} == {NEEDS_DUCKDB}, seen
 
 
-def test_an_xla_ingest_into_an_existing_warehouse_loads_duckdb_only_for_the_query_after(tmp_path: Path) -> None:
+@pytest.mark.parametrize("warehouse", ["existing", "new"])
+@pytest.mark.parametrize("name", ["xla", "nccl_tests"])
+def test_an_xla_or_nccl_ingest_loads_duckdb_only_for_the_query_after(tmp_path: Path, name: str, warehouse: str) -> None:
+    """Into a new warehouse too: its catalog is written by a child process (warehouse/catalog.py). Nor do they load
+    Arrow's datasets (15 MB)."""
     home = tmp_path / "warehouse"
-    Warehouse(home=home)
-    done = _child(_DUCKDB_INGEST_CHILD, str(home), str(INPUTS["xla"]))
+    if warehouse == "existing":
+        Warehouse(home=home)
+    done = _child(_DUCKDB_INGEST_CHILD, str(home), str(INPUTS[name]))
     assert done["exit"] == 0, done["output"]
-    assert done["after_ingest"] is False, "the ingest loaded DuckDB"
-    assert done["after_query"] is True and done["traces"] == 1 and int(str(done["breakdown_rows"])) > 0, done
+    assert done["after_ingest"] == {"duckdb": False, "pyarrow.dataset": False}, done["after_ingest"]
+    assert done["after_query"] is True and done["traces"] == 1, done
+    if name == "xla":
+        assert int(str(done["breakdown_rows"])) > 0, done
+    con = duckdb.connect(str(home / "tracelake.duckdb"), read_only=True)  # the catalog the shell opens
+    assert con.execute("SELECT count(*) FROM traces").fetchone() == (1,)
+    con.close()
 
 
 def test_a_lazy_module_imports_on_first_use_and_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from support import SAMPLES
 from tracelake.contracts import schema
-from tracelake.warehouse import InvalidArgument, NotFound, QueryError, Warehouse
+from tracelake.warehouse import InvalidArgument, NotFound, QueryError, Warehouse, WarehouseError, catalog
 from tracelake.api.user_input import parse_labels
 
 
@@ -141,6 +141,40 @@ def test_catalog_stamp_is_checked(home: Path) -> None:
     Warehouse(home)
     con = duckdb.connect(str(wh.store.catalog_path), read_only=True)
     assert con.execute("SELECT schema_version FROM tracelake_meta").fetchone() == (schema.SCHEMA_VERSION,)
+
+
+def test_a_process_without_duckdb_has_a_child_write_the_catalog(home: Path) -> None:
+    """Making a warehouse in a process that never loaded DuckDB leaves it unloaded there, and the catalog a child
+    wrote is the one the DuckDB shell reads: a view per table, then an ingest's trace is seen through it."""
+    made = subprocess.run(
+        [sys.executable, "-c", "import sys; from tracelake.warehouse import Warehouse; Warehouse(sys.argv[1]); "
+         "print('duckdb' in sys.modules)", str(home)], capture_output=True, text=True, check=True)
+    assert made.stdout.strip() == "False", made.stderr
+    store = Warehouse(home).store
+    assert catalog.catalog_differences(store) == []
+    assert sorted(p.name for p in home.iterdir() if p.name.startswith(".")) == []  # no temp file left
+    con = duckdb.connect(str(store.catalog_path), read_only=True)
+    views = {row[0] for row in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    assert views == set(schema.TABLES) | {"tracelake_meta"}
+    assert con.execute("SELECT count(*) FROM traces").fetchone() == (0,)
+    con.close()
+    assert Warehouse(home).ingest([SAMPLES / "launch_bound"], job="lb").ok
+    con = duckdb.connect(str(store.catalog_path), read_only=True)
+    assert con.execute("SELECT count(*) FROM traces").fetchone() == (1,)
+    con.close()
+
+
+def test_a_catalog_the_child_cannot_write_is_an_error_naming_it(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child's DuckDB error reaches the caller as a WarehouseError naming the catalog; no file is left."""
+    store = Warehouse(home).store
+    before = store.catalog_path.read_bytes()
+    monkeypatch.delitem(sys.modules, "duckdb")  # as in a process that never loaded it
+    monkeypatch.setattr(catalog, "view_statements", lambda *_a, **_k: ["CREATE VIEW catalog.v AS SELECT * FROM nope"])
+    with pytest.raises(WarehouseError, match=r"tracelake\.duckdb: CatalogException: .*nope"):
+        catalog.write_catalog(store)
+    assert store.catalog_path.read_bytes() == before
+    assert sorted(p.name for p in home.iterdir()) == ["staging", "tables", "tracelake.duckdb",
+                                                      "tracelake.duckdb.stamp"]
 
 
 @pytest.mark.parametrize("name", ["*", "?", "[a-f]*", "../x", "0" * 65])

@@ -13,13 +13,18 @@ in-memory connection with the same views.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 from tracelake.contracts import schema
+from tracelake.contracts.errors import WarehouseError
 from tracelake.contracts.lazy import duckdb
 from tracelake.contracts.schema import sql_literal
 
@@ -133,26 +138,58 @@ def write_catalog(store: Store) -> None:
 
     Written under a hidden name of this process's (several processes may rewrite it
     at once: each renames a whole catalog into place); one left by a killed process
-    is listed by ``tracelake check``.
+    is listed by ``tracelake check``. A process that has not loaded DuckDB has it written
+    by a child (:mod:`.catalog_child`): an XLA or NCCL ingest into a new warehouse then
+    never maps DuckDB's library (some 40 MB it would hold to its end).
+
+    Raises:
+        WarehouseError: the catalog could not be written; nothing is left behind.
     """
     tmp = temp_name(store.catalog_path)
     wal = tmp.with_name(tmp.name + ".wal")
-    con = duckdb.connect()
+    statements = [
+        f"ATTACH {sql_literal(str(tmp))} AS catalog (STORAGE_VERSION '{STORAGE_VERSION}')",
+        *view_statements(store, prefix="catalog."),
+        "DETACH catalog",
+    ]
     try:
-        con.execute(f"ATTACH {sql_literal(str(tmp))} AS catalog (STORAGE_VERSION '{STORAGE_VERSION}')")
-        for statement in view_statements(store, prefix="catalog."):
-            con.execute(statement)
-        con.execute("DETACH catalog")
-        con.close()
+        if "duckdb" in sys.modules:
+            _run_here(statements)
+        else:
+            _run_in_child(statements, store.catalog_path)
         os.replace(tmp, store.catalog_path)
     except BaseException:
         for leftover in (tmp, wal):
             leftover.unlink(missing_ok=True)
         raise
-    finally:
-        con.close()
     wal.unlink(missing_ok=True)
     _write_stamp(store)
+
+
+def _run_here(statements: Sequence[str]) -> None:
+    con = duckdb.connect()
+    try:
+        for statement in statements:
+            con.execute(statement)
+    finally:
+        con.close()
+
+
+#: The longest a child may take to write a catalog (a few dozen views: well under a second).
+_CHILD_TIMEOUT_S = 120
+
+
+def _run_in_child(statements: Sequence[str], target: Path) -> None:
+    """Run ``statements`` in a :mod:`.catalog_child` process; a failure raises WarehouseError naming ``target``."""
+    child = Path(__file__).with_name("catalog_child.py")
+    try:
+        done = subprocess.run([sys.executable, "-P", "-B", str(child)], input=json.dumps(list(statements)),
+                              capture_output=True, text=True, timeout=_CHILD_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise WarehouseError(f"cannot write the DuckDB catalog {target}: {exc}") from exc
+    if done.returncode != 0:
+        lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
+        raise WarehouseError(f"cannot write the DuckDB catalog {target}: {lines[-1]}")
 
 
 def connect(store: Store, threads: int = 2) -> duckdb.DuckDBPyConnection:

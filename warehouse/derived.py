@@ -105,8 +105,10 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
 def _read(path: Path, columns: list[str]) -> pl.DataFrame:
     """``columns`` of a small parsed table, read by Arrow, which the parse has loaded already. polars' own Parquet
     reader starts its I/O runtime and threads on first use: 15 MB more at the peak of a 30 MB TPU profile's ingest,
-    and 40 ms (docs/architecture.md, "Memory")."""
-    return pl.DataFrame(pq.read_table(path, columns=columns))
+    and 40 ms (docs/architecture.md, "Memory"). Read as one file, not by ``pq.read_table``, which loads Arrow's
+    datasets (another 15 MB)."""
+    with pq.ParquetFile(path) as file:
+        return pl.DataFrame(file.read(columns=columns))
 
 
 def _hardware(devices: pl.DataFrame, overrides: tuple[Override, ...] = ()) -> dict[tuple[str, int], Peaks]:

@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import IO
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from tracelake.contracts import schema
 from tracelake.contracts.lazy import polars as pl
+from tracelake.contracts.lazy import pyarrow_dataset as ds
 from tracelake.contracts.names import JOB_NAME, RESERVED_JOB, check_job  # check_job: the warehouse's too
 
 try:
