@@ -3,11 +3,15 @@
 A trace's host events name their parent by ``event_id`` (docs/analyses.md, "Operators"); the analyses walk parent
 chains by position. :class:`EventIndex` answers an id's position (the first, where an id repeats) for any ids:
 
-- **Dense ids** (their span at most :data:`DENSE_SPAN` times their number, as parsers number events): a bit per id
-  in the span and a count of the bits before each 64, so an id's rank among the distinct ids is a count of bits.
-  At 4 GB of Kineto trace (7M host events, ids spanning 12M) that is 1.7 MB, where a table of positions over the
-  span took 49 MB.
-- **Sparse ids**: the distinct ids, sorted, and an id found by bisection.
+- **Dense ids** (their span at most :data:`DENSE_SPAN` times their number): a bit per id in the span and a count of
+  the bits before each 64 (int32 below 2**31 ids), about 0.19 bytes per id of the span, so an id's rank among the
+  distinct ids is a count of bits. At 4 GB of Kineto trace (7M host events, ids spanning 12M) that is 1.7 MB, where
+  a table of positions over the span took 49 MB. Parsers number events densely; a trace's launch calls' correlation
+  ids are some 15 apart (CUDA numbers every runtime call, recorded or not): as bits, 2.8 bytes per call.
+- **Sparse ids**: the distinct ids, sorted, as offsets from the lowest (4 bytes each where they span less than 2**32,
+  else 8), and an id found by bisection. Ids that ascend strictly are sorted and distinct already: they are not
+  sorted again (at 4 GB of Kineto trace, sorting the 1.3M launch calls' correlation ids held five more arrays as
+  long, 52 MB, at the stored analyses' peak).
 
 Where the ids ascend strictly (``host_ops`` stores a trace's events in order of ``event_id``), an id's rank is its
 position; otherwise the index also keeps the first position of each distinct id (4 bytes each). The index is built
@@ -21,19 +25,20 @@ from collections.abc import Sequence
 
 import numpy as np
 
-#: Ids span at most this many times their number (plus :data:`DENSE_SLACK`) to be kept as bits.
-DENSE_SPAN = 4
+#: Ids span at most this many times their number (plus :data:`DENSE_SLACK`) to be kept as bits: there, the bits and
+#: their counts (0.19 bytes per id of the span) take no more than sparse ids' offsets (4 bytes per id).
+DENSE_SPAN = 16
 DENSE_SLACK = 1024
 #: Ids asked at once: the lookups' temporaries are this long, whatever the number asked.
 CHUNK = 1 << 20
 
 
 class _Bits:
-    """Dense ids: a bit per id from ``low`` on, and how many bits are set before each 64."""
+    """Dense ids: a bit per id from ``low`` on, and how many bits are set before each 64 (``counts``: its type)."""
 
-    def __init__(self, words: np.ndarray, low: int) -> None:
+    def __init__(self, words: np.ndarray, low: int, counts: type[np.signedinteger]) -> None:
         self.words, self.low = words, low
-        self.before = np.zeros(len(words), dtype=np.int64)
+        self.before = np.zeros(len(words), dtype=counts)
         np.cumsum(np.bitwise_count(words[:-1]), out=self.before[1:])
 
     def rank(self, wanted: np.ndarray, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -45,14 +50,18 @@ class _Bits:
 
 
 class _Keys:
-    """Sparse ids: the distinct ids, sorted."""
+    """Sparse ids: the distinct ids, sorted, as offsets from ``low`` (uint32 where they fit)."""
 
-    def __init__(self, keys: np.ndarray) -> None:
-        self.keys = keys
+    def __init__(self, keys: np.ndarray, low: int) -> None:
+        self.low = low
+        kind = np.uint32 if int(keys[-1]) - low < 2**32 else np.int64
+        # the offsets made straight in their type: no int64 array of them first
+        self.keys = np.subtract(keys, low, out=np.empty(len(keys), dtype=kind), casting="unsafe")
 
     def rank(self, wanted: np.ndarray, inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        at = np.minimum(np.searchsorted(self.keys, wanted), len(self.keys) - 1)
-        return at, inside & (self.keys[at] == wanted)
+        offset = np.where(inside, wanted - self.low, 0).astype(self.keys.dtype)  # no cast of the keys per lookup
+        at = np.minimum(np.searchsorted(self.keys, offset), len(self.keys) - 1)
+        return at, inside & (self.keys[at] == offset)
 
 
 class EventIndex:
@@ -99,17 +108,17 @@ def build(pieces: Sequence[np.ndarray]) -> EventIndex:
     ascending = all(bool(np.all(piece[1:] > piece[:-1])) for piece in pieces) and all(
         int(a[-1]) < int(b[0]) for a, b in zip(pieces, pieces[1:]))
     if high - low >= DENSE_SPAN * size + DENSE_SLACK:
+        if ascending:  # distinct and sorted already (the launch calls' correlation ids): no sort
+            whole = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+            return EventIndex(size, low, high, _Keys(whole.astype(np.int64, copy=False), low))
         keys, first = np.unique(np.concatenate(pieces).astype(np.int64), return_index=True)
-        return EventIndex(size, low, high, _Keys(keys), None if ascending else first.astype(position_type(size)))
+        return EventIndex(size, low, high, _Keys(keys, low), first.astype(position_type(size)))
     bits = np.zeros(((high - low) // 64 + 1) * 8, dtype=np.uint8)
-    for piece in pieces:  # each piece's ids as bits over its own span, OR-ed in: no array spans the whole
-        offset = piece.astype(np.int64) - low
-        start = int(offset.min()) // 8 * 8
-        mine = np.zeros(int(offset.max()) - start + 1, dtype=bool)
-        mine[offset - start] = True
-        packed = np.packbits(mine, bitorder="little")
-        bits[start // 8:start // 8 + len(packed)] |= packed
-    ranks = _Bits(bits.view("<u8"), low)  # little-endian words: bit i of word w is the byte order packbits wrote
+    for piece in pieces:
+        for at in range(0, len(piece), CHUNK):
+            _set_bits(bits, piece[at:at + CHUNK].astype(np.int64) - low)
+    # little-endian words: bit i of word w is the byte order the bits were set in
+    ranks = _Bits(bits.view("<u8"), low, position_type(size))
     if ascending:
         return EventIndex(size, low, high, ranks)
     first = np.zeros(int(ranks.before[-1] + np.bitwise_count(ranks.words[-1])), dtype=position_type(size))
@@ -119,6 +128,21 @@ def build(pieces: Sequence[np.ndarray]) -> EventIndex:
         first[rank[::-1]] = np.arange(end - 1, end - len(piece) - 1, -1)
         end -= len(piece)
     return EventIndex(size, low, high, ranks, first)
+
+
+def _set_bits(bits: np.ndarray, offset: np.ndarray) -> None:
+    """Set the bits ``offset`` (bit i of byte i // 8, little-endian) of ``bits``: the ids of a piece as bits over the
+    piece's own span, OR-ed in, where that span is at most 8 times their number (no array spans the whole, nor 8 bytes
+    per id more than the offsets); else each bit OR-ed in at its byte (3x slower: sparser pieces only)."""
+    start = int(offset.min()) // 8 * 8
+    span = int(offset.max()) - start + 1
+    if span <= 8 * len(offset):
+        mine = np.zeros(span, dtype=bool)
+        mine[offset - start] = True
+        packed = np.packbits(mine, bitorder="little")
+        bits[start // 8:start // 8 + len(packed)] |= packed
+    else:
+        np.bitwise_or.at(bits, offset >> 3, np.left_shift(1, offset & 7).astype(np.uint8))
 
 
 def narrow(values: np.ndarray) -> np.ndarray:

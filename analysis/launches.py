@@ -116,7 +116,7 @@ def shared_correlations(correlation: np.ndarray) -> np.ndarray:
 
 
 #: One trace's launch calls, by correlation id (sorted): the ids as an index (:class:`~.event_index.EventIndex`: an
-#: id's position is its rank; a bit per id of their span where they are dense, not 8 bytes an id), ``launch_ns``,
+#: id's position is its rank; a bit per id of their span where they are dense, else a 4-byte offset), ``launch_ns``,
 #: ``call_ns`` and whether the call is a graph launch (named like one, or its id carried by more than one kernel:
 #: :func:`shared_correlations`).
 LaunchCalls = tuple[EventIndex, np.ndarray, np.ndarray, np.ndarray]

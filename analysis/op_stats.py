@@ -83,14 +83,13 @@ def counted_mask(names: pl.Series) -> np.ndarray:
     return names.replace_strict(known, default=False, return_dtype=pl.Boolean).fill_null(False).to_numpy()
 
 
-#: Calls a chunk in :meth:`Operators.totals`' sums.
-TOTALS_CHUNK = 1 << 16
 def launch_positions(call_row: np.ndarray, correlation: np.ndarray, ts_ns: np.ndarray,
-                     dur_ns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                     dur_ns: np.ndarray) -> tuple[event_index.EventIndex, np.ndarray]:
     """Of the host events with a correlation and a start (``call_row``: their positions; ``dur_ns`` 0 for none), the
-    distinct correlation ids, sorted, and the position of each one's launch call (:func:`launch_call_rows`)."""
+    distinct correlation ids as an index (their ranks: the order of the ids) and the position of each one's launch
+    call, in that order (:func:`launch_call_rows`). The ids themselves (8 bytes a call) are let go here."""
     found, chosen = launch_call_rows(correlation, ts_ns, dur_ns)
-    return found, call_row[chosen]
+    return event_index.build([found]), call_row[chosen]
 
 
 def _owners(start: np.ndarray, parent: np.ndarray, flags: EventFlags) -> np.ndarray:
@@ -142,7 +141,7 @@ class Operators:
                                  for r in self.scope_rows.tolist()], dtype=pl.String)))
 
     @classmethod
-    def from_arrays(cls, parent: np.ndarray, flags: EventFlags, launches: tuple[np.ndarray, np.ndarray],
+    def from_arrays(cls, parent: np.ndarray, flags: EventFlags, launches: tuple[event_index.EventIndex, np.ndarray],
                     autograd: Autograd | None = None) -> Operators:
         """From one trace's host events as arrays: every event's parent's position (``parent``, from an
         :class:`~.event_index.EventIndex` of the ids: a caller holding many events need not hold their ids) and its
@@ -157,7 +156,7 @@ class Operators:
                        np.zeros(0, dtype=np.int64))
         return self
 
-    def _attribute(self, parent: np.ndarray, flags: EventFlags, launches: tuple[np.ndarray, np.ndarray],
+    def _attribute(self, parent: np.ndarray, flags: EventFlags, launches: tuple[event_index.EventIndex, np.ndarray],
                    autograd: Autograd | None) -> None:
         found, starts = launches
         target = _owners(starts, parent, flags) if len(starts) else np.zeros(0, dtype=np.int64)
@@ -169,8 +168,8 @@ class Operators:
         self.rows = np.flatnonzero(marked).astype(position_type(len(parent)))
         del marked
         #: The launch calls' correlation ids (sorted, distinct) as an index: each one's rank, a bit per id of their
-        #: span where they are dense (:mod:`.event_index`), not 8 bytes each.
-        self.correlation = event_index.build([found])
+        #: span where they are dense, else a 4-byte offset (:mod:`.event_index`), not 8 bytes each.
+        self.correlation = found
         #: By the rank of its correlation id, the index (into :attr:`rows`) of each launch call's operator, -1 for none.
         self.op_of = np.where(target >= 0, np.searchsorted(self.rows, np.maximum(target, 0)), -1).astype(
             position_type(len(parent)))
@@ -228,24 +227,23 @@ class Operators:
         """The name of the call ``call`` (an index into :attr:`rows`)."""
         return self.kinds["op"][int(self._key[call])]
 
-    def totals(self, device_ns: np.ndarray, kernels: np.ndarray, chunk: int = TOTALS_CHUNK) -> pl.DataFrame:
-        """The calls whose device ops took ``device_ns`` in ``kernels`` ops (both one per call of :attr:`rows`; calls
-        with no kernel are left out), summed per row of :attr:`kinds` that has any: ``op``, ``input_shapes``,
-        ``dtype``, ``kind``, ``count``, ``host_ns``, ``device_ns``, ``kernels``, ``flops``, ``bytes`` (null where the
-        call has no estimate). Summed ``chunk`` calls at a time, so the temporaries are a chunk long; the sums are
-        of whole nanoseconds and counts, exact in float64 below 2**53, so the chunks do not change them."""
-        size = self.kinds.height
-        count, host, device, launched = (np.zeros(size) for _ in range(4))
-        for first in range(0, len(self._key), chunk):
-            last = first + chunk
-            used = kernels[first:last] > 0
-            key = self._key[first:last][used]
-            count += np.bincount(key, minlength=size)
-            host += np.bincount(key, weights=self._host_ns[first:last][used], minlength=size)
-            device += np.bincount(key, weights=device_ns[first:last][used], minlength=size)
-            launched += np.bincount(key, weights=kernels[first:last][used], minlength=size)
-        return self.kinds.with_columns(*(pl.Series(name, np.rint(total).astype(np.int64)) for name, total in (
-            ("count", count), ("host_ns", host), ("device_ns", device), ("kernels", launched)))
+    def key_of(self, calls: np.ndarray) -> np.ndarray:
+        """The row of :attr:`kinds` of each call ``calls`` (indices into :attr:`rows`)."""
+        return self._key[calls]
+
+    def host_of(self, calls: np.ndarray) -> np.ndarray:
+        """The host duration of each call ``calls`` (indices into :attr:`rows`), in ns."""
+        return self._host_ns[calls]
+
+    def totals(self, count: np.ndarray, host_ns: np.ndarray, device_ns: np.ndarray,
+               kernels: np.ndarray) -> pl.DataFrame:
+        """The rows of :attr:`kinds` with ``count`` calls that ran device ops (one figure per row of :attr:`kinds`, as
+        are the others: those calls' host time ``host_ns``, their ops' device time ``device_ns`` and number
+        ``kernels``); rows with no such call are left out: ``op``, ``input_shapes``, ``dtype``, ``kind``, ``count``,
+        ``host_ns``, ``device_ns``, ``kernels``, ``flops``, ``bytes`` (those two for all the calls; null where a call
+        has no estimate)."""
+        return self.kinds.with_columns(*(pl.Series(name, values.astype(np.int64)) for name, values in (
+            ("count", count), ("host_ns", host_ns), ("device_ns", device_ns), ("kernels", kernels)))
         ).filter(pl.col("count") > 0).with_columns(
             pl.col("flops") * pl.col("count"), pl.col("bytes") * pl.col("count"),
         ).drop("input_types", "concrete_inputs", "model_flops")
@@ -300,16 +298,21 @@ class OpParts:
     """The ``op_stats`` rows of one (trace, rank), fed its device ops window by window in time order.
 
     :meth:`credit` gives each window's ops the FLOPs of the operator calls whose first device op they
-    are (for the breakdown's ``flops`` and ``mfu_pct``); :meth:`rows` the rank's rows. Keeps one int64
-    per launching operator call and a bit per call credited.
+    are (for the breakdown's ``flops`` and ``mfu_pct``); :meth:`rows` the rank's rows. Keeps two flags per launching
+    operator call (credited; ran a device op) and the sums per row of :attr:`Operators.kinds` (a few hundred, not a
+    figure per call: at 4 GB of trace, 690K calls took 11 MB more as two int64 each).
     """
 
     def __init__(self, operators: Operators | None) -> None:
         self._operators = operators
         n = operators.calls if operators is not None else 0
+        kinds = operators.kinds.height if operators is not None else 0
         self._credited = np.zeros(n, dtype=bool)
-        self._device_ns = np.zeros(n + 1, dtype=np.int64)  # the last slot: no operator
-        self._kernels = np.zeros(n + 1, dtype=np.int64)
+        self._ran = np.zeros(n, dtype=bool)  # whether the call has had a device op (not a sync) yet
+        self._count = np.zeros(kinds, dtype=np.int64)
+        self._host_ns = np.zeros(kinds, dtype=np.int64)
+        self._device_ns = np.zeros(kinds + 1, dtype=np.int64)  # the last slot: no operator
+        self._kernels = np.zeros(kinds + 1, dtype=np.int64)
         self._model_by_dtype: dict[str, float] = {}
 
     def credit(self, ops: pl.DataFrame) -> tuple[pl.Series, pl.Series, pl.Series] | None:
@@ -317,20 +320,29 @@ class OpParts:
         op's credited ``flops``, ``model_flops`` and ``recomputed_flops`` (of its model FLOPs, those of a recomputed
         call), null where it is not the first device op of an estimated call; None where the rank has no operator
         call to credit (every op's three are null)."""
-        n = self._credited.size
+        n, none = self._credited.size, self._count.size
         if self._operators is None or not n:  # no call to credit: every op goes to no operator
             working = (pl.col("category") != Category.SYNC).fill_null(False)
             busy, count = ops.select(pl.col("dur_ns").fill_null(0).filter(working).sum(), working.sum()).row(0)
-            self._device_ns[n] += busy  # integer sums, here and below
-            self._kernels[n] += count
+            self._device_ns[none] += busy  # integer sums, here and below
+            self._kernels[none] += count
             return None
         work = ops.select((pl.col("category") != Category.SYNC).fill_null(False))[:, 0].to_numpy()
         dur = ops["dur_ns"].fill_null(0).to_numpy().astype(np.int64)
         target = self._operators.targets(ops["correlation"])
-        slot = np.where(target >= 0, target, n)[work]
-        # added in place at the window's slots: a bincount the length of the calls was two such arrays a window
+        working = target[work]
+        has = working >= 0
+        slot = np.full(len(working), none, dtype=np.int64)
+        slot[has] = self._operators.key_of(working[has])
+        # added in place at the window's slots, per row of the kinds
         np.add.at(self._device_ns, slot, dur[work])
         np.add.at(self._kernels, slot, 1)
+        first = np.unique(working[has])
+        first = first[~self._ran[first]]  # calls whose first device op is in this window: counted once, here
+        self._ran[first] = True
+        keys = self._operators.key_of(first)
+        np.add.at(self._count, keys, 1)
+        np.add.at(self._host_ns, keys, self._operators.host_of(first))
         flops = np.full(ops.height, np.nan)
         model = np.full(ops.height, np.nan)
         again = np.full(ops.height, np.nan)
@@ -363,16 +375,17 @@ class OpParts:
     def rows(self, trace_id: str, rank: int, peaks: Peaks | None) -> pl.DataFrame:
         """The rank's ``op_stats`` rows (:data:`COLUMNS`): one per (op, input shapes, dtype) that launched device ops,
         and a :data:`NO_OPERATOR` row for the device ops no operator launched."""
-        n = self._credited.size
+        none = self._count.size
         parts = []
-        if n and bool((self._kernels[:n] > 0).any()) and self._operators is not None:
-            parts.append(self._operators.totals(self._device_ns[:n], self._kernels[:n])
+        if bool((self._count > 0).any()) and self._operators is not None:
+            parts.append(self._operators.totals(self._count, self._host_ns, self._device_ns[:none],
+                                                self._kernels[:none])
                 .group_by("op", "input_shapes", "dtype", "kind", "module").agg(
                     pl.col("count").sum(), pl.col("host_ns").sum(), pl.col("device_ns").sum(),
                     pl.col("kernels").sum(), *(_sum_or_null(c) for c in ("flops", "bytes"))))
-        if self._kernels[n]:
-            parts.append(pl.DataFrame({"op": [NO_OPERATOR], "device_ns": [int(self._device_ns[n])],
-                                       "kernels": [int(self._kernels[n])]}))
+        if self._kernels[none]:
+            parts.append(pl.DataFrame({"op": [NO_OPERATOR], "device_ns": [int(self._device_ns[none])],
+                                       "kernels": [int(self._kernels[none])]}))
         if not parts:
             return pl.DataFrame(schema=SCHEMA)
         frame = pl.concat(parts, how="diagonal_relaxed")

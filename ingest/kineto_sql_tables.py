@@ -314,11 +314,16 @@ class _Held:
 
 
 class _Rows:
-    """The rows of a Parquet file in order, taken a given number at a time."""
+    """The rows of a Parquet file in order, taken a given number at a time.
+
+    Read a row group at a time (the facts' files are written in groups of :data:`_ROW_GROUP_ROWS`): pyarrow's
+    ``iter_batches`` read the whole file ahead, 49 MB of host events' facts at 4 GB of trace, at the merge's peak.
+    """
 
     def __init__(self, path: Path) -> None:
         file = pq.ParquetFile(path)
-        self._batches = file.iter_batches(batch_size=_ROW_GROUP_ROWS)
+        self._batches = (batch for group in range(file.num_row_groups)
+                         for batch in file.read_row_group(group).to_batches())
         self._held = _Held(file.schema_arrow)
 
     def take(self, rows: int) -> tuple[np.ndarray, pa.Table]:

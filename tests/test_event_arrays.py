@@ -20,9 +20,8 @@ def _ids(draw: st.DrawFn) -> list[int]:
     else:
         ids = draw(st.lists(st.integers(-5, 40 if form == "repeats" else 300), max_size=80,
                             unique=form == "any"))
-    if draw(st.booleans()):  # spread apart: the sparse form (a sort, not bits)
-        ids = [i * 10**9 for i in ids]
-    return ids
+    spread = draw(st.sampled_from([1, 1, 17, 10**6, 10**9]))  # 17 and on: the sparse form (offsets, not bits)
+    return [i * spread for i in ids]
 
 
 @settings(max_examples=400, deadline=None)
@@ -55,6 +54,20 @@ def test_dense_ids_are_held_as_bits_not_as_a_table_over_their_span() -> None:
     index = build(np.array_split(ids, 16))
     assert index.nbytes < 2_000_000 // 8 + 2_000_000 // 64 * 8 + 1024
     sample = rng.choice(2_000_000, 5000)
+    where = {int(i): at for at, i in enumerate(ids)}
+    assert index.positions(sample).tolist() == [where.get(int(i), -1) for i in sample]
+
+
+@pytest.mark.parametrize("gap", [15, 40])
+def test_spread_ids_take_at_most_4_bytes_each(gap: int) -> None:
+    """Ids some ``gap`` apart on average, as a trace's launch calls' correlation ids are (CUDA numbers every runtime
+    call): bits where those are smaller (15 apart: under 3 bytes an id), else offsets of 4 bytes, not 8; either
+    answers like a dict."""
+    rng = np.random.default_rng(gap)
+    ids = np.cumsum(rng.integers(1, 2 * gap, 1_000_000)) + 5 * 10**9  # past int32: the offsets still fit 4 bytes
+    index = build([ids])
+    assert index.nbytes <= (3 if gap == 15 else 4) * len(ids)
+    sample = np.concatenate([rng.choice(ids, 3000), rng.integers(int(ids[0]) - 10, int(ids[-1]) + 10, 3000)])
     where = {int(i): at for at, i in enumerate(ids)}
     assert index.positions(sample).tolist() == [where.get(int(i), -1) for i in sample]
 

@@ -269,33 +269,55 @@ def test_roofline_columns() -> None:
     assert np.isclose(out["arithmetic_intensity"][1], 1000.0)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(data=st.data())
-def test_totals_equal_sums_per_kind_made_call_by_call(data: st.DataObject) -> None:
-    """:meth:`Operators.totals`, summed a chunk of calls at a time (chunks of 1-9 drawn), against sums per (op,
-    shapes) made here call by call; calls with no kernel are left out, kinds with no call drop out."""
+def test_op_stats_equal_sums_per_kind_made_call_by_call(data: st.DataObject) -> None:
+    """:class:`OpParts` fed a rank's device ops in windows (1-4 drawn cuts), against sums per (op, shapes) made here
+    call by call: a call counts once, with its host time, if any of its ops is not a sync; its ops' device time and
+    number are summed; ops of no call (an unknown or missing correlation) go to the no-operator row."""
+    from tracelake.analysis import event_index
     from tracelake.analysis.op_stats import GROUP_COLUMNS
 
     kinds = data.draw(st.integers(1, 5))
-    calls = data.draw(st.lists(st.tuples(st.integers(0, kinds - 1), st.integers(0, 10**12), st.integers(0, 10**12),
-                                         st.integers(0, 3)), min_size=1, max_size=40))
-    ops = Operators.from_arrays(np.full(2, -1), EventFlags.pack(np.ones(2, dtype=bool), np.ones(2, dtype=bool),
-                                                                np.zeros(2, dtype=np.int8), np.zeros(2, dtype=np.int8)),
-                                (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)))
+    calls = data.draw(st.lists(st.tuples(st.integers(0, kinds - 1), st.integers(0, 10**12)), min_size=1,
+                               max_size=12))
+    n = len(calls)
+    # call i (a cpu_op at position i) owns launch n + i, of correlation 100 + i
+    parent = np.concatenate([np.full(n, -1), np.arange(n)])
+    flags = EventFlags.pack(np.arange(2 * n) < n, np.arange(2 * n) < n, np.zeros(2 * n, dtype=np.int8),
+                            np.zeros(2 * n, dtype=np.int8))
+    ops = Operators.from_arrays(parent, flags, (event_index.build([np.arange(100, 100 + n)]), np.arange(n, 2 * n)))
     distinct = pl.DataFrame({c: [f"aten::op{k}" if c == "name" else None for k in range(kinds)] for c in GROUP_COLUMNS},
                             schema={c: pl.String for c in GROUP_COLUMNS})
-    ops.set_keyed(np.array([k for k, *_ in calls]), distinct, np.array([h for _, h, _, _ in calls]))
-    device = np.array([d for *_, d, _ in calls], dtype=np.int64)
-    kernels = np.array([n for *_, n in calls], dtype=np.int64)
-    got = ops.totals(device, kernels, chunk=data.draw(st.integers(1, 9)))
+    ops.set_keyed(np.array([k for k, _ in calls]), distinct, np.array([h for _, h in calls]))
+    device = data.draw(st.lists(st.tuples(st.sampled_from([*range(100, 100 + n), 7, None]),
+                                          st.sampled_from(["compute", "memory", "sync"]), st.integers(0, 10**9)),
+                                max_size=40))
+    frame = pl.DataFrame({"category": [c for _, c, _ in device], "ts_ns": list(range(len(device))),
+                          "dur_ns": [d for *_, d in device], "correlation": [c for c, *_ in device],
+                          "event_id": list(range(len(device)))},
+                         schema={"category": pl.String, "ts_ns": pl.Int64, "dur_ns": pl.Int64,
+                                 "correlation": pl.Int64, "event_id": pl.Int64})
+    parts = OpParts(ops)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(device)), max_size=3)))
+    for low, high in zip([0, *cuts], [*cuts, len(device)], strict=True):
+        parts.credit(frame[low:high])
     expected: dict[str, list[int]] = {}
-    for kind, host_ns, device_ns, launched in calls:
-        if launched:
-            row = expected.setdefault(f"aten::op{kind}", [0, 0, 0, 0])
-            for i, value in enumerate((1, host_ns, device_ns, launched)):
-                row[i] += value
-    assert {r["op"]: [r["count"], r["host_ns"], r["device_ns"], r["kernels"]] for r in got.iter_rows(named=True)} \
-        == expected
+    ran: set[int] = set()
+    for correlation, category, dur in device:
+        if category == "sync":
+            continue
+        call = correlation - 100 if correlation is not None and 100 <= correlation < 100 + n else None
+        row = expected.setdefault(NO_OPERATOR if call is None else f"aten::op{calls[call][0]}", [0, 0, 0, 0])
+        if call is not None and call not in ran:
+            ran.add(call)
+            row[0] += 1
+            row[1] += calls[call][1]
+        row[2] += dur
+        row[3] += 1
+    got = parts.rows("t", 0, None)
+    assert {r["op"]: [r["count"] or 0, r["host_ns"] or 0, r["device_ns"], r["kernels"]]
+            for r in got.iter_rows(named=True)} == expected
 
 
 def test_arrays_are_narrowed_only_where_every_value_fits() -> None:

@@ -53,7 +53,7 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
     numpy, which let go of the GIL); the tables are the same whatever the number.
 
     Rank by rank in windows of :data:`CHUNK_ROWS` ops: memory follows ``threads`` windows, plus the host
-    launch calls (13 bytes each and their ids' index, a bit per id of their span; 4 more for each one's operator),
+    launch calls (13 bytes each and their ids' index, under 4 more: bits or offsets; 4 more for each one's operator),
     the distinct (name, duration) pairs of a rank and what :class:`~tracelake.analysis.launches.LaunchParts` keeps of
     each launched op.
     """
@@ -274,8 +274,11 @@ class _Trace:
             marked = np.flatnonzero(part["sequence_number"].is_valid().to_numpy(zero_copy_only=False))
             backward = (_ints(part["fwd_thread_id"], 0) > 0)[marked] if "fwd_thread_id" in part.column_names else \
                 np.zeros(len(marked), dtype=bool)
-            for piece, column in zip(self.marks, (marked + offset, _ints(part["sequence_number"], 0)[marked],
-                                                  backward, _ints(part["event_id"], -1)[marked]), strict=True):
+            # 13 bytes a marked event, not 25 (a training trace marks every operator call): positions, sequence
+            # numbers and ids int32 where they fit
+            for piece, column in zip(self.marks, ((marked + offset).astype(position), event_index.narrow(
+                    _ints(part["sequence_number"], 0)[marked]), backward,
+                    event_index.narrow(_ints(part["event_id"], -1)[marked])), strict=True):
                 piece.append(column)
 
     def operators(self) -> Operators:

@@ -66,7 +66,7 @@ def _all_null(file: pq.ParquetFile, group: int, column: str) -> bool:
 
 def launch_times(host_ops: Path, device_ops: Path) -> tuple[dict[str, LaunchCalls], dict[str, dict[int, str]]]:
     """The host calls of :func:`launch_calls`, per trace: read a row group at a time, 13 bytes per call kept
-    and the ids' index (a bit per id of their span, where they are dense).
+    and the ids' index (a bit per id of their span where they are dense, else a 4-byte offset each).
 
     Only host events that carry a correlation id are kept (the runtime's launch calls, a
     fraction of all host events): a row group without any is not read. Also returns, per trace, the name of
