@@ -177,6 +177,18 @@ def test_a_catalog_the_child_cannot_write_is_an_error_naming_it(home: Path, monk
                                                       "tracelake.duckdb.stamp"]
 
 
+def test_without_an_interpreter_to_start_the_catalog_is_written_here(home: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An embedded Python with no ``sys.executable`` writes the catalog in its own process, as before."""
+    store = Warehouse(home).store
+    store.catalog_path.unlink()
+    monkeypatch.delitem(sys.modules, "duckdb")
+    monkeypatch.setattr(sys, "executable", "")
+    monkeypatch.setattr(catalog, "_run_in_child", lambda *_a: pytest.fail("started a child"))
+    catalog.write_catalog(store)
+    assert catalog.catalog_differences(store) == []
+
+
 @pytest.mark.parametrize("name", ["*", "?", "[a-f]*", "../x", "0" * 65])
 def test_trace_ids_are_not_globs(warehouse: Warehouse, name: str) -> None:
     warehouse.ingest_file(SAMPLES / "launch_bound" / "rank-0.json.gz", job="x")

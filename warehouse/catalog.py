@@ -153,7 +153,7 @@ def write_catalog(store: Store) -> None:
         "DETACH catalog",
     ]
     try:
-        if "duckdb" in sys.modules:
+        if "duckdb" in sys.modules or not sys.executable:  # loaded already, or no interpreter to start
             _run_here(statements)
         else:
             _run_in_child(statements, store.catalog_path)
