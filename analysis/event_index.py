@@ -109,9 +109,9 @@ def build(pieces: Sequence[np.ndarray]) -> EventIndex:
         int(a[-1]) < int(b[0]) for a, b in zip(pieces, pieces[1:]))
     if high - low >= DENSE_SPAN * size + DENSE_SLACK:
         if ascending:  # distinct and sorted already (the launch calls' correlation ids): no sort
-            whole = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+            whole = pieces[0] if len(pieces) == 1 else np.concatenate(pieces, dtype=np.int64)
             return EventIndex(size, low, high, _Keys(whole.astype(np.int64, copy=False), low))
-        keys, first = np.unique(np.concatenate(pieces).astype(np.int64), return_index=True)
+        keys, first = np.unique(np.concatenate(pieces, dtype=np.int64), return_index=True)
         return EventIndex(size, low, high, _Keys(keys, low), first.astype(position_type(size)))
     bits = np.zeros(((high - low) // 64 + 1) * 8, dtype=np.uint8)
     for piece in pieces:

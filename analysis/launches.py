@@ -237,7 +237,7 @@ class LaunchParts:
             for stream, (launches, waits) in self._waits.items():  # a stream at a time, its pieces let go as joined
                 launch = np.concatenate(launches)
                 launches.clear()
-                end = np.concatenate(waits).astype(np.int64)
+                end = np.concatenate(waits, dtype=np.int64)  # one copy, not a join and a widening
                 waits.clear()
                 waited = int(end.sum())  # the integral of the depth is each op's wait, end - launch
                 end += launch
