@@ -24,6 +24,7 @@ from .event_flags import EventFlags
 from . import event_index
 from .event_index import narrow, parent_rows, position_type
 from .launches import launch_call_rows
+from .op_attribution import Owners
 from .op_scope import MODULE, Autograd, Paths, chains, nearest, path_name, scope_kind, scopes
 from .recompute import recompute_kind, recomputed
 from .peaks import Peaks
@@ -152,6 +153,27 @@ class Operators:
         until :meth:`set_keyed`."""
         self = cls.__new__(cls)
         self._attribute(parent, flags, launches, autograd)
+        self.set_keyed(np.zeros(0, dtype=np.int64), pl.DataFrame(schema={c: pl.String for c in GROUP_COLUMNS}),
+                       np.zeros(0, dtype=np.int64))
+        return self
+
+    @classmethod
+    def from_owners(cls, owners: Owners, size: int) -> Operators:
+        """From what :class:`~.op_attribution.Attribution` found of a trace of ``size`` host events: the launch
+        calls' operators and those operators' scopes (the caller names them: :meth:`set_keyed`), as
+        :meth:`_attribute` finds them from every event's parent and flags."""
+        self = cls.__new__(cls)
+        found, chosen = launch_call_rows(owners.correlation, owners.ts_ns, owners.dur_ns)
+        owner = owners.owner[chosen]
+        del chosen
+        self.correlation = event_index.build([found])
+        del found
+        position = position_type(size)
+        self.rows = owners.rows.astype(position)
+        self.op_of = np.where(owner >= 0, np.searchsorted(self.rows, np.maximum(owner, 0)), -1).astype(position)
+        self.recomputed = owners.recomputed
+        self.scope_rows = np.zeros(0, dtype=np.int64)
+        self.scope_paths = Paths.empty()
         self.set_keyed(np.zeros(0, dtype=np.int64), pl.DataFrame(schema={c: pl.String for c in GROUP_COLUMNS}),
                        np.zeros(0, dtype=np.int64))
         return self

@@ -7,7 +7,7 @@ Run it from the repository root with the dev virtualenv::
     python benchmarks/op_stats_cost.py --trace sample_traces/gpu_h200/train/train.pt.trace.json.gz --runs 5
 
 The anchor is the same ingest with the step left out: in the child measured "without", the
-function that reads the operator calls (``warehouse.derived._operators``) answers nothing, so
+function that reads the operator calls (``warehouse.derived_operators.operators``) answers nothing, so
 every kernel goes to no operator and no FLOPs are counted, and the rest of the ingest is
 unchanged. The two alternate in separate child processes (``benchmarks/ingest_kineto.py``'s
 generator and child runner), so each peak RSS belongs to one run; the table shows each
@@ -32,8 +32,11 @@ CHILD = """
 import json, resource, sys, time
 mode = sys.argv[1]
 import tracelake.warehouse.derived as derived
-if mode == "without":
-    derived._operators = lambda path: {}
+if mode == "without":  # the operators' pass answers nothing (derived._operators in trees before it moved)
+    if hasattr(derived, "derived_operators"):
+        derived.derived_operators.operators = lambda path: {}
+    else:
+        derived._operators = lambda path: {}
 from tracelake.warehouse import Warehouse
 trace, home, out = sys.argv[2:5]
 wh = Warehouse(home=home)

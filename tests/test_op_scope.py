@@ -85,7 +85,6 @@ def test_kernels_per_module_path_equal_the_raw_trace(layout: str, monkeypatch: p
         if layout == "row groups of 499":
             pq.write_table(host, out / "host_ops.parquet", row_group_size=499)
             assert pq.ParquetFile(out / "host_ops.parquet").num_row_groups > 10
-            monkeypatch.setattr(derived, "PATHS_CHUNK", 5)
         elif layout == "shuffled":
             host = host.take(np.random.default_rng(3).permutation(host.num_rows))
             assert not (np.diff(host["event_id"].to_numpy()) > 0).all()

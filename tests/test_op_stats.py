@@ -341,7 +341,7 @@ def test_the_calls_key_names_each_calls_own_row(rows: list[tuple[str | None, str
     codes (as a sort of them has it); columns in several chunks or absent (a column the trace lacks: null)."""
     import pyarrow as pa
 
-    from tracelake.warehouse.derived import _keyed
+    from tracelake.warehouse.derived_operators import _keyed
 
     modules: list[str | None] = ["enc.0", "dec", "enc.1", None]  # the module codes' names, the last one none
     size = len(rows) // chunks + 1

@@ -1,0 +1,273 @@
+"""The operators' pass of the derived tables: each trace's operator calls, read from ``host_ops`` a row group at a time.
+
+:func:`operators` feeds :class:`~tracelake.analysis.op_attribution.Attribution` (which launch call each operator
+owns, and each operator's scope) and names the operators that launched device work
+(:class:`~tracelake.analysis.op_stats.Operators`), for :func:`.derived.write_derived` (docs/analyses.md,
+"Operators"; docs/architecture.md, "Memory").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tracelake.analysis import event_index
+from tracelake.analysis.event_flags import EventFlags
+from tracelake.analysis.flops import counted
+from tracelake.analysis.op_attribution import Attribution, BackRefs, Events, ScopeTexts
+from tracelake.analysis.op_scope import scope_kind
+from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators
+from tracelake.analysis.recompute import recompute_kind
+from tracelake.contracts.allocators import release_free_memory
+from tracelake.ingest.source import read_ahead
+
+from .derived_inputs import ints as _ints
+
+#: What is known of a name, once looked up: whether it is a counted operator, its scope kind (as a
+#: ``python_function``), its recompute kind and its number among the names kept for scopes (-1: not kept).
+_Known = tuple[bool, int, int, int]
+
+
+def operators(host_ops: Path) -> dict[str, Operators]:
+    """Per trace, its operator calls and what each launch call is attributed to (:class:`Operators`).
+
+    A row group at a time, in Arrow and numpy: the event ids alone first, into each trace's
+    :class:`~tracelake.analysis.event_index.EventIndex`; then the parent ids, for which events a later row group's
+    events name as parent (:class:`BackRefs`); then the attribution, which keeps per launch call its correlation,
+    start, duration and operator (24 bytes), per operator that launched work its scope, and nothing per host event;
+    then the names and shapes of those operators only, as dictionary codes.
+    """
+    names = set(pq.read_schema(host_ops).names)
+    if not _has_operators(host_ops):  # XLA's host events, say: every device op goes to no operator
+        return {}
+    # shapes repeat (a few hundred distinct in 100,000s of calls): read as dictionaries, they stay small
+    file = pq.ParquetFile(host_ops, read_dictionary=[c for c in ("trace_id", "cat", "name", "input_dims",
+                                                                 "input_types", "concrete_inputs") if c in names])
+    autograd = [c for c in ("sequence_number", "fwd_thread_id") if c in names]
+    groups = range(file.num_row_groups)
+    # First the event ids alone, for each trace's index of them: then a row group's parent ids become positions as
+    # it is read, and no array of every event's id or parent id is held (docs/architecture.md, "Memory")
+    pieces: dict[str, list[np.ndarray]] = {}
+    for part in _read_ahead(file, [(group, ["trace_id", "event_id"]) for group in groups]):
+        for trace_id, mine, _ in _by_trace(part):
+            pieces.setdefault(trace_id, []).append(event_index.narrow(_ints(mine["event_id"], -1)))
+    indexes = {trace_id: event_index.build(found) for trace_id, found in pieces.items()}
+    del pieces
+    release_free_memory()  # every event's id, read in pieces on the reading thread: 4 bytes an event, handed back
+    refs = _back_refs(file, groups, indexes)
+    words: list[str | None] = []  # the names of modules and frames, for their paths' texts
+    texts = ScopeTexts(words)
+    traces: dict[str, _Trace] = {}
+    known: dict[str, _Known] = {}
+    # (row group, trace, first position, rows, whether the group is that trace's part as it is) of each trace's part
+    spans: list[tuple[int, str, int, int, bool]] = []
+    columns = ["trace_id", "event_id", "parent_id", "cat", "name", "correlation", "ts_ns", "dur_ns", *autograd]
+    for group, part in zip(groups, _read_ahead(file, [(group, columns) for group in groups]), strict=True):
+        for trace_id, mine, whole in _by_trace(part):
+            trace = traces.get(trace_id)
+            if trace is None:
+                trace = traces[trace_id] = _Trace(indexes[trace_id], Attribution(refs[trace_id], texts))
+            spans.append((group, trace_id, trace.size, mine.num_rows, whole))
+            trace.add(mine, known, words)
+        del part
+    found: dict[str, Operators] = {}
+    scopes: dict[str, np.ndarray] = {}
+    for trace_id, trace in traces.items():
+        owners = trace.attribution.owners()
+        scopes[trace_id] = owners.scope
+        found[trace_id] = Operators.from_owners(owners, trace.size)
+        del owners
+    del traces
+    release_free_memory()  # the attribution's pieces, back before the names are read
+    wanted = [c for c in ("name", "dur_ns", *KEY_COLUMNS[1:]) if c in names]
+    kept: dict[str, list[pa.Table]] = {}
+    taken = dict.fromkeys(found, 0)  # per trace, how many of its calls' rows are read
+    reads: list[tuple[int, str, int, bool, np.ndarray]] = []  # the row groups holding calls, and the calls' positions
+    for group, trace_id, first, count, whole in spans:
+        rows = found[trace_id].rows
+        stop = int(np.searchsorted(rows, first + count))
+        if stop > taken[trace_id]:
+            reads.append((group, trace_id, first, whole, rows[taken[trace_id]:stop]))
+            taken[trace_id] = stop
+    read = _read_ahead(file, [(group, wanted if whole else ["trace_id", "event_id", *wanted])
+                              for group, _, _, whole, _ in reads])
+    for (_, trace_id, first, whole, calls), part in zip(reads, read, strict=True):
+        if not whole:
+            part = part.filter(pc.and_(pc.equal(part["trace_id"], trace_id), pc.is_valid(part["event_id"])))
+        kept.setdefault(trace_id, []).append(part.take(calls - first).select(wanted))
+    for trace_id, operators in found.items():
+        parts = kept.pop(trace_id, None)
+        table = pa.concat_tables(parts).unify_dictionaries() if parts else pa.table({})
+        del parts
+        size = table.num_rows
+        host_ns = event_index.narrow(_ints(table["dur_ns"], 0)) if "dur_ns" in table.column_names \
+            else np.zeros(size, dtype=np.int32)
+        keyed = {name: table[name] for name in KEY_COLUMNS if name in table.column_names}
+        del table  # _keyed lets go of each column once it is folded into the key
+        key, distinct = _keyed(keyed, size, _module_codes(scopes.pop(trace_id), texts.texts))
+        operators.set_keyed(key, distinct, host_ns)
+    return found
+
+
+def _back_refs(file: pq.ParquetFile, groups: range, indexes: dict[str, event_index.EventIndex]
+               ) -> dict[str, BackRefs]:
+    """Per trace, the events that an event of a later part (a row group's, numbered as :func:`operators` feeds them)
+    names as parent: the attribution carries those events' states until their last such part, and no other's."""
+    found: dict[str, list[tuple[int, int, np.ndarray]]] = {trace_id: [] for trace_id in indexes}
+    sizes = dict.fromkeys(indexes, 0)
+    for part in _read_ahead(file, [(group, ["trace_id", "event_id", "parent_id"]) for group in groups]):
+        for trace_id, mine, _ in _by_trace(part):
+            parent = indexes[trace_id].positions(_ints(mine["parent_id"], -1))
+            first = sizes[trace_id]
+            earlier = parent[(parent >= 0) & (parent < first)]
+            found[trace_id].append((len(found[trace_id]), first, earlier))
+            sizes[trace_id] += mine.num_rows
+    return {trace_id: BackRefs.of(mine) for trace_id, mine in found.items()}
+
+
+def _module_codes(scope: np.ndarray, texts: list[str | None]) -> tuple[np.ndarray, list[str | None]]:
+    """For each call's scope (an index into ``texts``; -1: none), a code into the returned names: the distinct texts,
+    sorted, then None."""
+    used = np.unique(scope[scope >= 0])
+    shown = [texts[i] for i in used.tolist()]
+    distinct = sorted({t for t in shown if t is not None})
+    where = {t: i for i, t in enumerate(distinct)}
+    code_of = np.array([where.get(t, len(distinct)) if t is not None else len(distinct) for t in shown],
+                       dtype=np.int64)
+    at = np.minimum(np.searchsorted(used, scope), max(len(used) - 1, 0))
+    code = np.where(scope >= 0, code_of[at] if len(used) else len(distinct), len(distinct))
+    return code.astype(np.int64), [*distinct, None]
+
+
+def _by_trace(part: pa.Table) -> Iterator[tuple[str, pa.Table, bool]]:
+    """The rows of each trace in a row group of host events (rows without a trace or an event id left out), and
+    whether they are the row group as it is (one trace, nothing left out)."""
+    whole = not (part["trace_id"].null_count or part["event_id"].null_count)
+    if not whole:
+        part = part.filter(pc.and_(pc.is_valid(part["trace_id"]), pc.is_valid(part["event_id"])))
+    ids = pc.unique(part["trace_id"]).to_pylist()
+    for trace_id in ids:
+        yield str(trace_id), part if len(ids) == 1 else part.filter(pc.equal(part["trace_id"], trace_id)), \
+            whole and len(ids) == 1
+
+
+def _read_ahead(file: pq.ParquetFile, groups: list[tuple[int, list[str]]]) -> Iterator[pa.Table]:
+    """The row groups (each with its columns), in order, the next one read on a thread while the caller works on
+    this one (Parquet decoding lets go of the GIL)."""
+    return read_ahead((file.read_row_group(group, columns=columns) for group, columns in groups), depth=1,
+                      name="tracelake-operators-read")
+
+
+def _has_operators(host_ops: Path) -> bool:
+    """Whether any host event is a ``cpu_op`` (an operator call): a trace without any attributes nothing to one, as
+    :class:`Operators` would find, and is not read further. Reads the ``cat`` column only, as a dictionary."""
+    file = pq.ParquetFile(host_ops, read_dictionary=["cat"])
+    for group in range(file.num_row_groups):
+        for chunk in file.read_row_group(group, columns=["cat"])["cat"].chunks:
+            if "cpu_op" in chunk.dictionary.to_pylist() and pc.any(pc.equal(chunk, "cpu_op")).as_py():
+                return True
+    return False
+
+
+class _Trace:
+    """One trace's host events on their way into its :class:`Attribution`, a part (a row group's) at a time."""
+
+    def __init__(self, index: event_index.EventIndex, attribution: Attribution) -> None:
+        self.size = 0
+        self.parts = 0
+        self.index = index
+        self.attribution = attribution
+
+    def add(self, part: pa.Table, known: dict[str, _Known], words: list[str | None]) -> None:
+        """The next rows of the trace (a row group, or the trace's rows of one). ``known``: what is known of each
+        name met so far; ``words``: the names of modules and frames (a module's or frame's name is its index)."""
+        offset, rows = self.size, part.num_rows
+        self.size += rows
+        cat = pc.dictionary_encode(part["cat"]).combine_chunks()  # a handful of categories: test each once
+        cats = cat.dictionary.to_pylist()
+        cat_codes = pc.fill_null(cat.indices, len(cats)).to_numpy(zero_copy_only=False)
+        is_op = np.array([c == "cpu_op" for c in cats] + [False])[cat_codes]
+        is_py = np.array([c == "python_function" for c in cats] + [False])[cat_codes]
+        name = pc.dictionary_encode(part["name"]).combine_chunks()
+        for w in name.dictionary.to_pylist():  # each name's tests run once, not once a row group
+            if w and w not in known:
+                scope = scope_kind("python_function", w)
+                if scope:
+                    words.append(w)
+                known[w] = (counted(w), scope, recompute_kind(w), len(words) - 1 if scope else -1)
+        flags = [known[w] if w else (False, 0, 0, -1) for w in name.dictionary.to_pylist()] + [(False, 0, 0, -1)]
+        codes = pc.fill_null(name.indices, len(flags) - 1).to_numpy(zero_copy_only=False)
+        kind = np.where(is_py, np.array([f[1] for f in flags], dtype=np.int8)[codes], 0).astype(np.int8)
+        packed = EventFlags.pack(is_op, np.array([f[0] for f in flags], dtype=bool)[codes], kind,
+                                 np.array([f[2] for f in flags], dtype=np.int8)[codes])
+        calls = np.flatnonzero(pc.and_(pc.is_valid(part["correlation"]), pc.is_valid(part["ts_ns"]))
+                               .to_numpy(zero_copy_only=False))
+        sequence = np.full(rows, -1, dtype=np.int64)
+        forward = np.zeros(0, dtype=np.int64)
+        forward_sequence = forward_id = forward
+        if "sequence_number" in part.column_names:
+            marked = np.flatnonzero(part["sequence_number"].is_valid().to_numpy(zero_copy_only=False))
+            backward = (_ints(part["fwd_thread_id"], 0) > 0)[marked] if "fwd_thread_id" in part.column_names else \
+                np.zeros(len(marked), dtype=bool)
+            seq = _ints(part["sequence_number"], 0)[marked]
+            sequence[marked[backward]] = seq[backward]
+            forward, forward_sequence = marked[~backward], seq[~backward]
+            forward_id = _ints(part["event_id"], -1)[forward]
+        events = Events(np.arange(offset, offset + rows), self.index.positions(_ints(part["parent_id"], -1)),
+                        packed.bits, np.where(kind != 0, np.array([f[3] for f in flags], dtype=np.int64)[codes], -1),
+                        sequence, calls, _ints(part["correlation"], 0)[calls], _ints(part["ts_ns"], 0)[calls],
+                        _ints(part["dur_ns"], 0)[calls], forward, forward_sequence, forward_id)
+        self.attribution.add(self.parts, events)
+        self.parts += 1
+
+
+def _keyed(columns: dict[str, pa.ChunkedArray], rows: int,
+           module: tuple[np.ndarray, list[str | None]]) -> tuple[np.ndarray, pl.DataFrame]:
+    """Each row's index into the distinct (name, input_dims, input_types, concrete_inputs, module) of the calls'
+    ``columns`` (read as dictionaries, one dictionary per column; each taken out of ``columns`` once folded in;
+    ``module``: codes and their names), and those distinct rows, sorted by their codes: from the dictionaries' codes,
+    no string is copied per row. The key is built a column at a time, in place: one column's codes are held at once,
+    not five (at 4 GB of trace, 690K calls: 22 MB less); its distinct values are found by hashing (Arrow's
+    dictionary encoding: the codes as int32 and the distinct values), not by a sort, which held three more arrays
+    of the calls at once."""
+    words: list[list[str | None]] = []
+    combined = np.zeros(rows, dtype=np.int64)
+    for column in KEY_COLUMNS:
+        values = columns.pop(column, None)
+        if values is None or not values.num_chunks:
+            words.append([None])
+            continue
+        if not pa.types.is_dictionary(values.type):
+            values = pc.dictionary_encode(values)
+        known = values.chunk(0).dictionary.to_pylist()
+        combined *= len(known) + 1
+        at = 0
+        for chunk in values.chunks:
+            combined[at:at + len(chunk)] += pc.fill_null(chunk.indices, len(known)).to_numpy(zero_copy_only=False)
+            at += len(chunk)
+        words.append([*known, None])
+        del values
+    combined *= len(module[1])
+    combined += module[0]
+    words.append(module[1])
+    encoded = pc.dictionary_encode(pa.array(combined, type=pa.int64()))
+    del combined
+    found = encoded.dictionary.to_numpy()  # in order of first sight: renumbered in the codes' order, as a sort has them
+    order = np.argsort(found, kind="stable")
+    distinct = found[order]
+    renumber = np.empty(len(found), dtype=np.int32)
+    renumber[order] = np.arange(len(found), dtype=np.int32)
+    key = renumber[encoded.indices.to_numpy(zero_copy_only=False)]
+    del encoded
+    texts: dict[str, list[str | None]] = {}
+    for column, known in zip(reversed(GROUP_COLUMNS), reversed(words), strict=True):
+        texts[column] = [known[i] for i in (distinct % len(known)).tolist()]
+        distinct = distinct // len(known)
+    return key.reshape(-1), pl.DataFrame({c: texts[c] for c in GROUP_COLUMNS},
+                                         schema={c: pl.String for c in GROUP_COLUMNS})
