@@ -25,7 +25,7 @@ from tracelake.contracts.classify import Category
 from . import breakdown, idle
 from .graphs import graph_rows
 from .kernels import KernelStats
-from .launches import LaunchCalls, LaunchParts, launch_of
+from .launches import LaunchLookup, LaunchParts, launch_columns
 from .op_stats import OpParts, Operators, peak_for
 from .peaks import Peaks
 
@@ -51,8 +51,9 @@ class DerivedTables:
     ``graph_launches``, ``op_stats``) of the ranks added (:meth:`rank_rows`, then :meth:`add`).
 
     Args:
-        calls: per trace, the host calls that launched device ops (:func:`launches.launch_calls`, with
-            ``graph`` set also where more than one kernel carries the id).
+        calls: per trace, the host calls that launched device ops by correlation id (a
+            :class:`launches.LaunchLookup`: :func:`launches.launch_calls`' choice, with ``graph`` set also where more
+            than one kernel carries the id, and each call's operator), asked once per window.
         graph_calls: per trace, the name of each graph launch call, by correlation.
         async_windows: async collective spans (``trace_id``, ``rank``, ``step``, ``ts_ns``, ``dur_ns``).
         peaks: the device's peak TFLOP/s per (trace, rank), where the trace gives it (XLA); preferred.
@@ -62,7 +63,7 @@ class DerivedTables:
             has none.
     """
 
-    def __init__(self, calls: dict[str, LaunchCalls], graph_calls: dict[str, dict[int, str]],
+    def __init__(self, calls: dict[str, LaunchLookup], graph_calls: dict[str, dict[int, str]],
                  async_windows: pl.DataFrame, peaks: dict[tuple[str, int], float],
                  operators: dict[str, Operators] | None = None,
                  hardware: dict[tuple[str, int], Peaks] | None = None) -> None:
@@ -97,8 +98,10 @@ class DerivedTables:
         operators = OpParts(self._operators.get(trace_id))
         idle_parts: list[pl.DataFrame] = []
         mine = self._async.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank))
+        calls = self._calls.get(trace_id)
         for low, high, ops in windows:
-            credited = operators.credit(ops)
+            found = calls.find(ops["correlation"]) if calls is not None else None
+            credited = operators.credit(ops, found)
             if credited is not None:  # else no call credited: the breakdown takes each op's own FLOPs as its model's
                 flops, model, again = credited
                 ops = ops.with_columns(pl.coalesce(pl.col("flops"), pl.lit(flops)).alias("flops"),
@@ -106,9 +109,8 @@ class DerivedTables:
                                        pl.when(pl.col("flops").is_null()).then(pl.lit(again))
                                        .alias("recomputed_flops"))
             parts.add(ops, mine.filter((pl.col("ts_ns") >= low) & (pl.col("ts_ns") < high)), low, high)
-            calls = self._calls.get(trace_id)
-            ops = ops.with_columns(launch_of(ops["correlation"], calls))
-            if calls is not None and calls[0].size:  # else no op has a launch call: nothing to add
+            ops = ops.with_columns(launch_columns(found))
+            if calls is not None and len(calls):  # else no op has a launch call: nothing to add
                 launched.add(ops)
             work = ops.select("trace_id", "rank", "stream", "name", "category", "ts_ns", "dur_ns", "launch_ns").filter(
                 pl.col("category") != Category.SYNC)  # only the columns idle and kernel stats read are copied

@@ -18,6 +18,9 @@ The call that launched an op is the first host event carrying its correlation id
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Protocol
+
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -115,25 +118,66 @@ def shared_correlations(correlation: np.ndarray) -> np.ndarray:
     return ids[counts > 1]
 
 
-#: One trace's launch calls, by correlation id (sorted): the ids as an index (:class:`~.event_index.EventIndex`: an
-#: id's position is its rank; a bit per id of their span where they are dense, else a 4-byte offset), ``launch_ns``,
-#: ``call_ns`` and whether the call is a graph launch (named like one, or its id carried by more than one kernel:
-#: :func:`shared_correlations`).
-LaunchCalls = tuple[EventIndex, np.ndarray, np.ndarray, np.ndarray]
+@dataclass(frozen=True)
+class Launched:
+    """Of each op, the launch call of its correlation id: whether it has one (``found``), the call's ``launch_ns``,
+    ``call_ns``, whether it is a graph launch (``graph``) and the position of the call's operator among the trace's
+    host events (``owner``: -1 for none; :class:`~.op_stats.Operators` knows it)."""
+
+    found: np.ndarray
+    launch_ns: np.ndarray
+    call_ns: np.ndarray
+    graph: np.ndarray
+    owner: np.ndarray
 
 
-def launch_of(correlation: pl.Series, calls: LaunchCalls | None) -> list[pl.Series] | list[pl.Expr]:
-    """``launch_ns``, ``call_ns`` and ``graph`` of each op: of its correlation's call, null where none (then as
-    literals, which a frame holds without a value per row)."""
+class LaunchLookup(Protocol):
+    """A trace's launch calls, by correlation id: held in memory (:class:`LaunchArrays`) or read a row group at a
+    time (``warehouse/launch_table.LaunchTable``)."""
+
+    def __len__(self) -> int:
+        """How many launch calls (distinct correlation ids) there are."""
+
+    def find(self, correlation: pl.Series) -> Launched:
+        """The launch call of each correlation id (null: none)."""
+
+
+class LaunchArrays:
+    """One trace's launch calls in memory, by correlation id: the ids as an index (:class:`~.event_index.EventIndex`:
+    an id's position is its rank; a bit per id of their span where they are dense, else a 4-byte offset),
+    ``launch_ns``, ``call_ns``, whether the call is a graph launch (named like one, or its id carried by more than one
+    kernel: :func:`shared_correlations`) and its operator's position (``owner``; None: no call has one)."""
+
+    def __init__(self, keys: EventIndex, launch_ns: np.ndarray, call_ns: np.ndarray, graph: np.ndarray,
+                 owner: np.ndarray | None = None) -> None:
+        self.keys, self.launch_ns, self.call_ns, self.graph, self.owner = keys, launch_ns, call_ns, graph, owner
+
+    def __len__(self) -> int:
+        return int(self.keys.size)
+
+    def find(self, correlation: pl.Series) -> Launched:
+        at = self.keys.positions(correlation.fill_null(0).to_numpy().astype(np.int64)) if self.keys.size else \
+            np.full(len(correlation), -1, dtype=np.int64)
+        found = (at >= 0) & correlation.is_not_null().to_numpy()
+        at = np.where(found, at, 0)
+        if not self.keys.size:
+            nothing = np.zeros(len(correlation), dtype=np.int64)
+            return Launched(found, nothing, nothing, found.copy(), nothing - 1)
+        owner = np.where(found, self.owner[at], -1) if self.owner is not None else \
+            np.full(len(correlation), -1, dtype=np.int64)
+        return Launched(found, self.launch_ns[at].astype(np.int64), self.call_ns[at].astype(np.int64),
+                        self.graph[at] & found, owner)
+
+
+def launch_columns(launched: Launched | None) -> list[pl.Series] | list[pl.Expr]:
+    """``launch_ns``, ``call_ns`` and ``graph`` of each op: of its correlation's call, null where none (where no op
+    has one, as literals, which a frame holds without a value per row)."""
     names = ("launch_ns", "call_ns", "graph")
-    if calls is None or not calls[0].size or correlation.null_count() == len(correlation):
+    if launched is None or not launched.found.any():
         return [pl.lit(None, dtype=pl.Boolean if name == "graph" else pl.Int64).alias(name) for name in names]
-    keys, *values = calls
-    at = keys.positions(correlation.fill_null(0).to_numpy().astype(np.int64))
-    missing = (at < 0) | correlation.is_null().to_numpy()
-    at = np.maximum(at, 0)
-    return [pl.Series(name, pa.array(column[at], mask=missing, type=pa.bool_() if name == "graph" else pa.int64()))
-            for name, column in zip(names, values, strict=True)]
+    missing = ~launched.found
+    return [pl.Series(name, pa.array(column, mask=missing, type=pa.bool_() if name == "graph" else pa.int64()))
+            for name, column in zip(names, (launched.launch_ns, launched.call_ns, launched.graph), strict=True)]
 
 
 #: The columns of the ops :meth:`LaunchParts.add` reads.
@@ -164,7 +208,7 @@ class LaunchParts:
     def add(self, ops: pl.DataFrame) -> None:
         """Add ``ops``: ``kind``, ``category``, ``stream``, ``ts_ns`` (not null), ``dur_ns``, ``correlation``,
         ``graph_id`` and, of the host call that launched each (null where none did), ``launch_ns``,
-        ``call_ns`` and ``graph`` (the call is a graph launch), as :func:`launch_of` gives them."""
+        ``call_ns`` and ``graph`` (the call is a graph launch), as :func:`launch_columns` gives them."""
         if self._queues is not None:
             raise ValueError("ops added after the queues were made: add every op first")
         launched = ops.select(_LAUNCHED_COLUMNS).filter(pl.col("launch_ns").is_not_null())  # only these copied

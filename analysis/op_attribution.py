@@ -110,17 +110,25 @@ class BackRefs:
 
 @dataclass
 class Owners:
-    """What one trace's attribution found: the launch calls (correlation, start, duration, their operator's position,
-    -1 for none) and the operators that own a launch (positions ascending, distinct) with each one's scope text id
-    (into :attr:`ScopeTexts.texts`; -1 for none) and whether it runs as a recomputation."""
+    """The operators of one trace that own a launch (positions ascending, distinct), each with its scope text id (into
+    :attr:`ScopeTexts.texts`; -1 for none) and whether it runs as a recomputation."""
+
+    rows: np.ndarray
+    scope: np.ndarray
+    recomputed: np.ndarray
+
+
+@dataclass
+class LaunchRows:
+    """Launch calls as they are settled: correlation id, start, duration, their operator's position (-1: none),
+    their own position and whether each is named like a graph launch."""
 
     correlation: np.ndarray
     ts_ns: np.ndarray
     dur_ns: np.ndarray
     owner: np.ndarray
-    rows: np.ndarray
-    scope: np.ndarray
-    recomputed: np.ndarray
+    position: np.ndarray
+    graph: np.ndarray
 
 
 @dataclass
@@ -128,7 +136,8 @@ class Events:
     """Host events as fed to :class:`Attribution`, positions ascending: each one's position, its parent's (-1: none),
     its :class:`~.event_flags.EventFlags` bits, its name's index into :attr:`ScopeTexts.names` (-1: none; wanted for
     modules and frames only) and the sequence number it carries as a backward event (-1: none); which of them are
-    launch calls (indices, ascending) with their correlation ids, starts and durations; which are forward events
+    launch calls (indices, ascending) with their correlation ids, starts, durations and whether each is named like a
+    graph launch; which are forward events
     (indices, ascending) with their sequence numbers and event ids."""
 
     position: np.ndarray
@@ -140,13 +149,14 @@ class Events:
     correlation: np.ndarray
     ts_ns: np.ndarray
     dur_ns: np.ndarray
+    graph: np.ndarray
     forward: np.ndarray
     forward_sequence: np.ndarray
     forward_id: np.ndarray
 
     @classmethod
     def empty(cls) -> Events:
-        return cls(*(np.zeros(0, dtype=np.int64) for _ in range(12)))
+        return cls(*(np.zeros(0, dtype=bool if name == "graph" else np.int64) for name in _FIELDS))
 
     def __len__(self) -> int:
         return len(self.position)
@@ -165,15 +175,15 @@ class Events:
         launch, forward = keep[self.launch], keep[self.forward]
         return Events(self.position[keep], self.parent[keep], self.bits[keep], self.word[keep], self.sequence[keep],
                       renumber[self.launch[launch]], self.correlation[launch], self.ts_ns[launch],
-                      self.dur_ns[launch], renumber[self.forward[forward]], self.forward_sequence[forward],
-                      self.forward_id[forward])
+                      self.dur_ns[launch], self.graph[launch], renumber[self.forward[forward]],
+                      self.forward_sequence[forward], self.forward_id[forward])
 
     def columns(self) -> tuple[np.ndarray, ...]:
         return tuple(getattr(self, name) for name in _FIELDS)
 
 
-_FIELDS = ("position", "parent", "bits", "word", "sequence", "launch", "correlation", "ts_ns", "dur_ns", "forward",
-           "forward_sequence", "forward_id")
+_FIELDS = ("position", "parent", "bits", "word", "sequence", "launch", "correlation", "ts_ns", "dur_ns", "graph",
+           "forward", "forward_sequence", "forward_id")
 
 
 class Attribution:
@@ -185,9 +195,9 @@ class Attribution:
         self._carry_at = np.zeros(0, dtype=np.int64)
         self._carry = np.zeros((0, WIDTH), dtype=np.int64)
         self._carry_until = np.zeros(0, dtype=np.int64)
-        # per piece: the launch calls' correlation, start, duration and owner; the owners' position, path, frame,
-        # backward sequence number and whether recomputed (columns, as narrow as their values allow)
-        self._launches: list[list[np.ndarray]] = [[], [], [], []]
+        # the launch calls settled since the caller last took them (:meth:`take_launches`); per piece, the owners'
+        # position, path, frame, backward sequence number and whether recomputed (as narrow as their values allow)
+        self._launches: list[LaunchRows] = []
         self._owners: list[list[np.ndarray]] = [[], [], [], [], []]
         self._forward: list[np.ndarray] = []  # sequence number, event id, path
         self._any_backward = False
@@ -204,10 +214,9 @@ class Attribution:
         never writes) are settled with their loop cut."""
         if len(self._pending):
             self._pending = self._settle(self._pending, -1, len(self._pending), final=True)
-        launches = [_joined(column) for column in self._launches]  # each column's pieces let go as it is joined
         position, path, frame, backward, recomputed = (_joined(column, kind) for column, kind in zip(
             self._owners, (None, None, None, None, np.bool_), strict=True))
-        self._launches, self._owners = [[], [], [], []], [[], [], [], [], []]
+        self._owners = [[], [], [], [], []]
         order = np.argsort(position, kind="stable")  # an operator's launches may fall in several pieces: once each
         first = np.concatenate([[True], position[order][1:] != position[order][:-1]]) if len(order) else order > 0
         order = order[first]
@@ -223,7 +232,21 @@ class Attribution:
             scope[wanted[hit]] = forward[at[hit], 2]
         self._forward = []
         scope = np.where(scope < 0, frame, scope)  # else the nearest user frame
-        return Owners(launches[0], launches[1], launches[2], launches[3], position, scope, recomputed)
+        return Owners(position, scope, recomputed)
+
+    def take_launches(self) -> LaunchRows | None:
+        """The launch calls settled since the last call (None: none), let go here."""
+        taken, self._launches = self._launches, []
+        if not taken:
+            return None
+        return LaunchRows(*(np.concatenate([getattr(rows, name) for rows in taken]) for name in (
+            "correlation", "ts_ns", "dur_ns", "owner", "position", "graph")))
+
+    def waiting_floor(self) -> int | None:
+        """The least correlation id of the launch calls still waiting for a parent (None: none waits): a call
+        settled later has an id no lower than this, or than those of the pieces still to come."""
+        ids = self._pending.correlation
+        return int(ids.min()) if len(ids) else None
 
     def _settle(self, events: Events, number: int, waiting: int, *, final: bool = False) -> Events:
         """Settle what of ``events`` can be (those from ``waiting`` on have consecutive positions); return the
@@ -319,9 +342,8 @@ class Attribution:
         if len(launch):
             found = state[launch]
             owner = np.where((found[:, COUNTED] >= 0)[:, None], found[:, COUNTED:COUNTED + 5], found[:, OP:OP + 5])
-            for column, values in zip(self._launches, (events.correlation[mine], events.ts_ns[mine],
-                                                       events.dur_ns[mine], owner[:, 0]), strict=True):
-                column.append(narrow(values))
+            self._launches.append(LaunchRows(events.correlation[mine], events.ts_ns[mine], events.dur_ns[mine],
+                                             owner[:, 0].copy(), events.position[launch], events.graph[mine]))
             owner = owner[owner[:, 0] >= 0]
             if len(owner):
                 owner = owner[np.unique(owner[:, 0], return_index=True)[1]]

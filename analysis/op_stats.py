@@ -23,7 +23,7 @@ from .flops import counted, op_cost
 from .event_flags import EventFlags
 from . import event_index
 from .event_index import narrow, parent_rows, position_type
-from .launches import launch_call_rows
+from .launches import LaunchArrays, Launched, launch_call_rows
 from .op_attribution import Owners
 from .op_scope import MODULE, Autograd, Paths, chains, nearest, path_name, scope_kind, scopes
 from .recompute import recompute_kind, recomputed
@@ -159,18 +159,12 @@ class Operators:
 
     @classmethod
     def from_owners(cls, owners: Owners, size: int) -> Operators:
-        """From what :class:`~.op_attribution.Attribution` found of a trace of ``size`` host events: the launch
-        calls' operators and those operators' scopes (the caller names them: :meth:`set_keyed`), as
-        :meth:`_attribute` finds them from every event's parent and flags."""
+        """From what :class:`~.op_attribution.Attribution` found of a trace of ``size`` host events: the operators
+        that launched work and their scopes (the caller names them: :meth:`set_keyed`). Each launch call's operator
+        comes with the call (:class:`~.launches.Launched`'s ``owner``), not from here: :attr:`launches` is None."""
         self = cls.__new__(cls)
-        found, chosen = launch_call_rows(owners.correlation, owners.ts_ns, owners.dur_ns)
-        owner = owners.owner[chosen]
-        del chosen
-        self.correlation = event_index.build([found])
-        del found
-        position = position_type(size)
-        self.rows = owners.rows.astype(position)
-        self.op_of = np.where(owner >= 0, np.searchsorted(self.rows, np.maximum(owner, 0)), -1).astype(position)
+        self.rows = owners.rows.astype(position_type(size))
+        self.launches = None
         self.recomputed = owners.recomputed
         self.scope_rows = np.zeros(0, dtype=np.int64)
         self.scope_paths = Paths.empty()
@@ -189,12 +183,11 @@ class Operators:
         #: The input positions of the operator calls that launched device ops, ascending.
         self.rows = np.flatnonzero(marked).astype(position_type(len(parent)))
         del marked
-        #: The launch calls' correlation ids (sorted, distinct) as an index: each one's rank, a bit per id of their
-        #: span where they are dense, else a 4-byte offset (:mod:`.event_index`), not 8 bytes each.
-        self.correlation = found
-        #: By the rank of its correlation id, the index (into :attr:`rows`) of each launch call's operator, -1 for none.
-        self.op_of = np.where(target >= 0, np.searchsorted(self.rows, np.maximum(target, 0)), -1).astype(
-            position_type(len(parent)))
+        nothing = np.zeros(found.size, dtype=np.int64)
+        #: The launch calls by correlation id, each with its operator's position (-1: none): what :meth:`targets`
+        #: asks (None where the calls come with their operators from elsewhere: :meth:`from_owners`).
+        self.launches: LaunchArrays | None = LaunchArrays(found, nothing, nothing, nothing > 0,
+                                                          narrow(target.astype(np.int64)))
         del target  # gone before the walks below: 8 bytes a launch call
         #: Whether each call runs as a recomputation (docs/analyses.md, "HFU and MFU"): MFU leaves its FLOPs out.
         self.recomputed = recomputed(self.rows, parent, flags.recompute())
@@ -232,11 +225,8 @@ class Operators:
             {name: i for i, name in enumerate(self._dtype_names)}, default=-1, return_dtype=pl.Int64).to_numpy()
 
     def drop_scopes(self) -> None:
-        """Let go of what only naming the calls reads, once :meth:`set_keyed` has them: their positions among the
-        host events (:attr:`rows`) and their scope events (:attr:`scope_rows`, :attr:`scope_paths`). Nothing after
-        reads them, and at 4 GB of trace they are 12 MiB the device ops' windows would otherwise be analysed beside
-        (:attr:`calls` counts the keys)."""
-        self.rows = np.zeros(0, dtype=np.int64)
+        """Let go of what only naming the calls reads, once :meth:`set_keyed` has them: their scope events
+        (:attr:`scope_rows`, :attr:`scope_paths`). :attr:`rows` stays: :meth:`call_of` finds a call by it."""
         self.scope_rows = np.zeros(0, dtype=np.int64)
         self.scope_paths = Paths.empty()
 
@@ -282,12 +272,18 @@ class Operators:
         return flops, model, again, {name: float(sums[i]) for i, name in enumerate(self._dtype_names) if sums[i] > 0}
 
     def targets(self, correlation: pl.Series) -> np.ndarray:
-        """The :attr:`ops` index each op's correlation is attributed to; -1 where none."""
-        if not self.correlation.size:
-            return np.full(len(correlation), -1, dtype=np.int64)
-        at = self.correlation.positions(correlation.fill_null(-1).to_numpy().astype(np.int64))
-        found = (at >= 0) & correlation.is_not_null().to_numpy()
-        return np.where(found, self.op_of[np.maximum(at, 0)], -1)
+        """The :attr:`rows` index each op's correlation is attributed to; -1 where none (a trace whose calls come
+        with their operators, :meth:`from_owners`, asks :meth:`call_of` with them instead)."""
+        if self.launches is None:
+            raise ValueError("these operators were made without their launch calls: ask call_of")
+        return self.call_of(self.launches.find(correlation).owner)
+
+    def call_of(self, owner: np.ndarray) -> np.ndarray:
+        """The :attr:`rows` index of each operator position ``owner``; -1 for -1 or a position not among them."""
+        if not len(self.rows):
+            return np.full(len(owner), -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.rows, owner), len(self.rows) - 1)
+        return np.where((owner >= 0) & (self.rows[at] == owner), at, -1)
 
 
 def _costs(distinct: pl.DataFrame) -> pl.DataFrame:
@@ -337,8 +333,10 @@ class OpParts:
         self._kernels = np.zeros(kinds + 1, dtype=np.int64)
         self._model_by_dtype: dict[str, float] = {}
 
-    def credit(self, ops: pl.DataFrame) -> tuple[pl.Series, pl.Series, pl.Series] | None:
-        """Add one window's ops (``category``, ``ts_ns``, ``dur_ns``, ``correlation``, ``event_id``) and return each
+    def credit(self, ops: pl.DataFrame,
+               launched: Launched | None = None) -> tuple[pl.Series, pl.Series, pl.Series] | None:
+        """Add one window's ops (``category``, ``ts_ns``, ``dur_ns``, ``correlation``, ``event_id``; ``launched``:
+        their launch calls with their operators, else the operators' own :meth:`Operators.targets`) and return each
         op's credited ``flops``, ``model_flops`` and ``recomputed_flops`` (of its model FLOPs, those of a recomputed
         call), null where it is not the first device op of an estimated call; None where the rank has no operator
         call to credit (every op's three are null)."""
@@ -351,7 +349,8 @@ class OpParts:
             return None
         work = ops.select((pl.col("category") != Category.SYNC).fill_null(False))[:, 0].to_numpy()
         dur = ops["dur_ns"].fill_null(0).to_numpy().astype(np.int64)
-        target = self._operators.targets(ops["correlation"])
+        target = self._operators.targets(ops["correlation"]) if launched is None else \
+            self._operators.call_of(launched.owner)
         working = target[work]
         has = working >= 0
         slot = np.full(len(working), none, dtype=np.int64)

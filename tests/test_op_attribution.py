@@ -16,9 +16,11 @@ from hypothesis import given, settings, strategies as st
 from support import real_kineto_files
 
 from tracelake import ingest
-from tracelake.analysis.op_attribution import BackRefs
+from tracelake.analysis.launches import GRAPH_CALL, launch_calls
+from tracelake.analysis.op_attribution import BackRefs, LaunchRows
 from tracelake.analysis.op_stats import Operators
 from tracelake.warehouse.derived_operators import operators
+from tracelake.warehouse.launch_table import LaunchSink, LaunchTable
 
 NAMES = {  # category: names, chosen for the rules they touch
     "cpu_op": ["aten::mm", "aten::addmm", "aten::view", "aten::add", "CheckpointFunctionBackward",
@@ -34,11 +36,12 @@ COLUMNS = {"trace_id": pl.String, "event_id": pl.Int64, "rank": pl.Int32, "cat":
            "concrete_inputs": pl.String}
 
 
-def _answers(ops: Operators, ids: np.ndarray, correlations: list[int]) -> dict[int, tuple[object, ...]]:
-    """Per correlation id: the event id of its operator, that operator's module and whether it is recomputed."""
-    found = ops.targets(pl.Series(correlations, dtype=pl.Int64))
-    shown = {}
-    for correlation, call in zip(correlations, found.tolist(), strict=True):
+def _answers(ops: Operators, calls: np.ndarray, ids: np.ndarray, correlations: list[int]
+             ) -> dict[int, tuple[object, ...] | None]:
+    """Per correlation id (``calls``: its operator call, an index into ``ops.rows``; -1 for none): the event id of
+    its operator, that operator's module and whether it is recomputed."""
+    shown: dict[int, tuple[object, ...] | None] = {}
+    for correlation, call in zip(correlations, calls.tolist(), strict=True):
         if call < 0:
             shown[correlation] = None
             continue
@@ -47,15 +50,33 @@ def _answers(ops: Operators, ids: np.ndarray, correlations: list[int]) -> dict[i
     return shown
 
 
-def _compare(host: pl.DataFrame, path: Path, row_group: int) -> dict[int, tuple[object, ...]]:
+def _compare(host: pl.DataFrame, path: Path, row_group: int) -> dict[int, tuple[object, ...] | None]:
+    """The answers of both ways, asserted equal; the launch calls as the windows find them (the table written
+    sorted by correlation id, read a row group at a time), against those the walks found."""
     host = host.filter(pl.col("event_id").is_not_null())
     expected = Operators(host)
     pq.write_table(host.to_arrow(), path, row_group_size=row_group)
-    got = operators(path).get("t")  # none where no event is a cpu_op
+    folder = path.parent / "calls"
+    folder.mkdir()
+    got, tables, _ = operators(path, folder, {})
     correlations = sorted(set(host["correlation"].drop_nulls().to_list()))
+    asked = pl.Series(correlations, dtype=pl.Int64)
     ids = host["event_id"].to_numpy()
-    want = _answers(expected, ids, correlations)
-    assert (_answers(got, ids, correlations) if got is not None else dict.fromkeys(correlations)) == want
+    want = _answers(expected, expected.targets(asked), ids, correlations)
+    if "t" not in got:  # no event is a cpu_op
+        assert all(v is None for v in want.values())
+        return want
+    found = tables["t"].find(asked)
+    assert _answers(got["t"], got["t"].call_of(found.owner), ids, correlations) == want
+    # each id's call, start, duration and graph flag as launch_calls picks them from the host events at once
+    launching = host.filter(pl.col("correlation").is_not_null() & pl.col("ts_ns").is_not_null())
+    keys, starts, durations, graph = launch_calls(
+        launching["correlation"].to_numpy(), launching["ts_ns"].to_numpy(),
+        launching["dur_ns"].fill_null(0).to_numpy(),
+        launching["name"].str.contains(GRAPH_CALL).fill_null(False).to_numpy())
+    assert found.found.all() and found.launch_ns.tolist() == starts.tolist()
+    assert found.call_ns.tolist() == durations.tolist() and found.graph.tolist() == graph.tolist()
+    assert keys.tolist() == correlations
     return want
 
 
@@ -139,3 +160,44 @@ def test_real_traces_attribute_alike_both_ways(path: Path, tmp_path: Path) -> No
     host = host.select([c for c in COLUMNS if c in host.columns])
     got = _compare(host, tmp_path / "host_ops_again.parquet", 4999)
     assert any(v is not None for v in got.values()) or not got
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_launch_table_equals_launch_calls_whatever_the_pieces(data: st.DataObject,
+                                                             tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Calls fed to :class:`LaunchSink` in pieces, each with a floor no later call goes under (or none: unknown),
+    read back by :class:`LaunchTable` in row groups of any size: each id's call, start, duration, graph flag and
+    operator equal :func:`launch_calls` over all the calls at once (ids repeated; starts and durations tied)."""
+    n = data.draw(st.integers(0, 60))
+    ids = np.array(data.draw(st.lists(st.integers(0, 40), min_size=n, max_size=n)), dtype=np.int64)
+    ts = np.array(data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n)), dtype=np.int64)
+    dur = np.array(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)), dtype=np.int64)
+    graph = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), dtype=bool)
+    owner = np.arange(n, dtype=np.int64) * 7  # each call's own operator: the choice shows in it
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=6)))
+    path = tmp_path_factory.mktemp("calls") / "calls.parquet"
+    sink = LaunchSink(path)
+    for low, high in zip([0, *cuts], [*cuts, n], strict=True):
+        rest = ids[high:]
+        honest = int(rest.min()) if len(rest) else 10**9
+        floor = data.draw(st.sampled_from([None, honest, max(honest - 3, 0)]))  # a floor at or below the truth
+        sink.add(LaunchRows(ids[low:high], ts[low:high], dur[low:high], owner[low:high],
+                            np.arange(low, high, dtype=np.int64), graph[low:high]), floor)
+    sink.close()
+    shared = np.array(sorted(data.draw(st.sets(st.integers(0, 40), max_size=4))), dtype=np.int64)
+    table = LaunchTable(path, sink.count, shared)
+    keys, starts, durations, graphs = launch_calls(ids, ts, dur, graph)
+    assert len(table) == len(keys)
+    asked = pl.Series([*range(-2, 43), None], dtype=pl.Int64)
+    found = table.find(asked)
+    known = {int(k): i for i, k in enumerate(keys.tolist())}
+    for row, value in enumerate(asked.to_list()):
+        i = known.get(value) if value is not None else None
+        assert bool(found.found[row]) == (i is not None)
+        if i is None:
+            continue
+        assert found.launch_ns[row] == starts[i] and found.call_ns[row] == durations[i]
+        assert bool(found.graph[row]) == bool(graphs[i] or value in shared.tolist())
+        chosen = [r for r in range(n) if ids[r] == value]  # the first call of the id: by start, then the shorter
+        assert found.owner[row] == owner[min(chosen, key=lambda r: (ts[r], dur[r], r))]

@@ -8,6 +8,7 @@ without recomputing (docs/analyses.md, "Stored at ingest").
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,12 +22,13 @@ import pyarrow.parquet as pq
 
 from tracelake.analysis import breakdown
 from tracelake.analysis.derived import DerivedTables, RankRows, Window
+from tracelake.analysis.launches import LaunchLookup
 from tracelake.analysis.peaks import Override, Peaks, matches, resolve
 from tracelake.contracts import schema
 from tracelake.contracts.allocators import release_free_memory
 
 from . import derived_operators
-from .derived_inputs import keys, launch_times, only
+from .derived_inputs import kernel_correlations, keys, launch_times, only
 
 #: The parsed tables the derived ones are computed from.
 INPUTS = ("device_ops", "host_ops", "collectives", "devices")
@@ -46,9 +48,11 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
     computed at once, each on a thread of its own (the analyses spend most of their time in polars, Arrow and
     numpy, which let go of the GIL); the tables are the same whatever the number.
 
-    Rank by rank in windows of :data:`CHUNK_ROWS` ops: memory follows ``threads`` windows, plus the host
-    launch calls (13 bytes each and their ids' index, under 4 more: bits or offsets; 4 more for each one's operator),
-    the distinct (name, duration) pairs of a rank and what :class:`~tracelake.analysis.launches.LaunchParts` keeps of
+    Rank by rank in windows of :data:`CHUNK_ROWS` ops: memory follows ``threads`` windows, plus a few row groups of
+    a trace's launch calls (written into ``out_dir``, in a folder removed before this returns, sorted by correlation
+    id by the operators' pass: :mod:`.launch_table`; a trace without operator calls holds its calls, 13 bytes each),
+    each operator call that launched work (its position, key, host time and recompute flag: about 11 bytes), the
+    distinct (name, duration) pairs of a rank and what :class:`~tracelake.analysis.launches.LaunchParts` keeps of
     each launched op.
     """
     windows = _read(parsed / "collectives.parquet", ["trace_id", "rank", "step", "ts_ns", "dur_ns", "is_async"])
@@ -66,10 +70,34 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
         mine = hardware.get(key) if any(matches(o, name) for o in given) else None
         figure = mine.flops_for(PROFILE_PEAK_DTYPE) if mine is not None else None
         peaks[key] = figure / 1e12 if figure else float(p)
-    operators = derived_operators.operators(parsed / "host_ops.parquet")
-    release_free_memory()  # the operators' passes freed their row groups: hand them back before the windows
-    launches, graph_calls = launch_times(parsed / "host_ops.parquet", parsed / "device_ops.parquet")
-    tables = DerivedTables(launches, graph_calls, windows, peaks, operators, hardware)
+    # The kernels' shared ids first: counting them takes about 3x their ids for a moment, which is not then
+    # stacked on the calls (GPU 1 GB profile: 9.4 M launches, 75 MB a column).
+    shared = kernel_correlations(parsed / "device_ops.parquet")
+    release_free_memory()
+    with tempfile.TemporaryDirectory(prefix=".launch-calls-", dir=out_dir) as folder:
+        operators, calls, graph_calls = derived_operators.operators(parsed / "host_ops.parquet", Path(folder), shared)
+        release_free_memory()  # the operators' passes freed their row groups: hand them back before the windows
+        # the traces without operator calls: their launch calls held in memory (XLA has none)
+        held, named = launch_times(parsed / "host_ops.parquet", shared, skip=set(calls))
+        lookups: dict[str, LaunchLookup] = {**held, **calls}
+        tables = DerivedTables(lookups, {**named, **graph_calls}, windows, peaks, operators, hardware)
+        del held, named, shared
+        _all_ranks(tables, parsed, threads)
+        computed = tables.tables()
+        del tables, lookups, calls
+    for name in schema.DERIVED_TABLES:  # a table computed per run (critical_path) starts empty: docs/schema.md
+        frame = computed.get(name)
+        tbl = schema.table(name)
+        if frame is None:
+            arrow = tbl.arrow_schema.empty_table()
+        else:
+            frame = frame.select(tbl.column_names).with_columns(pl.selectors.categorical().cast(pl.String))
+            arrow = (frame.sort("trace_id", "rank", "name") if name == "kernel_stats" else frame).to_arrow()
+        pq.write_table(arrow.cast(tbl.arrow_schema), out_dir / f"{name}.parquet", compression="zstd")
+
+
+def _all_ranks(tables: DerivedTables, parsed: Path, threads: int) -> None:
+    """Every (trace, rank)'s rows into ``tables``, ``threads`` ranks at once (each on a thread of its own)."""
     ranks = keys(parsed / "device_ops.parquet")
 
     def rows(key: tuple[str, int]) -> RankRows:
@@ -84,16 +112,6 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
     else:
         for key in ranks:
             tables.add(rows(key))
-    computed = tables.tables()
-    for name in schema.DERIVED_TABLES:  # a table computed per run (critical_path) starts empty: docs/schema.md
-        frame = computed.get(name)
-        tbl = schema.table(name)
-        if frame is None:
-            arrow = tbl.arrow_schema.empty_table()
-        else:
-            frame = frame.select(tbl.column_names).with_columns(pl.selectors.categorical().cast(pl.String))
-            arrow = (frame.sort("trace_id", "rank", "name") if name == "kernel_stats" else frame).to_arrow()
-        pq.write_table(arrow.cast(tbl.arrow_schema), out_dir / f"{name}.parquet", compression="zstd")
 
 
 def _read(path: Path, columns: list[str]) -> pl.DataFrame:

@@ -7,7 +7,7 @@ where its Parquet statistics already answer (one trace and rank, no correlation,
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracelake.analysis import event_index
-from tracelake.analysis.launches import GRAPH_CALL, LaunchCalls, launch_calls, member, shared_correlations
+from tracelake.analysis.launches import GRAPH_CALL, LaunchArrays, launch_calls, member, shared_correlations
 from tracelake.contracts.allocators import release_free_memory
 
 
@@ -64,19 +64,17 @@ def _all_null(file: pq.ParquetFile, group: int, column: str) -> bool:
     return stats is not None and stats.has_null_count and stats.null_count == meta.num_rows
 
 
-def launch_times(host_ops: Path, device_ops: Path) -> tuple[dict[str, LaunchCalls], dict[str, dict[int, str]]]:
-    """The host calls of :func:`launch_calls`, per trace: read a row group at a time, 13 bytes per call kept
-    and the ids' index (a bit per id of their span where they are dense, else a 4-byte offset each).
+def launch_times(host_ops: Path, shared: dict[str, np.ndarray], skip: Collection[str] = ()
+                 ) -> tuple[dict[str, LaunchArrays], dict[str, dict[int, str]]]:
+    """The host calls of :func:`launch_calls`, per trace (but those in ``skip``, whose calls the operators' pass
+    found: ``derived_operators``): read a row group at a time, 13 bytes per call kept and the ids' index (a bit per
+    id of their span where they are dense, else a 4-byte offset each). ``shared``: :func:`kernel_correlations`.
 
     Only host events that carry a correlation id are kept (the runtime's launch calls, a
     fraction of all host events): a row group without any is not read. Also returns, per trace, the name of
     each graph launch call (named like :data:`GRAPH_CALL`: the pattern runs once per distinct name) by
     correlation.
     """
-    # The kernels' shared ids first: counting them takes about 3x their ids for a moment, which is not then
-    # stacked on the calls' pieces (GPU 1 GB profile: 9.4 M launches, 75 MB a column).
-    shared = _kernel_correlations(device_ops)
-    release_free_memory()
     file = pq.ParquetFile(host_ops, read_dictionary=["trace_id", "name"])
     calls: dict[str, list[list[np.ndarray]]] = {}  # per trace and column: the row groups' pieces
     names: dict[str, dict[int, str]] = {}
@@ -88,6 +86,8 @@ def launch_times(host_ops: Path, device_ops: Path) -> tuple[dict[str, LaunchCall
                                                    *(["trace_id"] if pinned is None else [])])
         part = part.filter(pc.and_(pc.is_valid(part["correlation"]), pc.is_valid(part["ts_ns"])))
         for trace_id, mine in _by_trace(part, pinned):
+            if trace_id in skip:
+                continue
             graph = _graph_calls(mine["name"])
             pieces = calls.setdefault(trace_id, [[], [], [], []])
             for piece, column in zip(pieces, (*(ints(mine[c], 0) for c in ("correlation", "ts_ns", "dur_ns")),
@@ -101,7 +101,7 @@ def launch_times(host_ops: Path, device_ops: Path) -> tuple[dict[str, LaunchCall
                     named[int(correlation)] = min(named.get(int(correlation), name), name)
         del part
     release_free_memory()  # the row groups' Arrow buffers: back before the sorts below allocate theirs
-    found: dict[str, LaunchCalls] = {}
+    found: dict[str, LaunchArrays] = {}
     for trace_id in list(calls):
         pieces = calls.pop(trace_id)  # each column's pieces let go as it is joined: one copy at a time
         columns = [_joined(piece) for piece in pieces]
@@ -110,7 +110,7 @@ def launch_times(host_ops: Path, device_ops: Path) -> tuple[dict[str, LaunchCall
         ids, starts, durations, graph = launch_calls(*columns)
         del columns
         graph |= member(ids, shared.get(trace_id, ids[:0]))
-        found[trace_id] = (event_index.build([ids]), starts, event_index.narrow(durations), graph)
+        found[trace_id] = LaunchArrays(event_index.build([ids]), starts, event_index.narrow(durations), graph)
         del ids, starts, durations, graph
     # The sorts' and joins' freed buffers: glibc keeps them (about 2.5x the calls' arrays) into the windows, where
     # the stored analyses peak (GPU 300 MB profile: 621 MB to 452 MB with two ranks at once).
@@ -136,7 +136,7 @@ def _graph_calls(name: pa.ChunkedArray) -> np.ndarray:
     return np.concatenate(flags) if flags else np.zeros(0, dtype=bool)
 
 
-def _kernel_correlations(device_ops: Path) -> dict[str, np.ndarray]:
+def kernel_correlations(device_ops: Path) -> dict[str, np.ndarray]:
     """Per trace, the correlation ids that more than one kernel carries (:func:`shared_correlations`).
 
     Reads a row group at a time (none whose statistics say it holds no correlation, or no kernel); holds 8 bytes

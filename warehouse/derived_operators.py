@@ -8,6 +8,7 @@ owns, and each operator's scope) and names the operators that launched device wo
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pyarrow.parquet as pq
 from tracelake.analysis import event_index
 from tracelake.analysis.event_flags import EventFlags
 from tracelake.analysis.flops import counted
+from tracelake.analysis.launches import GRAPH_CALL
 from tracelake.analysis.op_attribution import Attribution, BackRefs, Events, ScopeTexts
 from tracelake.analysis.op_scope import scope_kind
 from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators
@@ -28,14 +30,22 @@ from tracelake.contracts.allocators import release_free_memory
 from tracelake.ingest.source import read_ahead
 
 from .derived_inputs import ints as _ints
+from .launch_table import LaunchSink, LaunchTable
 
 #: What is known of a name, once looked up: whether it is a counted operator, its scope kind (as a
 #: ``python_function``), its recompute kind and its number among the names kept for scopes (-1: not kept).
 _Known = tuple[bool, int, int, int]
 
 
-def operators(host_ops: Path) -> dict[str, Operators]:
-    """Per trace, its operator calls and what each launch call is attributed to (:class:`Operators`).
+#: What :func:`operators` finds: per trace, its operator calls, its launch calls (by correlation id, each with its
+#: operator) and the name of each graph launch call by correlation id.
+Found = tuple[dict[str, Operators], dict[str, LaunchTable], dict[str, dict[int, str]]]
+
+
+def operators(host_ops: Path, folder: Path, shared: dict[str, np.ndarray]) -> Found:
+    """Per trace, its operator calls (:class:`Operators`), its launch calls (:class:`LaunchTable`, written into
+    ``folder``, each with its operator; ``shared``: per trace, the ids more than one kernel carries) and its graph
+    launch calls' names; nothing for a trace without operator calls.
 
     A row group at a time, in Arrow and numpy: the event ids alone first, into each trace's
     :class:`~tracelake.analysis.event_index.EventIndex`; then the parent ids, for which events a later row group's
@@ -45,7 +55,7 @@ def operators(host_ops: Path) -> dict[str, Operators]:
     """
     names = set(pq.read_schema(host_ops).names)
     if not _has_operators(host_ops):  # XLA's host events, say: every device op goes to no operator
-        return {}
+        return {}, {}, {}
     # shapes repeat (a few hundred distinct in 100,000s of calls): read as dictionaries, they stay small
     file = pq.ParquetFile(host_ops, read_dictionary=[c for c in ("trace_id", "cat", "name", "input_dims",
                                                                  "input_types", "concrete_inputs") if c in names])
@@ -61,6 +71,9 @@ def operators(host_ops: Path) -> dict[str, Operators]:
     del pieces
     release_free_memory()  # every event's id, read in pieces on the reading thread: 4 bytes an event, handed back
     refs = _back_refs(file, groups, indexes)
+    floors = _floors(file)
+    sinks: dict[str, LaunchSink] = {}
+    graph_names: dict[str, dict[int, str]] = {}
     words: list[str | None] = []  # the names of modules and frames, for their paths' texts
     texts = ScopeTexts(words)
     traces: dict[str, _Trace] = {}
@@ -72,14 +85,24 @@ def operators(host_ops: Path) -> dict[str, Operators]:
         for trace_id, mine, whole in _by_trace(part):
             trace = traces.get(trace_id)
             if trace is None:
-                trace = traces[trace_id] = _Trace(indexes[trace_id], Attribution(refs[trace_id], texts))
+                trace = traces[trace_id] = _Trace(indexes[trace_id], Attribution(refs[trace_id], texts),
+                                                  graph_names.setdefault(trace_id, {}))
+                sinks[trace_id] = LaunchSink(folder / f"launch-calls-{len(sinks)}.parquet")
             spans.append((group, trace_id, trace.size, mine.num_rows, whole))
             trace.add(mine, known, words)
+            waiting, later = trace.attribution.waiting_floor(), floors[group]
+            floor = later if waiting is None or later is None else min(later, waiting)
+            sinks[trace_id].add(trace.attribution.take_launches(), floor)
         del part
     found: dict[str, Operators] = {}
     scopes: dict[str, np.ndarray] = {}
+    tables: dict[str, LaunchTable] = {}
     for trace_id, trace in traces.items():
         owners = trace.attribution.owners()
+        sink = sinks.pop(trace_id)
+        sink.add(trace.attribution.take_launches(), None)
+        sink.close()
+        tables[trace_id] = LaunchTable(sink.path, sink.count, shared.get(trace_id, np.zeros(0, dtype=np.int64)))
         scopes[trace_id] = owners.scope
         found[trace_id] = Operators.from_owners(owners, trace.size)
         del owners
@@ -112,7 +135,28 @@ def operators(host_ops: Path) -> dict[str, Operators]:
         del table  # _keyed lets go of each column once it is folded into the key
         key, distinct = _keyed(keyed, size, _module_codes(scopes.pop(trace_id), texts.texts))
         operators.set_keyed(key, distinct, host_ns)
-    return found
+    return found, tables, {trace_id: names for trace_id, names in graph_names.items() if trace_id in found}
+
+
+#: Above every correlation id: no row group to come holds one.
+_NO_ID = 2**63 - 1
+
+
+def _floors(file: pq.ParquetFile) -> list[int | None]:
+    """After each row group, the least correlation id any later one holds (from their statistics; None where a
+    later one's are not known)."""
+    meta = file.metadata
+    column = file.schema_arrow.get_field_index("correlation")
+    floors: list[int | None] = []
+    least: int | None = _NO_ID
+    for group in reversed(range(meta.num_row_groups)):
+        floors.append(least)
+        stats = meta.row_group(group).column(column).statistics
+        if stats is not None and stats.has_min_max:
+            least = None if least is None else min(least, int(stats.min))
+        elif not (stats is not None and stats.has_null_count and stats.null_count == meta.row_group(group).num_rows):
+            least = None  # a row group whose ids are not known: every call is held until the end
+    return floors[::-1]
 
 
 def _back_refs(file: pq.ParquetFile, groups: range, indexes: dict[str, event_index.EventIndex]
@@ -178,11 +222,12 @@ def _has_operators(host_ops: Path) -> bool:
 class _Trace:
     """One trace's host events on their way into its :class:`Attribution`, a part (a row group's) at a time."""
 
-    def __init__(self, index: event_index.EventIndex, attribution: Attribution) -> None:
+    def __init__(self, index: event_index.EventIndex, attribution: Attribution, graph_names: dict[int, str]) -> None:
         self.size = 0
         self.parts = 0
         self.index = index
         self.attribution = attribution
+        self.graph_names = graph_names  # the name of each graph launch call, by correlation id
 
     def add(self, part: pa.Table, known: dict[str, _Known], words: list[str | None]) -> None:
         """The next rows of the trace (a row group, or the trace's rows of one). ``known``: what is known of each
@@ -195,19 +240,26 @@ class _Trace:
         is_op = np.array([c == "cpu_op" for c in cats] + [False])[cat_codes]
         is_py = np.array([c == "python_function" for c in cats] + [False])[cat_codes]
         name = pc.dictionary_encode(part["name"]).combine_chunks()
-        for w in name.dictionary.to_pylist():  # each name's tests run once, not once a row group
+        words_here = name.dictionary.to_pylist()
+        for w in words_here:  # each name's tests run once, not once a row group
             if w and w not in known:
                 scope = scope_kind("python_function", w)
                 if scope:
                     words.append(w)
                 known[w] = (counted(w), scope, recompute_kind(w), len(words) - 1 if scope else -1)
-        flags = [known[w] if w else (False, 0, 0, -1) for w in name.dictionary.to_pylist()] + [(False, 0, 0, -1)]
+        flags = [known[w] if w else (False, 0, 0, -1) for w in words_here] + [(False, 0, 0, -1)]
         codes = pc.fill_null(name.indices, len(flags) - 1).to_numpy(zero_copy_only=False)
         kind = np.where(is_py, np.array([f[1] for f in flags], dtype=np.int8)[codes], 0).astype(np.int8)
         packed = EventFlags.pack(is_op, np.array([f[0] for f in flags], dtype=bool)[codes], kind,
                                  np.array([f[2] for f in flags], dtype=np.int8)[codes])
         calls = np.flatnonzero(pc.and_(pc.is_valid(part["correlation"]), pc.is_valid(part["ts_ns"]))
                                .to_numpy(zero_copy_only=False))
+        correlation = _ints(part["correlation"], 0)[calls]
+        graph = np.array([bool(w and re.match(GRAPH_CALL, w)) for w in words_here] + [False])[codes][calls]
+        for at in np.flatnonzero(graph).tolist():  # graph launches: a few per step
+            name_ = words_here[int(codes[calls[at]])]
+            key = int(correlation[at])
+            self.graph_names[key] = min(self.graph_names.get(key, name_), name_)
         sequence = np.full(rows, -1, dtype=np.int64)
         forward = np.zeros(0, dtype=np.int64)
         forward_sequence = forward_id = forward
@@ -221,8 +273,8 @@ class _Trace:
             forward_id = _ints(part["event_id"], -1)[forward]
         events = Events(np.arange(offset, offset + rows), self.index.positions(_ints(part["parent_id"], -1)),
                         packed.bits, np.where(kind != 0, np.array([f[3] for f in flags], dtype=np.int64)[codes], -1),
-                        sequence, calls, _ints(part["correlation"], 0)[calls], _ints(part["ts_ns"], 0)[calls],
-                        _ints(part["dur_ns"], 0)[calls], forward, forward_sequence, forward_id)
+                        sequence, calls, correlation, _ints(part["ts_ns"], 0)[calls], _ints(part["dur_ns"], 0)[calls],
+                        graph, forward, forward_sequence, forward_id)
         self.attribution.add(self.parts, events)
         self.parts += 1
 
