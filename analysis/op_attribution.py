@@ -16,8 +16,9 @@ A piece's events are settled parents first, a level of the tree at a time. A par
 in the *carry*: the states of the events some later piece's event names as parent (:class:`BackRefs`, found in a
 pass over the parent ids first), each kept until its last such piece. An event whose parent comes in a later piece
 waits, with its descendants, until that piece. So memory follows a piece and the events open across pieces (a few
-thousand at 4 GB of trace), not the trace. What is kept per launch call and per operator call that launched work
-is what the answer needs. Pure: numpy in, arrays out.
+thousand at 4 GB of trace), not the trace. The launch calls go to the caller as they are settled
+(:meth:`Attribution.take_launches`, with each one's operator); what is kept to the end is, per operator that launched
+work, its scope and recompute flag. Pure: numpy in, arrays out.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ OP, COUNTED = 4, 9  # each: position, path, frame, backward sequence number, rec
 WIDTH = 14
 _ROOT = np.array([-1, -1, -1, 0, -1, -1, -1, -1, 0, -1, -1, -1, -1, 0], dtype=np.int64)
 
+
 class ScopeTexts:
     """The ``module`` texts of scopes: module paths interned by (outer path, module name), frames by name."""
 
@@ -49,18 +51,26 @@ class ScopeTexts:
         self._paths: list[tuple[str | None, ...]] = []
         self._modules: dict[tuple[int, int], int] = {}
         self._frames: dict[int, int] = {}
+        self._frame_of = np.full(1, -1, dtype=np.int64)
 
     def modules(self, outer: np.ndarray, word: np.ndarray) -> np.ndarray:
         """The path id of a module named ``word`` inside the path ``outer`` (-1: at the top), for each pair."""
-        pairs, inverse = np.unique(np.stack([outer, word]), axis=1, return_inverse=True)
-        found = np.array([self._module(int(o), int(w)) for o, w in pairs.T.tolist()], dtype=np.int64)
+        span = len(self.names) + 1
+        pairs, inverse = np.unique((outer.astype(np.int64) + 1) * span + (word + 1), return_inverse=True)
+        found = np.array([self._module(p // span - 1, p % span - 1) for p in pairs.tolist()], dtype=np.int64)
         return found[inverse.reshape(-1)]
 
     def frames(self, word: np.ndarray) -> np.ndarray:
         """The id of each frame named ``word`` (a frame is a path of its own)."""
-        words, inverse = np.unique(word, return_inverse=True)
-        found = np.array([self._frame(int(w)) for w in words.tolist()], dtype=np.int64)
-        return found[inverse.reshape(-1)]
+        if len(self._frame_of) < len(self.names) + 1:  # by name, -1 where not made yet (the last: no name)
+            grown = np.full(len(self.names) + 1, -1, dtype=np.int64)
+            grown[:len(self._frame_of) - 1] = self._frame_of[:-1]
+            grown[-1] = self._frame_of[-1]
+            self._frame_of = grown
+        found = self._frame_of[word]
+        for w in np.unique(word[found < 0]).tolist():
+            self._frame_of[w] = self._frame(int(w) if w < len(self.names) else -1)
+        return self._frame_of[word]
 
     def _module(self, outer: int, word: int) -> int:
         key = (outer, word)
@@ -100,6 +110,18 @@ class BackRefs:
         positions, last = positions[order], last[order]
         first = np.concatenate([[True], positions[1:] != positions[:-1]])
         return cls(positions[first], last[first])
+
+    def until_of(self, positions: np.ndarray, consecutive: int) -> np.ndarray:
+        """:meth:`until` of ``positions`` (ascending; consecutive from index ``consecutive`` on: those are found by
+        the range of back references they span, not one by one)."""
+        found = np.full(len(positions), -1, dtype=np.int64)
+        if consecutive < len(positions):
+            first = int(positions[consecutive])
+            low, high = np.searchsorted(self.positions, [first, int(positions[-1]) + 1])
+            found[self.positions[low:high] - first + consecutive] = self.last[low:high]
+        if consecutive:
+            found[:consecutive] = self.until(positions[:consecutive])
+        return found
 
     def until(self, positions: np.ndarray) -> np.ndarray:
         """The last piece naming each of ``positions`` as parent (-1: none)."""
@@ -193,19 +215,24 @@ class Attribution:
         self.refs, self.texts = refs, texts
         self._pending = Events.empty()
         self._carry_at = np.zeros(0, dtype=np.int64)
-        self._carry = np.zeros((0, WIDTH), dtype=np.int64)
+        self._dtype: type[np.signedinteger] = np.int32  # the states' integers: int64 once a value needs it
+        self._carry = np.zeros((0, WIDTH), dtype=self._dtype)
         self._carry_until = np.zeros(0, dtype=np.int64)
         # the launch calls settled since the caller last took them (:meth:`take_launches`); per piece, the owners'
         # position, path, frame, backward sequence number and whether recomputed (as narrow as their values allow)
         self._launches: list[LaunchRows] = []
         self._owners: list[list[np.ndarray]] = [[], [], [], [], []]
-        self._forward: list[np.ndarray] = []  # sequence number, event id, path
+        self._forward: list[list[np.ndarray]] = [[], [], []]  # forward events' sequence numbers, ids and paths
         self._any_backward = False
 
     def add(self, number: int, events: Events) -> None:
         """The events of piece ``number`` (pieces numbered in the order fed; positions consecutive, after every
         earlier piece's)."""
         self._any_backward |= bool((events.sequence >= 0).any())
+        if self._dtype is np.int32 and len(events) and max(int(events.sequence.max()), int(events.position[-1])) \
+                >= 2**31:
+            self._dtype = np.int64
+            self._carry = self._carry.astype(np.int64)
         waiting = len(self._pending)
         self._pending = self._settle(self._pending.then(events), number, waiting)
 
@@ -222,15 +249,18 @@ class Attribution:
         order = order[first]
         position, path, frame, backward, recomputed = (c[order] for c in (position, path, frame, backward, recomputed))
         scope = path.astype(np.int64)
-        if self._any_backward and self._forward:  # no module: the forward op's, by the backward's sequence number
-            forward = np.concatenate(self._forward)
-            forward = forward[np.lexsort((forward[:, 1], forward[:, 0]))]  # of each sequence number, the lowest id
-            forward = forward[np.concatenate([[True], forward[1:, 0] != forward[:-1, 0]])]
+        if self._any_backward and self._forward[0]:  # no module: the forward op's, by the backward's sequence number
+            sequence, ids, paths = (_joined(column) for column in self._forward)
+            order = np.lexsort((ids, sequence))  # of each sequence number, the lowest id first
+            del ids
+            sequence, paths = sequence[order], paths[order]
+            first = np.concatenate([[True], sequence[1:] != sequence[:-1]])
+            sequence, paths = sequence[first], paths[first]
             wanted = np.flatnonzero((scope < 0) & (backward >= 0))
-            at = np.minimum(np.searchsorted(forward[:, 0], backward[wanted]), len(forward) - 1)
-            hit = forward[at, 0] == backward[wanted]
-            scope[wanted[hit]] = forward[at[hit], 2]
-        self._forward = []
+            at = np.minimum(np.searchsorted(sequence, backward[wanted]), len(sequence) - 1)
+            hit = sequence[at] == backward[wanted]
+            scope[wanted[hit]] = paths[at[hit]]
+        self._forward = [[], [], []]
         scope = np.where(scope < 0, frame, scope)  # else the nearest user frame
         return Owners(position, scope, recomputed)
 
@@ -259,20 +289,25 @@ class Attribution:
         if final:
             local[local == np.arange(n)] = -1  # a loop of one
         is_local = local >= 0
-        until = self.refs.until(position)
+        until = self.refs.until_of(position, waiting)
         # an event no other names as parent, that is neither a launch call nor a forward event, adds nothing: a
         # leaf (a third of a trace's events) is not settled at all
         needed = np.bincount(local[is_local], minlength=n) > 0
         needed[events.launch] = True
         needed[events.forward] = True
         needed |= until >= 0
-        carried = np.minimum(np.searchsorted(self._carry_at, parent), max(len(self._carry_at) - 1, 0))
-        in_carry = ~is_local & (parent >= 0) & (self._carry_at[carried] == parent if len(self._carry_at) else False)
+        elsewhere = np.flatnonzero(~is_local & (parent >= 0))  # parents in the carry, or to come: few
+        carried = np.zeros(n, dtype=np.int64)
+        in_carry = np.zeros(n, dtype=bool)
+        if len(self._carry_at) and len(elsewhere):
+            at = np.minimum(np.searchsorted(self._carry_at, parent[elsewhere]), len(self._carry_at) - 1)
+            carried[elsewhere] = at
+            in_carry[elsewhere] = self._carry_at[at] == parent[elsewhere]
         lost = (parent >= 0) & ~is_local & ~in_carry
         if not final and (lost & (parent < position[-1])).any():
             raise RuntimeError("a parent was let go before its last child came")  # a bug, never bad input
         root = (parent < 0) | (lost if final else False)
-        state = np.empty((n, WIDTH), dtype=np.int64)
+        state = np.empty((n, WIDTH), dtype=self._dtype)
         # a leaf that changes nothing of its parent's state (a launch call: no operator, scope, mark or name that
         # counts) takes its parent's state once that is settled, outside the walk down the levels
         plain = needed & (events.bits == 0) & (events.sequence < 0) & (until < 0)
@@ -284,7 +319,7 @@ class Attribution:
         bounds = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(local[kids], minlength=n), out=bounds[1:])
         frontier = np.flatnonzero((root | in_carry) & needed)
-        above = self._carry[carried[frontier]] if len(self._carry) else np.empty((len(frontier), WIDTH), np.int64)
+        above = self._carry[carried[frontier]] if len(self._carry) else np.empty((len(frontier), WIDTH), self._dtype)
         above[root[frontier]] = _ROOT
         while True:
             while len(frontier):
@@ -298,7 +333,7 @@ class Attribution:
             if not final or done.all():
                 break
             frontier = np.flatnonzero(~done)[:1]  # a loop: its first event as a root
-            above = _ROOT[None, :].copy()
+            above = _ROOT[None, :].astype(self._dtype)
         done[plain] = False
         plain = np.flatnonzero(plain)
         mine = plain[(is_local[plain] & done[local[plain]]) | in_carry[plain] | root[plain]]  # a parent settled
@@ -327,12 +362,12 @@ class Attribution:
         backward = sequence >= 0
         state[backward, BACKWARD] = sequence[backward]
         state[recompute != 0, RECOMPUTE] = recompute[recompute != 0]
-        mine = np.column_stack([position, state[:, PATH], state[:, FRAME_ID], state[:, BACKWARD],
-                                (recompute == 0) & (above[:, RECOMPUTE] == KIND_MARKER)])
-        is_op = (bits & 1) == 1
-        state[is_op, OP:OP + 5] = mine[is_op]
-        counted = (bits & 3) == 3
-        state[counted, COUNTED:COUNTED + 5] = mine[counted]
+        for start, test in ((OP, 1), (COUNTED, 3)):  # an operator, then a counted one: a snapshot of its own state
+            at = np.flatnonzero((bits & test) == test)
+            if len(at):
+                state[at, start] = position[at]
+                state[at, start + 1:start + 4] = state[at, PATH:RECOMPUTE]
+                state[at, start + 4] = (recompute[at] == 0) & (above[at, RECOMPUTE] == KIND_MARKER)
         return state
 
     def _emit(self, events: Events, state: np.ndarray, settled: np.ndarray, until: np.ndarray, number: int) -> None:
@@ -350,10 +385,10 @@ class Attribution:
                 for i, column in enumerate(self._owners):
                     column.append(owner[:, i].astype(bool) if i == 4 else narrow(owner[:, i]))
         mine = settled[events.forward]
-        if mine.any():
-            forward = events.forward[mine]
-            self._forward.append(np.column_stack([events.forward_sequence[mine], events.forward_id[mine],
-                                                  state[forward, PATH]]))
+        if mine.any():  # 12 bytes a forward event, where each fits 4 (a training trace marks every forward op)
+            for column, values in zip(self._forward, (events.forward_sequence[mine], events.forward_id[mine],
+                                                      state[events.forward[mine], PATH]), strict=True):
+                column.append(narrow(values))
         keep = self._carry_until > number
         new = np.flatnonzero(settled & (until > number))
         at = np.concatenate([self._carry_at[keep], events.position[new]])

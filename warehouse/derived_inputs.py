@@ -82,6 +82,8 @@ def launch_times(host_ops: Path, shared: dict[str, np.ndarray], skip: Collection
         if _all_null(file, group, "correlation") or _all_null(file, group, "ts_ns"):
             continue
         pinned = _pinned(file, group)
+        if pinned is not None and pinned in skip:  # one trace's, whose calls are found already: not read
+            continue
         part = file.read_row_group(group, columns=["correlation", "ts_ns", "dur_ns", "name",
                                                    *(["trace_id"] if pinned is None else [])])
         part = part.filter(pc.and_(pc.is_valid(part["correlation"]), pc.is_valid(part["ts_ns"])))

@@ -33,8 +33,10 @@ from .derived_inputs import ints as _ints
 from .launch_table import LaunchSink, LaunchTable
 
 #: What is known of a name, once looked up: whether it is a counted operator, its scope kind (as a
-#: ``python_function``), its recompute kind and its number among the names kept for scopes (-1: not kept).
-_Known = tuple[bool, int, int, int]
+#: ``python_function``), its recompute kind, its number among the names kept for scopes (-1: not kept) and whether
+#: it is a graph launch call's (:data:`GRAPH_CALL`).
+_Known = tuple[bool, int, int, int, bool]
+_UNKNOWN: _Known = (False, 0, 0, -1, False)
 
 
 #: What :func:`operators` finds: per trace, its operator calls, its launch calls (by correlation id, each with its
@@ -49,9 +51,10 @@ def operators(host_ops: Path, folder: Path, shared: dict[str, np.ndarray]) -> Fo
 
     A row group at a time, in Arrow and numpy: the event ids alone first, into each trace's
     :class:`~tracelake.analysis.event_index.EventIndex`; then the parent ids, for which events a later row group's
-    events name as parent (:class:`BackRefs`); then the attribution, which keeps per launch call its correlation,
-    start, duration and operator (24 bytes), per operator that launched work its scope, and nothing per host event;
-    then the names and shapes of those operators only, as dictionary codes.
+    events name as parent (:class:`BackRefs`); then the attribution, which writes each launch call with its operator
+    as it is settled (:class:`LaunchSink`: sorted by correlation id, as soon as no call to come can have a lower id,
+    which the row groups' statistics of ``correlation`` tell), keeps per operator that launched work its scope, and
+    nothing per host event; then the names and shapes of those operators only, as dictionary codes.
     """
     names = set(pq.read_schema(host_ops).names)
     if not _has_operators(host_ops):  # XLA's host events, say: every device op goes to no operator
@@ -246,8 +249,9 @@ class _Trace:
                 scope = scope_kind("python_function", w)
                 if scope:
                     words.append(w)
-                known[w] = (counted(w), scope, recompute_kind(w), len(words) - 1 if scope else -1)
-        flags = [known[w] if w else (False, 0, 0, -1) for w in words_here] + [(False, 0, 0, -1)]
+                known[w] = (counted(w), scope, recompute_kind(w), len(words) - 1 if scope else -1,
+                            re.match(GRAPH_CALL, w) is not None)
+        flags = [known[w] if w else _UNKNOWN for w in words_here] + [_UNKNOWN]
         codes = pc.fill_null(name.indices, len(flags) - 1).to_numpy(zero_copy_only=False)
         kind = np.where(is_py, np.array([f[1] for f in flags], dtype=np.int8)[codes], 0).astype(np.int8)
         packed = EventFlags.pack(is_op, np.array([f[0] for f in flags], dtype=bool)[codes], kind,
@@ -255,7 +259,7 @@ class _Trace:
         calls = np.flatnonzero(pc.and_(pc.is_valid(part["correlation"]), pc.is_valid(part["ts_ns"]))
                                .to_numpy(zero_copy_only=False))
         correlation = _ints(part["correlation"], 0)[calls]
-        graph = np.array([bool(w and re.match(GRAPH_CALL, w)) for w in words_here] + [False])[codes][calls]
+        graph = np.array([f[4] for f in flags], dtype=bool)[codes[calls]]
         for at in np.flatnonzero(graph).tolist():  # graph launches: a few per step
             name_ = words_here[int(codes[calls[at]])]
             key = int(correlation[at])

@@ -61,7 +61,9 @@ class LaunchSink:
         rows = LaunchRows(*(np.concatenate([getattr(r, name) for r in self._held]) for name in (
             "correlation", "ts_ns", "dur_ns", "owner", "position", "graph")))
         self._held = []
-        order = np.lexsort((rows.position, rows.dur_ns, rows.ts_ns, rows.correlation))
+        ids = rows.correlation
+        ascending = bool((ids[1:] > ids[:-1]).all())  # the usual case: in order, one call an id
+        order = np.arange(len(ids)) if ascending else np.lexsort((rows.position, rows.dur_ns, rows.ts_ns, ids))
         ids = rows.correlation[order]
         cut = len(ids) if floor is None else int(np.searchsorted(ids, floor, side="left"))
         if cut < len(ids):
@@ -77,7 +79,10 @@ class LaunchSink:
         table = pa.table([ids[first], rows.ts_ns[chosen].astype(np.int64), rows.dur_ns[chosen].astype(np.int64),
                           graph.astype(bool), rows.owner[chosen].astype(np.int64)], schema=SCHEMA)
         if self._writer is None:
-            self._writer = pq.ParquetWriter(self.path, SCHEMA, compression="lz4")
+            # read back once, soon, from the staging folder: no dictionary (ids and times are distinct), statistics
+            # of the ids only (the row groups are found by them)
+            self._writer = pq.ParquetWriter(self.path, SCHEMA, compression="lz4", use_dictionary=False,
+                                            write_statistics=["correlation"])
         self._writer.write_table(table)
         self.count += table.num_rows
 
