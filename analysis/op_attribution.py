@@ -221,7 +221,8 @@ class Attribution:
         # the launch calls settled since the caller last took them (:meth:`take_launches`); per piece, the owners'
         # position, path, frame, backward sequence number and whether recomputed (as narrow as their values allow)
         self._launches: list[LaunchRows] = []
-        self._owners: list[list[np.ndarray]] = [[], [], [], [], []]
+        self._owners: list[list[np.ndarray]] = [[], [], []]  # position, scope (module path, else frame), recomputed
+        self._deferred: list[np.ndarray] = []  # (position, backward sequence number) of those with no module
         self._forward: list[list[np.ndarray]] = [[], [], []]  # forward events' sequence numbers, ids and paths
         self._any_backward = False
 
@@ -241,27 +242,31 @@ class Attribution:
         never writes) are settled with their loop cut."""
         if len(self._pending):
             self._pending = self._settle(self._pending, -1, len(self._pending), final=True)
-        position, path, frame, backward, recomputed = (_joined(column, kind) for column, kind in zip(
-            self._owners, (None, None, None, None, np.bool_), strict=True))
-        self._owners = [[], [], [], [], []]
-        order = np.argsort(position, kind="stable")  # an operator's launches may fall in several pieces: once each
-        first = np.concatenate([[True], position[order][1:] != position[order][:-1]]) if len(order) else order > 0
-        order = order[first]
-        position, path, frame, backward, recomputed = (c[order] for c in (position, path, frame, backward, recomputed))
-        scope = path.astype(np.int64)
-        if self._any_backward and self._forward[0]:  # no module: the forward op's, by the backward's sequence number
+        position, scope, recomputed = (_joined(column, kind) for column, kind in zip(
+            self._owners, (None, np.int64, np.bool_), strict=True))
+        self._owners = [[], [], []]
+        # an operator's launches may fall in several pieces: once each; they come in order but for the few that
+        # waited for a parent (then sorted)
+        if len(position) and not bool((position[1:] >= position[:-1]).all()):
+            order = np.argsort(position, kind="stable")
+            position, scope, recomputed = position[order], scope[order], recomputed[order]
+            del order
+        if len(position):
+            first = np.concatenate([[True], position[1:] != position[:-1]])
+            if not first.all():
+                position, scope, recomputed = position[first], scope[first], recomputed[first]
+        if self._any_backward and self._forward[0] and self._deferred:  # the forward op's module, by sequence number
             sequence, ids, paths = (_joined(column) for column in self._forward)
             order = np.lexsort((ids, sequence))  # of each sequence number, the lowest id first
             del ids
             sequence, paths = sequence[order], paths[order]
             first = np.concatenate([[True], sequence[1:] != sequence[:-1]])
             sequence, paths = sequence[first], paths[first]
-            wanted = np.flatnonzero((scope < 0) & (backward >= 0))
-            at = np.minimum(np.searchsorted(sequence, backward[wanted]), len(sequence) - 1)
-            hit = sequence[at] == backward[wanted]
-            scope[wanted[hit]] = paths[at[hit]]
-        self._forward = [[], [], []]
-        scope = np.where(scope < 0, frame, scope)  # else the nearest user frame
+            deferred = np.concatenate(self._deferred)
+            at = np.minimum(np.searchsorted(sequence, deferred[:, 1]), len(sequence) - 1)
+            hit = (sequence[at] == deferred[:, 1]) & (paths[at] >= 0)  # a forward op with no module: the frame
+            scope[np.searchsorted(position, deferred[hit, 0])] = paths[at[hit]]
+        self._forward, self._deferred = [[], [], []], []
         return Owners(position, scope, recomputed)
 
     def take_launches(self) -> LaunchRows | None:
@@ -382,8 +387,15 @@ class Attribution:
             owner = owner[owner[:, 0] >= 0]
             if len(owner):
                 owner = owner[np.unique(owner[:, 0], return_index=True)[1]]
-                for i, column in enumerate(self._owners):
-                    column.append(owner[:, i].astype(bool) if i == 4 else narrow(owner[:, i]))
+                # its module's path, else its frame (9 bytes an operator); one with no module under a backward mark
+                # takes its forward op's module where that has one, found at the end
+                deferred = (owner[:, 1] < 0) & (owner[:, 3] >= 0)
+                if deferred.any():
+                    self._deferred.append(owner[deferred][:, [0, 3]].astype(np.int64))
+                for column, values in zip(self._owners, (owner[:, 0], np.where(owner[:, 1] >= 0, owner[:, 1],
+                                                                               owner[:, 2]), owner[:, 4] > 0),
+                                          strict=True):
+                    column.append(values if values.dtype == bool else narrow(values))
         mine = settled[events.forward]
         if mine.any():  # 12 bytes a forward event, where each fits 4 (a training trace marks every forward op)
             for column, values in zip(self._forward, (events.forward_sequence[mine], events.forward_id[mine],

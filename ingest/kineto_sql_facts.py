@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from tracelake.contracts.classify import Category, category_sql
@@ -319,13 +321,14 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
         # The native nesting found each instant's op on its sweep (kineto_nesting.sweep): only the names are wanted,
         # of the ops the instants name (a semi join keeps the hash table to those).
         ids = f"read_parquet({sql_literal(str(op_ids))})"
-        con.execute(f"""
-            COPY (
-                SELECT i.event_id, n.name AS op FROM {ids} i
-                LEFT JOIN (SELECT h.event_id, h.name FROM read_parquet({host}) h
-                           SEMI JOIN {ids} o ON h.event_id = o.op_id) n ON n.event_id = i.op_id
-            ) TO {ops_file} (FORMAT parquet, COMPRESSION lz4)
-        """)
+        with kineto_sql_tables.memory_share(con, kineto_sql_tables.SIDE_SHARE):  # two hash joins of every instant
+            con.execute(f"""
+                COPY (
+                    SELECT i.event_id, n.name AS op FROM {ids} i
+                    LEFT JOIN (SELECT h.event_id, h.name FROM read_parquet({host}) h
+                               SEMI JOIN {ids} o ON h.event_id = o.op_id) n ON n.event_id = i.op_id
+                ) TO {ops_file} (FORMAT parquet, COMPRESSION lz4)
+            """)
     else:
         # The innermost op of each instant in numpy (kineto_memory_ops): a SQL sweep of the ops' starts and ends,
         # and a join for their names, took most of the memory instants' cost (benchmarks/ingest_memory.py).
@@ -335,13 +338,7 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
                     "WHERE ts_ns IS NOT NULL AND pid IS NOT NULL AND tid IS NOT NULL").to_arrow_table())
         pq.write_table(found, parts / "mem_ops.parquet", compression="lz4")
         del found
-    # The steps by a narrow lookup of its own: an ASOF join sorts its whole left side in memory.
-    con.execute(f"""
-        COPY (
-            SELECT m.event_id, CASE WHEN m.ts_ns < s.end_ns THEN s.step END AS step
-            FROM (SELECT event_id, ts_ns FROM mem_n) m ASOF JOIN step_spans s ON m.ts_ns >= s.ts_ns
-        ) TO {steps_file} (FORMAT parquet, COMPRESSION lz4)
-    """)
+    _instant_steps(con, parts, parts / "mem_steps.parquet")
     in_time_order = _in_time_order(parts)
     if in_time_order:
         # In file order the instants are in time order (a thread's allocator writes them as they happen): the final
@@ -376,6 +373,30 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
         con.execute(f"COPY ({joined.format(memory=within(memory), ops=within(ops_file), steps=within(steps_file))}) "
                     f"TO {out} (FORMAT parquet, COMPRESSION lz4)")
     con.execute(f"CREATE VIEW mem_d AS SELECT * FROM read_parquet({sql_literal(str(parts / 'memory_d-*.parquet'))})")
+
+
+def _instant_steps(con: duckdb.DuckDBPyConnection, parts: Path, out: Path) -> None:
+    """Each memory instant's step into ``out`` (``event_id``, ``step``; null where its time falls between steps;
+    instants before the first span or without a time left out, as an ASOF join leaves them): a part at a time, by
+    bisection of the spans' starts (``step_spans``: disjoint, a few per step). DuckDB's ASOF join sorted every
+    instant's id and time in memory at once (3.3M instants at 8 GB of trace: it set the ingest's peak)."""
+    spans = con.sql("SELECT ts_ns, end_ns, step FROM step_spans ORDER BY ts_ns").to_arrow_table()
+    starts, ends = (spans[c].to_numpy(zero_copy_only=False) for c in ("ts_ns", "end_ns"))
+    steps = spans["step"]
+    out_schema = pa.schema([("event_id", pa.int64()), ("step", steps.type)])
+    with pq.ParquetWriter(out, out_schema, compression="lz4") as writer:
+        for path in kineto_sql_tables.part_files(parts, "memory"):
+            part = pq.ParquetFile(path).read(columns=["event_id", "ts_ns"])
+            part = part.filter(pc.is_valid(part["ts_ns"]))
+            ts = part["ts_ns"].to_numpy()
+            at = np.searchsorted(starts, ts, side="right") - 1
+            found = np.flatnonzero(at >= 0)
+            at = at[found]
+            inside = ts[found] < ends[at]
+            step = pc.take(steps, pa.array(at)).combine_chunks() if len(at) else pa.array([], steps.type)
+            writer.write_table(pa.table([part["event_id"].take(pa.array(found)).cast(pa.int64()),
+                                         pc.if_else(pa.array(inside), step, pa.nulls(len(at), steps.type))],
+                                        schema=out_schema))
 
 
 def _in_time_order(parts: Path) -> bool:

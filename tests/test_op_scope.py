@@ -70,12 +70,11 @@ def _expected_kernels_per_module() -> dict[str, int]:
 
 
 @pytest.mark.parametrize("layout", ["as parsed", "row groups of 499", "shuffled"])
-def test_kernels_per_module_path_equal_the_raw_trace(layout: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kernels_per_module_path_equal_the_raw_trace(layout: str) -> None:
     """Also with the host events in row groups of 499 rows (each group's names come with a dictionary of their own,
-    which the module paths' names are read through), their paths looked up 5 at a time; and with the host events
-    shuffled (their ids no longer ascend: each parent's position is found through the first position of each id)."""
-    from tracelake.warehouse import derived
-
+    which the module paths' names are read through, and the attribution carries parents from group to group); and
+    with the host events shuffled (their ids no longer ascend: each parent's position is found through the first
+    position of each id, and children come before their parents)."""
     expected = _expected_kernels_per_module()
     assert len(expected) > 20 and any(p.count("/") >= 2 for p in expected)
     with tempfile.TemporaryDirectory() as folder:

@@ -331,40 +331,46 @@ def test_arrays_are_narrowed_only_where_every_value_fits() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(rows=st.lists(st.tuples(*(st.sampled_from([None, "a", "b", "[[2, 3]]"]) for _ in range(4)),
-                               st.integers(0, 3)), max_size=60),
+                               st.integers(-1, 4)), max_size=60),
        chunks=st.integers(1, 4), missing=st.sampled_from([(), ("concrete_inputs",), ("input_types", "name")]))
 def test_the_calls_key_names_each_calls_own_row(rows: list[tuple[str | None, str | None, str | None, str | None,
                                                                   int]], chunks: int,
                                                  missing: tuple[str, ...]) -> None:
-    """``_keyed`` (the calls' key, by hashing their dictionary codes): each call's row of ``distinct`` holds its own
-    name, shapes, types, concrete inputs and module; ``distinct`` has each combination once, in the order of the
-    codes (as a sort of them has it); columns in several chunks or absent (a column the trace lacks: null)."""
+    """``CallNames`` (the calls' key, from each row group's dictionary codes): each call's row of ``distinct`` holds
+    its own name, shapes, types, concrete inputs and module; ``distinct`` has each combination once, in the order of
+    the values' first places in the row groups' dictionaries, one after the other (as Arrow's ``unify_dictionaries``
+    numbers them), a null last, and of the modules' texts (sorted, none last); row groups of their own dictionaries,
+    columns absent (a column the trace lacks: null), scopes of one text under two ids."""
     import pyarrow as pa
 
-    from tracelake.warehouse.derived_operators import _keyed
+    from tracelake.warehouse.derived_names import CallNames
 
-    modules: list[str | None] = ["enc.0", "dec", "enc.1", None]  # the module codes' names, the last one none
+    texts: list[str | None] = ["enc.0", "dec", "enc.0", None, "a/b"]  # scope ids 0 and 2 show the same text
     size = len(rows) // chunks + 1
-    columns = {}
-    for i, name in enumerate(("name", "input_dims", "input_types", "concrete_inputs")):
-        if name in missing:
-            continue
-        values = [r[i] for r in rows]
-        columns[name] = pa.chunked_array([pa.array(values[at:at + size], pa.string()).dictionary_encode()
-                                          for at in range(0, len(values), size)] or [pa.array([], pa.string())
-                                                                                      .dictionary_encode()],
-                                         ).unify_dictionaries()
-    module = (np.array([r[4] for r in rows], dtype=np.int64), modules)
-    known = {name: [*column.chunk(0).dictionary.to_pylist(), None] for name, column in columns.items()}
-    key, distinct = _keyed(columns, len(rows), module)
-    assert columns == {}  # each column let go once folded in
-    assert len(key) == len(rows) and distinct.height == len(set(distinct.rows()))
     names = ("name", "input_dims", "input_types", "concrete_inputs")
-    expected = [tuple(None if n in missing else r[i] for i, n in enumerate(names)) + (modules[r[4]],) for r in rows]
+    calls = CallNames(texts)
+    order: dict[str, list[str]] = {n: [] for n in names}  # each column's values in the order the groups list them
+    for at in range(0, len(rows), size):
+        group = rows[at:at + size]
+        columns = {}
+        for i, name in enumerate(names):
+            if name in missing:
+                continue
+            column = pa.array([r[i] for r in group], pa.string()).dictionary_encode()
+            order[name] += [w for w in column.dictionary.to_pylist() if w not in order[name]]
+            columns[name] = column
+        columns["dur_ns"] = pa.array([7] * len(group), pa.int64())
+        calls.add(pa.table(columns), np.array([r[4] for r in group], dtype=np.int64))
+    key, distinct, host = calls.keyed()
+    assert len(key) == len(rows) and distinct.height == len(set(distinct.rows())) and host.tolist() == [7] * len(rows)
+    expected = [tuple(None if n in missing else r[i] for i, n in enumerate(names)) + (texts[r[4]] if r[4] >= 0
+                                                                                        else None,) for r in rows]
     assert [distinct.row(int(k)) for k in key] == expected
     assert set(distinct.rows()) == set(expected)
+    shown = sorted({t for t in texts if t is not None})
 
-    def codes(row: tuple[str | None, ...]) -> tuple[int, ...]:  # each value's place in its column's dictionary
-        return (*(known[n].index(v) for n, v in zip(names, row, strict=False) if n in known), modules.index(row[4]))
+    def codes(row: tuple[str | None, ...]) -> tuple[int, ...]:  # each value's place in its column's numbering
+        places = tuple(order[n].index(v) if v is not None else len(order[n]) for n, v in zip(names, row, strict=False))
+        return (*places, shown.index(row[4]) if row[4] is not None else len(shown))
 
     assert distinct.rows() == sorted(distinct.rows(), key=codes)

@@ -30,6 +30,7 @@ from tracelake.contracts.allocators import release_free_memory
 from tracelake.ingest.source import read_ahead
 
 from .derived_inputs import ints as _ints
+from .derived_names import CallNames
 from .launch_table import LaunchSink, LaunchTable
 
 #: What is known of a name, once looked up: whether it is a counted operator, its scope kind (as a
@@ -112,7 +113,6 @@ def operators(host_ops: Path, folder: Path, shared: dict[str, np.ndarray]) -> Fo
     del traces
     release_free_memory()  # the attribution's pieces, back before the names are read
     wanted = [c for c in ("name", "dur_ns", *KEY_COLUMNS[1:]) if c in names]
-    kept: dict[str, list[pa.Table]] = {}
     taken = dict.fromkeys(found, 0)  # per trace, how many of its calls' rows are read
     reads: list[tuple[int, str, int, bool, np.ndarray]] = []  # the row groups holding calls, and the calls' positions
     for group, trace_id, first, count, whole in spans:
@@ -123,21 +123,18 @@ def operators(host_ops: Path, folder: Path, shared: dict[str, np.ndarray]) -> Fo
             taken[trace_id] = stop
     read = _read_ahead(file, [(group, wanted if whole else ["trace_id", "event_id", *wanted])
                               for group, _, _, whole, _ in reads])
+    named = {trace_id: CallNames(texts.texts) for trace_id in found}
+    done = dict.fromkeys(found, 0)
     for (_, trace_id, first, whole, calls), part in zip(reads, read, strict=True):
         if not whole:
             part = part.filter(pc.and_(pc.equal(part["trace_id"], trace_id), pc.is_valid(part["event_id"])))
-        kept.setdefault(trace_id, []).append(part.take(calls - first).select(wanted))
+        scope = scopes[trace_id][done[trace_id]:done[trace_id] + len(calls)]
+        named[trace_id].add(part.take(pa.array(calls - first)).select(wanted), scope)
+        done[trace_id] += len(calls)
+        del part
     for trace_id, operators in found.items():
-        parts = kept.pop(trace_id, None)
-        table = pa.concat_tables(parts).unify_dictionaries() if parts else pa.table({})
-        del parts
-        size = table.num_rows
-        host_ns = event_index.narrow(_ints(table["dur_ns"], 0)) if "dur_ns" in table.column_names \
-            else np.zeros(size, dtype=np.int32)
-        keyed = {name: table[name] for name in KEY_COLUMNS if name in table.column_names}
-        del table  # _keyed lets go of each column once it is folded into the key
-        key, distinct = _keyed(keyed, size, _module_codes(scopes.pop(trace_id), texts.texts))
-        operators.set_keyed(key, distinct, host_ns)
+        operators.set_keyed(*named.pop(trace_id).keyed())
+        del scopes[trace_id]
     return found, tables, {trace_id: names for trace_id, names in graph_names.items() if trace_id in found}
 
 
@@ -176,20 +173,6 @@ def _back_refs(file: pq.ParquetFile, groups: range, indexes: dict[str, event_ind
             found[trace_id].append((len(found[trace_id]), first, earlier))
             sizes[trace_id] += mine.num_rows
     return {trace_id: BackRefs.of(mine) for trace_id, mine in found.items()}
-
-
-def _module_codes(scope: np.ndarray, texts: list[str | None]) -> tuple[np.ndarray, list[str | None]]:
-    """For each call's scope (an index into ``texts``; -1: none), a code into the returned names: the distinct texts,
-    sorted, then None."""
-    used = np.unique(scope[scope >= 0])
-    shown = [texts[i] for i in used.tolist()]
-    distinct = sorted({t for t in shown if t is not None})
-    where = {t: i for i, t in enumerate(distinct)}
-    code_of = np.array([where.get(t, len(distinct)) if t is not None else len(distinct) for t in shown],
-                       dtype=np.int64)
-    at = np.minimum(np.searchsorted(used, scope), max(len(used) - 1, 0))
-    code = np.where(scope >= 0, code_of[at] if len(used) else len(distinct), len(distinct))
-    return code.astype(np.int64), [*distinct, None]
 
 
 def _by_trace(part: pa.Table) -> Iterator[tuple[str, pa.Table, bool]]:
@@ -281,49 +264,3 @@ class _Trace:
                         graph, forward, forward_sequence, forward_id)
         self.attribution.add(self.parts, events)
         self.parts += 1
-
-
-def _keyed(columns: dict[str, pa.ChunkedArray], rows: int,
-           module: tuple[np.ndarray, list[str | None]]) -> tuple[np.ndarray, pl.DataFrame]:
-    """Each row's index into the distinct (name, input_dims, input_types, concrete_inputs, module) of the calls'
-    ``columns`` (read as dictionaries, one dictionary per column; each taken out of ``columns`` once folded in;
-    ``module``: codes and their names), and those distinct rows, sorted by their codes: from the dictionaries' codes,
-    no string is copied per row. The key is built a column at a time, in place: one column's codes are held at once,
-    not five (at 4 GB of trace, 690K calls: 22 MB less); its distinct values are found by hashing (Arrow's
-    dictionary encoding: the codes as int32 and the distinct values), not by a sort, which held three more arrays
-    of the calls at once."""
-    words: list[list[str | None]] = []
-    combined = np.zeros(rows, dtype=np.int64)
-    for column in KEY_COLUMNS:
-        values = columns.pop(column, None)
-        if values is None or not values.num_chunks:
-            words.append([None])
-            continue
-        if not pa.types.is_dictionary(values.type):
-            values = pc.dictionary_encode(values)
-        known = values.chunk(0).dictionary.to_pylist()
-        combined *= len(known) + 1
-        at = 0
-        for chunk in values.chunks:
-            combined[at:at + len(chunk)] += pc.fill_null(chunk.indices, len(known)).to_numpy(zero_copy_only=False)
-            at += len(chunk)
-        words.append([*known, None])
-        del values
-    combined *= len(module[1])
-    combined += module[0]
-    words.append(module[1])
-    encoded = pc.dictionary_encode(pa.array(combined, type=pa.int64()))
-    del combined
-    found = encoded.dictionary.to_numpy()  # in order of first sight: renumbered in the codes' order, as a sort has them
-    order = np.argsort(found, kind="stable")
-    distinct = found[order]
-    renumber = np.empty(len(found), dtype=np.int32)
-    renumber[order] = np.arange(len(found), dtype=np.int32)
-    key = renumber[encoded.indices.to_numpy(zero_copy_only=False)]
-    del encoded
-    texts: dict[str, list[str | None]] = {}
-    for column, known in zip(reversed(GROUP_COLUMNS), reversed(words), strict=True):
-        texts[column] = [known[i] for i in (distinct % len(known)).tolist()]
-        distinct = distinct // len(known)
-    return key.reshape(-1), pl.DataFrame({c: texts[c] for c in GROUP_COLUMNS},
-                                         schema={c: pl.String for c in GROUP_COLUMNS})
