@@ -156,13 +156,12 @@ class LaunchArrays:
         return int(self.keys.size)
 
     def find(self, correlation: pl.Series) -> Launched:
-        at = self.keys.positions(correlation.fill_null(0).to_numpy().astype(np.int64)) if self.keys.size else \
-            np.full(len(correlation), -1, dtype=np.int64)
-        found = (at >= 0) & correlation.is_not_null().to_numpy()
-        at = np.where(found, at, 0)
         if not self.keys.size:
             nothing = np.zeros(len(correlation), dtype=np.int64)
-            return Launched(found, nothing, nothing, found.copy(), nothing - 1)
+            return Launched(nothing > 0, nothing, nothing, nothing > 0, nothing - 1)
+        at = self.keys.positions(correlation.fill_null(0).to_numpy().astype(np.int64))
+        found = (at >= 0) & correlation.is_not_null().to_numpy()
+        at = np.where(found, at, 0)
         owner = np.where(found, self.owner[at], -1) if self.owner is not None else \
             np.full(len(correlation), -1, dtype=np.int64)
         return Launched(found, self.launch_ns[at].astype(np.int64), self.call_ns[at].astype(np.int64),

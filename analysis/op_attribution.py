@@ -23,7 +23,7 @@ work, its scope and recompute flag. Pure: numpy in, arrays out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -152,6 +152,15 @@ class LaunchRows:
     position: np.ndarray
     graph: np.ndarray
 
+    @classmethod
+    def joined(cls, pieces: list[LaunchRows]) -> LaunchRows:
+        """The pieces' calls, one after the other."""
+        return cls(*(np.concatenate([getattr(piece, f.name) for piece in pieces]) for f in fields(cls)))
+
+    def take(self, rows: np.ndarray) -> LaunchRows:
+        """The calls at ``rows`` (indices)."""
+        return LaunchRows(*(getattr(self, f.name)[rows] for f in fields(self)))
+
 
 @dataclass
 class Events:
@@ -274,8 +283,7 @@ class Attribution:
         taken, self._launches = self._launches, []
         if not taken:
             return None
-        return LaunchRows(*(np.concatenate([getattr(rows, name) for rows in taken]) for name in (
-            "correlation", "ts_ns", "dur_ns", "owner", "position", "graph")))
+        return LaunchRows.joined(taken)
 
     def waiting_floor(self) -> int | None:
         """The least correlation id of the launch calls still waiting for a parent (None: none waits): a call

@@ -58,8 +58,7 @@ class LaunchSink:
             self._writer.close()
 
     def _write(self, floor: int | None) -> None:
-        rows = LaunchRows(*(np.concatenate([getattr(r, name) for r in self._held]) for name in (
-            "correlation", "ts_ns", "dur_ns", "owner", "position", "graph")))
+        rows = LaunchRows.joined(self._held)
         self._held = []
         ids = rows.correlation
         ascending = bool((ids[1:] > ids[:-1]).all())  # the usual case: in order, one call an id
@@ -68,8 +67,7 @@ class LaunchSink:
         cut = len(ids) if floor is None else int(np.searchsorted(ids, floor, side="left"))
         if cut < len(ids):
             rest = order[cut:]
-            self._held.append(LaunchRows(*(getattr(rows, name)[rest] for name in (
-                "correlation", "ts_ns", "dur_ns", "owner", "position", "graph"))))
+            self._held.append(rows.take(rest))
         if not cut:
             return
         order, ids = order[:cut], ids[:cut]
