@@ -28,6 +28,7 @@ from .kernels import KernelStats
 from .launches import LaunchLookup, LaunchParts, launch_columns
 from .op_stats import OpParts, Operators, peak_for
 from .peaks import Peaks
+from .sorted_values import LogFactory, MemoryLog
 
 @dataclass(frozen=True)
 class RankRows:
@@ -61,13 +62,16 @@ class DerivedTables:
         hardware: per (trace, rank), the device's :class:`peaks.Peaks` from the table of known devices: the
             roofline of ``op_stats``, and the breakdown's peak (of the dtype of most model FLOPs) where ``peaks``
             has none.
+        logs: makes the logs :class:`launches.LaunchParts` keeps its values per launched op in (in memory where
+            none is given).
     """
 
     def __init__(self, calls: dict[str, LaunchLookup], graph_calls: dict[str, dict[int, str]],
                  async_windows: pl.DataFrame, peaks: dict[tuple[str, int], float],
                  operators: dict[str, Operators] | None = None,
-                 hardware: dict[tuple[str, int], Peaks] | None = None) -> None:
+                 hardware: dict[tuple[str, int], Peaks] | None = None, logs: LogFactory = MemoryLog) -> None:
         self._calls = calls
+        self._logs = logs
         self._operators = operators or {}
         self._hardware = hardware or {}
         self._op_stats: list[pl.DataFrame] = []
@@ -94,7 +98,7 @@ class DerivedTables:
         parts = breakdown.BreakdownParts()
         carry: dict[int, int] = {}
         counts = KernelStats()
-        launched = LaunchParts()
+        launched = LaunchParts(self._logs)
         operators = OpParts(self._operators.get(trace_id))
         idle_parts: list[pl.DataFrame] = []
         mine = self._async.filter((pl.col("trace_id") == trace_id) & (pl.col("rank") == rank))

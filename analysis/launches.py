@@ -27,8 +27,9 @@ import pyarrow as pa
 
 from tracelake.contracts.classify import Category
 
-from .event_index import EventIndex, narrow
-from .quantiles import quantile_cont, rounded
+from .event_index import EventIndex
+from .quantiles import rounded
+from .sorted_values import LogFactory, MemoryLog, ValueLog, deepest_queue, sorted_quantiles
 
 COLUMNS = (
     "trace_id", "rank", "launches", "mean_delay_ns", "p50_delay_ns", "p95_delay_ns", "max_delay_ns",
@@ -189,33 +190,40 @@ class LaunchParts:
     (trace, rank), fed window by window.
 
     Feed every op of the rank once (in any windows, in any order) to :meth:`add`, then take
-    :meth:`stats`, :meth:`queues` and :meth:`graph_kernels`: the rank's rows. What
-    is kept is 4 bytes per kernel launched one by one (its delay, for the exact quantiles; 8 where a window's
-    delays do not all fit in int32, 2.1 s), 12 per launched op (its launch, and its wait until it starts,
-    per stream; 16 where the waits do not fit) and 56 per kernel of a graph launch (what the per-launch
-    view needs), far less than the ops and the joined host calls.
+    :meth:`stats`, :meth:`queues` and :meth:`graph_kernels`: the rank's rows. What is kept per op goes into
+    :class:`~.sorted_values.ValueLog` s made by ``logs`` (in memory where none is given; the warehouse's are on disk):
+    the delay of each kernel launched one by one (for the exact quantiles), and each launched op's launch and end per
+    stream (for the deepest queue). Besides those, 56 bytes per kernel of a graph launch (what the per-launch view
+    needs) and a few sums.
     """
 
-    def __init__(self) -> None:
-        self._delays: list[np.ndarray] = []
+    def __init__(self, logs: LogFactory = MemoryLog) -> None:
+        self._logs = logs
+        self._delays = logs()
+        self._delay_sum = self._delay_max = 0
         self._shorter = 0
         self._overhead_ns = 0
-        self._waits: dict[int | None, tuple[list[np.ndarray], list[np.ndarray]]] = {}  # per stream: launches, waits
+        self._streams: dict[int | None, _Stream] = {}
         self._queues: pl.DataFrame | None = None  # the streams' rows, once made (:meth:`queues`)
+        self._stats: pl.DataFrame | None = None  # the rank's row, once made (:meth:`stats`)
         self._graph_kernels: list[pl.DataFrame] = []
 
     def add(self, ops: pl.DataFrame) -> None:
         """Add ``ops``: ``kind``, ``category``, ``stream``, ``ts_ns`` (not null), ``dur_ns``, ``correlation``,
         ``graph_id`` and, of the host call that launched each (null where none did), ``launch_ns``,
         ``call_ns`` and ``graph`` (the call is a graph launch), as :func:`launch_columns` gives them."""
-        if self._queues is not None:
-            raise ValueError("ops added after the queues were made: add every op first")
+        if self._queues is not None or self._stats is not None:
+            raise ValueError("ops added after the queues or the statistics were made: add every op first")
         launched = ops.select(_LAUNCHED_COLUMNS).filter(pl.col("launch_ns").is_not_null())  # only these copied
         kernels = launched.filter(pl.col("kind") == "kernel")
         single = kernels.filter(~pl.col("graph").fill_null(False)).select(
             pl.max_horizontal(pl.col("ts_ns") - pl.col("launch_ns") - pl.col("call_ns"), 0).alias("delay_ns"),
             (pl.col("dur_ns") < pl.col("call_ns")).fill_null(False).alias("shorter"), "call_ns")
-        self._delays.append(narrow(single["delay_ns"].to_numpy().astype(np.int64)))
+        delays = single["delay_ns"].to_numpy().astype(np.int64)
+        if len(delays):
+            self._delays.append(delays)
+            self._delay_sum += int(delays.sum())
+            self._delay_max = max(self._delay_max, int(delays.max()))
         shorter = single.filter(pl.col("shorter"))
         self._shorter += shorter.height
         self._overhead_ns += int(shorter["call_ns"].sum() or 0)
@@ -229,9 +237,10 @@ class LaunchParts:
         waits = launched.filter(pl.col("category") != Category.SYNC).select(
             "stream", "launch_ns", pl.max_horizontal(pl.col("ts_ns") - pl.col("launch_ns"), 0).alias("wait_ns"))
         for (stream,), part in waits.partition_by("stream", as_dict=True).items():
-            launches, waited = self._waits.setdefault(None if stream is None else int(stream), ([], []))
-            launches.append(part["launch_ns"].to_numpy())
-            waited.append(narrow(part["wait_ns"].to_numpy()))
+            key = None if stream is None else int(stream)
+            if key not in self._streams:
+                self._streams[key] = _Stream(self._logs(), self._logs())
+            self._streams[key].add(part["launch_ns"].to_numpy(), part["wait_ns"].to_numpy())
 
     def graph_kernels(self) -> pl.DataFrame | None:
         """The kernels graph launches started (for :func:`tracelake.analysis.graphs.graph_rows`); None for none.
@@ -245,52 +254,47 @@ class LaunchParts:
         return self._graph_kernels[0]
 
     def stats(self, trace_id: str, rank: int) -> pl.DataFrame:
-        """:data:`COLUMNS` for the rank: one row, none when no kernel was launched by a host call."""
-        delays = np.concatenate(self._delays) if self._delays else np.empty(0, np.int64)
+        """:data:`COLUMNS` for the rank: one row, none when no kernel was launched by a host call. Made once (the
+        delays' log lets them go)."""
+        if self._stats is None:
+            self._stats = self._stats_row()
+        return self._stats.select(pl.lit(trace_id).alias("trace_id"), pl.lit(rank, dtype=pl.Int32).alias("rank"),
+                                  pl.all())
+
+    def _stats_row(self) -> pl.DataFrame:
+        """:meth:`stats` but ``trace_id`` and ``rank``."""
+        launches = len(self._delays)
         kernels = self.graph_kernels()
         graphs = pl.DataFrame(schema={"kernels": pl.Int64, "call_ns": pl.Int64, "delay_ns": pl.Int64}) \
             if kernels is None else kernels.group_by("correlation").agg(
                 pl.len().cast(pl.Int64).alias("kernels"), pl.col("call_ns").first(),
                 pl.max_horizontal(pl.col("ts_ns").min() - pl.col("launch_ns").first() - pl.col("call_ns").first(), 0)
                 .alias("delay_ns"))
-        if not len(delays) and not graphs.height:
-            return pl.DataFrame(schema=_STATS_SCHEMA)
+        if not launches and not graphs.height:
+            return pl.DataFrame(schema=_ROW_SCHEMA)
         row: dict[str, object] = {
-            "trace_id": trace_id, "rank": rank, "launches": len(delays), "shorter_than_launch": self._shorter,
-            "shorter_than_launch_pct": 100.0 * self._shorter / len(delays) if len(delays) else None,
+            "launches": launches, "shorter_than_launch": self._shorter,
+            "shorter_than_launch_pct": 100.0 * self._shorter / launches if launches else None,
             "launch_overhead_ns": self._overhead_ns, "graph_launches": graphs.height,
             "graph_kernels": int(graphs["kernels"].sum()), "graph_launch_ns": int(graphs["call_ns"].sum()),
             "graph_mean_delay_ns": rounded(float(graphs["delay_ns"].sum()) / graphs.height) if graphs.height
             else None,
             "graph_max_delay_ns": int(graphs["delay_ns"].max()) if graphs.height else None,  # type: ignore[arg-type]
         }
-        if len(delays):
-            row |= {"mean_delay_ns": rounded(int(delays.sum()) / len(delays)),
-                    "p50_delay_ns": rounded(quantile_cont(delays, 0.5)),
-                    "p95_delay_ns": rounded(quantile_cont(delays, 0.95)), "max_delay_ns": int(delays.max())}
-        return pl.DataFrame([row], schema=_STATS_SCHEMA)
+        if launches:
+            p50, p95 = sorted_quantiles(self._delays.sorted_chunks(), launches, (0.5, 0.95))
+            row |= {"mean_delay_ns": rounded(self._delay_sum / launches), "p50_delay_ns": rounded(p50),
+                    "p95_delay_ns": rounded(p95), "max_delay_ns": self._delay_max}
+        return pl.DataFrame([row], schema=_ROW_SCHEMA)
 
     def queues(self, trace_id: str, rank: int) -> pl.DataFrame:
         """:data:`QUEUE_COLUMNS` for the rank: a row per stream with launched ops.
 
-        The waits (the largest part kept) are let go once their rows are made, and the rows kept instead: a
-        caller that takes the queues first has the rest of a rank's rows made without them."""
+        Made once: each stream's launches and ends are read back sorted (their logs let them go), and the rows kept
+        instead."""
         if self._queues is None:
-            rows = []
-            for stream, (launches, waits) in self._waits.items():  # a stream at a time, its pieces let go as joined
-                launch = np.concatenate(launches)
-                launches.clear()
-                end = np.concatenate(waits, dtype=np.int64)  # one copy, not a join and a widening
-                waits.clear()
-                waited = int(end.sum())  # the integral of the depth is each op's wait, end - launch
-                end += launch
-                span = int(end.max()) - int(launch.min())
-                launch.sort()
-                end.sort()
-                rows.append({"stream": stream, "launches": len(launch), "max_queue": _deepest(launch, end),
-                             "mean_queue": waited / span if span > 0 else None})
-                del launch, end
-            self._waits = {}
+            rows = [{"stream": stream, **kept.row()} for stream, kept in self._streams.items()]
+            self._streams = {}
             self._queues = pl.DataFrame(rows, schema={"stream": pl.Int64, "launches": pl.Int64,
                                                       "max_queue": pl.Int64, "mean_queue": pl.Float64})
         return self._queues.select(
@@ -298,23 +302,33 @@ class LaunchParts:
         ).sort("stream", nulls_last=True)  # as SQL orders
 
 
-#: Launches whose queue depth :func:`_deepest` works out at once: its temporaries are this long, not the stream's.
-DEPTH_CHUNK = 1 << 16
+class _Stream:
+    """One stream's launched ops, for its queue: each op's launch and end (launch + wait) in logs, and sums."""
 
+    def __init__(self, launches: ValueLog, ends: ValueLog) -> None:
+        self._launches, self._ends = launches, ends
+        self._waited = 0  # the integral of the depth is each op's wait, end - launch
+        self._first: int | None = None  # the first launch
+        self._last: int | None = None  # the last end
 
-def _deepest(launch: np.ndarray, end: np.ndarray, chunk: int = DEPTH_CHUNK) -> int:
-    """The deepest queue: the most ops launched by some time and not yet started (or launched) at it. ``launch``
-    and ``end`` are each sorted (each op's launch and end, sorted apart).
+    def add(self, launch_ns: np.ndarray, wait_ns: np.ndarray) -> None:
+        if not len(launch_ns):
+            return
+        end = launch_ns.astype(np.int64) + wait_ns
+        self._launches.append(launch_ns)
+        self._ends.append(end)
+        self._waited += int(wait_ns.sum())
+        first, last = int(launch_ns.min()), int(end.max())
+        self._first = first if self._first is None else min(self._first, first)
+        self._last = last if self._last is None else max(self._last, last)
 
-    The depth only grows at launches, so its maximum is at one: there it is the launches up to
-    then minus the ends up to then, changes at the same time all counted. ``chunk`` launches at a time.
-    """
-    deepest = 0
-    for first in range(0, len(launch), chunk):
-        at = launch[first:first + chunk]
-        depth = np.searchsorted(launch, at, side="right") - np.searchsorted(end, at, side="right")
-        deepest = max(deepest, int(depth.max()))
-    return deepest
+    def row(self) -> dict[str, object]:
+        """``launches``, ``max_queue`` and ``mean_queue``: its time-weighted mean between the first launch and the
+        last end."""
+        span = (self._last or 0) - (self._first or 0)
+        return {"launches": len(self._launches),
+                "max_queue": deepest_queue(self._launches.sorted_chunks(), self._ends.sorted_chunks()),
+                "mean_queue": self._waited / span if span > 0 else None}
 
 
 _STATS_SCHEMA = {"trace_id": pl.String, "rank": pl.Int32, "launches": pl.Int64, "mean_delay_ns": pl.Int64,
@@ -322,3 +336,4 @@ _STATS_SCHEMA = {"trace_id": pl.String, "rank": pl.Int32, "launches": pl.Int64, 
                  "shorter_than_launch": pl.Int64, "shorter_than_launch_pct": pl.Float64,
                  "launch_overhead_ns": pl.Int64, "graph_launches": pl.Int64, "graph_kernels": pl.Int64,
                  "graph_launch_ns": pl.Int64, "graph_mean_delay_ns": pl.Int64, "graph_max_delay_ns": pl.Int64}
+_ROW_SCHEMA = {name: kind for name, kind in _STATS_SCHEMA.items() if name not in ("trace_id", "rank")}

@@ -178,16 +178,30 @@ def test_stored_idle_equals_the_sql_on_many_streams_ranks_and_ties(rng: random.R
 
 
 @settings(max_examples=40, suppress_health_check=[HealthCheck.too_slow])
-@given(rng=st.randoms(), wide=st.booleans())
-def test_launch_parts_in_windows_equal_the_sql_on_random_timelines(rng: random.Random, wide: bool) -> None:
+@given(rng=st.randoms(), wide=st.booleans(), spilled=st.booleans())
+def test_launch_parts_in_windows_equal_the_sql_on_random_timelines(rng: random.Random, wide: bool,
+                                                                   spilled: bool) -> None:
     """LaunchParts (what ingest stores), fed a rank's ops in random pieces, equals launch_stats and queue_lengths.
 
     The timelines have ties, zero durations, launches after the op's start, null streams, ops no host
     call launched, and host ids carried by several events (the call is the first by start, then duration).
-    ``wide``: times in steps of 0.1 s, so delays and waits pass 2**31 ns (LaunchParts keeps them as int32 only
-    where a window's all fit).
+    ``wide``: times in steps of 0.1 s, so delays and waits pass 2**31 ns (the logs in memory keep them as int32
+    only where a piece's all fit). ``spilled``: its values kept on disk (the warehouse's logs), in runs of 1-4 values
+    merged a block of 1-3 at a time, as ingest keeps them.
     """
+    import tempfile
+    from pathlib import Path
+
     import numpy as np
+
+    from tracelake.warehouse.spill_log import SpillLog
+
+    folder = tempfile.TemporaryDirectory()
+    made = iter(range(1000))
+    run, block = rng.randint(1, 4), rng.randint(1, 3)
+
+    def logs() -> SpillLog:
+        return SpillLog(Path(folder.name) / f"{next(made)}.i64", run=run, budget=8, min_block=block)
 
     from tracelake.analysis.launches import GRAPH_CALL, LaunchParts, launch_calls, shared_correlations
 
@@ -228,7 +242,7 @@ def test_launch_parts_in_windows_equal_the_sql_on_random_timelines(rng: random.R
         .alias("call_ns"),
         pl.col("correlation").map_elements(lambda c: found.get(c, (None, None, None))[2],
                                            return_dtype=pl.Boolean).alias("graph"))
-    parts = LaunchParts()
+    parts = LaunchParts(logs) if spilled else LaunchParts()
     ops = ops.sample(fraction=1.0, shuffle=True, seed=rng.randrange(2**32))
     cuts = sorted(rng.sample(range(n + 1), min(3, n + 1)))
     for low, high in zip([0, *cuts], [*cuts, n], strict=True):
@@ -241,10 +255,13 @@ def test_launch_parts_in_windows_equal_the_sql_on_random_timelines(rng: random.R
     queues = con.sql(queue_lengths_sql("d", "h")).pl()
     got_queues = parts.queues("t", 2)
     assert got_queues.rows() == queues.cast(got_queues.schema).rows()  # type: ignore[arg-type]
-    # made once (the waits let go): asked again, the same rows; ops added after them are refused, not dropped
-    assert parts.queues("t", 2).rows() == got_queues.rows() and parts._waits == {}
+    # made once (the logs let go): asked again, the same rows; ops added after them are refused, not dropped
+    assert parts.queues("t", 2).rows() == got_queues.rows() and parts._streams == {}
+    assert parts.stats("t", 2).rows() == got.rows()
     with pytest.raises(ValueError, match="after the queues"):
         parts.add(ops)
+    assert not list(Path(folder.name).iterdir())  # each spilled log's file gone once read back
+    folder.cleanup()
 
 
 @settings(max_examples=80, deadline=None)
@@ -279,15 +296,20 @@ def test_launch_calls_pick_each_ids_first_call_as_a_loop_does(
 @settings(max_examples=80, deadline=None)
 @given(data=st.data())
 def test_the_deepest_queue_equals_a_count_at_every_launch(data: st.DataObject) -> None:
-    """``_deepest`` (of the launches and the ends, each sorted), a few launches at a time (chunks of 1-7 drawn),
-    against counting at each launch time the ops launched by then and not yet ended by then (ties included), one op
-    at a time."""
+    """``deepest_queue`` (of the launches and the ends, each sorted), in chunks of any lengths drawn apart for the
+    two (empty ones too), against counting at each launch time the ops launched by then and not yet ended by then
+    (ties included), one op at a time."""
     import numpy as np
 
-    from tracelake.analysis.launches import _deepest
+    from tracelake.analysis.sorted_values import deepest_queue
 
     ops = data.draw(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 12)), min_size=1, max_size=50))
     launch = np.array([t for t, _ in ops], dtype=np.int64)
     end = np.array([t + wait for t, wait in ops], dtype=np.int64)
     expected = max(sum(1 for lo, hi in zip(launch, end) if lo <= t and not hi <= t) for t in launch)
-    assert _deepest(np.sort(launch), np.sort(end), chunk=data.draw(st.integers(1, 7))) == expected
+
+    def chunked(values: np.ndarray) -> list[np.ndarray]:
+        cuts = sorted(data.draw(st.lists(st.integers(0, len(values)), max_size=8)))
+        return [values[a:b] for a, b in zip([0, *cuts], [*cuts, len(values)], strict=True)]
+
+    assert deepest_queue(chunked(np.sort(launch)), chunked(np.sort(end))) == expected

@@ -8,6 +8,7 @@ without recomputing (docs/analyses.md, "Stored at ingest").
 
 from __future__ import annotations
 
+import itertools
 import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,11 +25,13 @@ from tracelake.analysis import breakdown
 from tracelake.analysis.derived import DerivedTables, RankRows, Window
 from tracelake.analysis.launches import LaunchLookup
 from tracelake.analysis.peaks import Override, Peaks, matches, resolve
+from tracelake.analysis.sorted_values import LogFactory
 from tracelake.contracts import schema
 from tracelake.contracts.allocators import release_free_memory
 
 from . import derived_operators
 from .derived_inputs import kernel_correlations, keys, launch_times, only
+from .spill_log import SpillLog
 
 #: The parsed tables the derived ones are computed from.
 INPUTS = ("device_ops", "host_ops", "collectives", "devices")
@@ -51,9 +54,9 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
     Rank by rank in windows of :data:`CHUNK_ROWS` ops: memory follows ``threads`` windows, plus a few row groups of
     a trace's launch calls (written into ``out_dir``, in a folder removed before this returns, sorted by correlation
     id by the operators' pass: :mod:`.launch_table`; a trace without operator calls holds its calls, 13 bytes each),
-    each operator call that launched work (its position, key, host time and recompute flag: about 11 bytes), the
-    distinct (name, duration) pairs of a rank and what :class:`~tracelake.analysis.launches.LaunchParts` keeps of
-    each launched op.
+    each operator call that launched work (its position, key, host time and recompute flag: about 11 bytes) and the
+    distinct (name, duration) pairs of a rank. What :class:`~tracelake.analysis.launches.LaunchParts` keeps per
+    launched op (delays, launches and ends) goes to files in the same folder (:mod:`.spill_log`).
     """
     windows = _read(parsed / "collectives.parquet", ["trace_id", "rank", "step", "ts_ns", "dur_ns", "is_async"])
     windows = windows.filter(pl.col("is_async").fill_null(False)).drop("is_async").sort("ts_ns")
@@ -80,7 +83,8 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
         # the traces without operator calls: their launch calls held in memory (XLA has none)
         held, named = launch_times(parsed / "host_ops.parquet", shared, skip=set(calls))
         lookups: dict[str, LaunchLookup] = {**held, **calls}
-        tables = DerivedTables(lookups, {**named, **graph_calls}, windows, peaks, operators, hardware)
+        tables = DerivedTables(lookups, {**named, **graph_calls}, windows, peaks, operators, hardware,
+                               _spilled(Path(folder)))
         del held, named, shared
         _all_ranks(tables, parsed, threads)
         computed = tables.tables()
@@ -94,6 +98,17 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
             frame = frame.select(tbl.column_names).with_columns(pl.selectors.categorical().cast(pl.String))
             arrow = (frame.sort("trace_id", "rank", "name") if name == "kernel_stats" else frame).to_arrow()
         pq.write_table(arrow.cast(tbl.arrow_schema), out_dir / f"{name}.parquet", compression="zstd")
+
+
+def _spilled(folder: Path) -> LogFactory:
+    """Logs in ``folder`` (:class:`.spill_log.SpillLog`), each in a file of its own: what the launch statistics keep
+    per launched op, on disk."""
+    numbers = itertools.count()  # next() on it is atomic: the ranks' threads make logs at once
+
+    def made() -> SpillLog:
+        return SpillLog(folder / f"values-{next(numbers)}.i64")
+
+    return made
 
 
 def _all_ranks(tables: DerivedTables, parsed: Path, threads: int) -> None:

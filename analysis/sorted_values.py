@@ -1,0 +1,119 @@
+"""Integers kept for an exact figure over all of them (a quantile, the deepest queue), read back sorted a chunk at a
+time, so that what is computed from them needs a chunk of memory, not all of them (docs/architecture.md, "Memory").
+
+A :class:`ValueLog` takes integers in any order and gives them back once, ascending, in chunks. :class:`MemoryLog`
+holds them (4 bytes each where they fit in int32); ``warehouse/spill_log.SpillLog`` writes them to disk in sorted
+runs and merges the runs as they are read. :func:`sorted_quantiles` and :func:`deepest_queue` work on the chunks as
+they come.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from .event_index import narrow
+
+#: The length of the chunks :class:`MemoryLog` gives its values back in (views of one sorted array): the
+#: temporaries of :func:`deepest_queue` are this long, not the stream's.
+CHUNK = 1 << 16
+
+
+class ValueLog(Protocol):
+    """Integers appended in any order, given back once in ascending order, a chunk at a time."""
+
+    def __len__(self) -> int:
+        """How many values were appended."""
+
+    def append(self, values: np.ndarray) -> None:
+        """Add ``values`` (integers)."""
+
+    def sorted_chunks(self) -> Iterator[np.ndarray]:
+        """Every value appended, ascending, as int64 chunks (each sorted, each chunk's first value at least the last
+        one's before it). Asked once: the log lets its values go as they are given."""
+
+
+#: Makes an empty log: :class:`LaunchParts <tracelake.analysis.launches.LaunchParts>` takes one to keep its values
+#: in memory or on disk.
+LogFactory = Callable[[], ValueLog]
+
+
+class MemoryLog:
+    """A :class:`ValueLog` in memory: each piece as int32 where its values fit, int64 elsewhere."""
+
+    def __init__(self) -> None:
+        self._pieces: list[np.ndarray] = []
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def append(self, values: np.ndarray) -> None:
+        if len(values):
+            self._pieces.append(narrow(np.asarray(values)))
+            self._count += len(values)
+
+    def sorted_chunks(self) -> Iterator[np.ndarray]:
+        values = np.concatenate(self._pieces, dtype=np.int64) if self._pieces else np.empty(0, dtype=np.int64)
+        self._pieces = []
+        values.sort()
+        for first in range(0, len(values), CHUNK):
+            yield values[first:first + CHUNK]
+
+
+def sorted_quantiles(chunks: Iterable[np.ndarray], count: int, qs: Sequence[float]) -> list[float]:
+    """DuckDB's ``quantile_cont`` (as :func:`.quantiles.quantile_cont`) of ``count`` values (at least one) given
+    ascending in ``chunks``, for each quantile in ``qs``: linear between the values at floor and ceil of
+    ``(count - 1) * q``, with the same arithmetic."""
+    positions = [(count - 1) * q for q in qs]
+    ranks = sorted({int(np.floor(p)) for p in positions} | {int(np.ceil(p)) for p in positions})
+    found: dict[int, float] = {}
+    offset = 0
+    for chunk in chunks:
+        for rank in ranks:
+            if offset <= rank < offset + len(chunk):
+                found[rank] = float(chunk[rank - offset])
+        offset += len(chunk)
+    if offset != count:
+        raise ValueError(f"the chunks held {offset} values where {count} were counted")
+    results = []
+    for position in positions:
+        low, high = int(np.floor(position)), int(np.ceil(position))
+        results.append(found[low] + (found[high] - found[low]) * (position - low))
+    return results
+
+
+def deepest_queue(launches: Iterable[np.ndarray], ends: Iterable[np.ndarray]) -> int:
+    """The deepest queue: the most ops launched by some time and not yet ended at it (an op launched and ended at
+    the same time never counts), from each op's launch and end, each given ascending in chunks
+    (:meth:`ValueLog.sorted_chunks`), one chunk of either held at a time.
+
+    The depth only grows at launches, so its maximum is at one: there it is the launches up to then minus the ends
+    up to then, changes at the same time all counted. Launches at one time split over two chunks are undercounted at
+    the first chunk's and counted whole at the second's, so the maximum is exact. An end chunk answers the launches
+    below its last value only: ends equal to a launch time may go on into the next chunk.
+    """
+    deepest = launched = ended_before = 0
+    end_chunks = (chunk for chunk in ends if len(chunk))
+    end = next(end_chunks, None)
+    for at in launches:
+        if not len(at):
+            continue
+        up_to = launched + np.searchsorted(at, at, side="right")
+        ended = np.empty(len(at), dtype=np.int64)
+        first = 0
+        while first < len(at):
+            if end is None:  # every end counted already
+                ended[first:] = ended_before
+                break
+            last = first + int(np.searchsorted(at[first:], end[-1], side="left"))  # the launches below its last end
+            ended[first:last] = ended_before + np.searchsorted(end, at[first:last], side="right")
+            first = last
+            if first < len(at):  # launches at or past this chunk's last end: the next chunk answers them
+                ended_before += len(end)
+                end = next(end_chunks, None)
+        deepest = max(deepest, int((up_to - ended).max()))
+        launched += len(at)
+    return deepest
