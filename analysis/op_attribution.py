@@ -403,7 +403,8 @@ class Attribution:
                 for column, values in zip(self._owners, (owner[:, 0], np.where(owner[:, 1] >= 0, owner[:, 1],
                                                                                owner[:, 2]), owner[:, 4] > 0),
                                           strict=True):
-                    column.append(values if values.dtype == bool else narrow(values))
+                    # a column of ``owner`` is a view that would keep all five columns: copied out
+                    column.append(np.ascontiguousarray(values if values.dtype == bool else narrow(values)))
         mine = settled[events.forward]
         if mine.any():  # 12 bytes a forward event, where each fits 4 (a training trace marks every forward op)
             for column, values in zip(self._forward, (events.forward_sequence[mine], events.forward_id[mine],
