@@ -20,7 +20,7 @@ from tracelake.contracts.classify import Category, category_sql
 from tracelake.contracts.lazy import duckdb
 from tracelake.contracts.schema import sql_literal
 
-from . import kineto_memory_ops, kineto_nesting, kineto_scan, kineto_sql_tables
+from . import kineto_memory_facts, kineto_memory_ops, kineto_nesting, kineto_scan, kineto_sql_tables
 from .kineto_sql_events import DEVICE_TYPES, DTYPE_BYTES, max_object
 from .model import TraceInfo
 
@@ -308,7 +308,8 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
         return
     memory = sql_literal(str(parts / "memory-*.parquet"))
     host = sql_literal(str(parts / "host-*.parquet"))
-    ops_file, steps_file = (sql_literal(str(parts / f"{name}.parquet")) for name in ("mem_ops", "mem_steps"))
+    ops_file = sql_literal(str(parts / kineto_memory_facts.OPS_GLOB))
+    steps_file = sql_literal(str(parts / "mem_steps.parquet"))
     types = " ".join(f"WHEN {number} THEN {sql_literal(name)}" for number, name in DEVICE_TYPES.items())
     con.execute(f"CREATE VIEW mem_n AS SELECT * FROM read_parquet({memory})")
     cpu_ops = (f"""SELECT h.event_id, h.pid, h.tid, h.ts_ns, h.dur_ns, h.name FROM read_parquet({host}) h
@@ -320,15 +321,7 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
     if op_ids.exists():
         # The native nesting found each instant's op on its sweep (kineto_nesting.sweep): only the names are wanted,
         # of the ops the instants name (a semi join keeps the hash table to those).
-        ids = f"read_parquet({sql_literal(str(op_ids))})"
-        with kineto_sql_tables.memory_share(con, kineto_sql_tables.SIDE_SHARE):  # two hash joins of every instant
-            con.execute(f"""
-                COPY (
-                    SELECT i.event_id, n.name AS op FROM {ids} i
-                    LEFT JOIN (SELECT h.event_id, h.name FROM read_parquet({host}) h
-                               SEMI JOIN {ids} o ON h.event_id = o.op_id) n ON n.event_id = i.op_id
-                ) TO {ops_file} (FORMAT parquet, COMPRESSION lz4)
-            """)
+        kineto_memory_facts.op_names(con, f"read_parquet({sql_literal(str(op_ids))})", host, parts)
     else:
         # The innermost op of each instant in numpy (kineto_memory_ops): a SQL sweep of the ops' starts and ends,
         # and a join for their names, took most of the memory instants' cost (benchmarks/ingest_memory.py).
@@ -336,7 +329,7 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
             con.sql(cpu_ops).to_arrow_table(),
             con.sql("SELECT event_id, pid, tid, ts_ns FROM mem_n "
                     "WHERE ts_ns IS NOT NULL AND pid IS NOT NULL AND tid IS NOT NULL").to_arrow_table())
-        pq.write_table(found, parts / "mem_ops.parquet", compression="lz4")
+        pq.write_table(found, parts / "mem_ops-000000.parquet", compression="lz4")  # the one file of OPS_GLOB
         del found
     _instant_steps(con, parts, parts / "mem_steps.parquet")
     in_time_order = _in_time_order(parts)
@@ -351,6 +344,9 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
                         SELECT m.event_id, o.op, s.step FROM (SELECT event_id FROM read_parquet({memory})) m
                         LEFT JOIN read_parquet({ops_file}) o USING (event_id)
                         LEFT JOIN read_parquet({steps_file}) s USING (event_id)""")
+        # ... whose rows the merge reads sorted by id from this file, made here range by range: one join and sort of
+        # every instant, as the view would be sorted, grows with the trace
+        kineto_memory_facts.sorted_facts(con, parts, parts / kineto_sql_tables.MEMORY_FACTS_FILE)
     per_row = MEMORY_JOIN_BYTES_PER_ROW if not native else NATIVE_MEMORY_JOIN_BYTES_PER_ROW
     ranges = [] if in_time_order else \
         kineto_sql_tables.id_ranges(con, "mem_n", max(kineto_sql_tables.memory_limit(con) // per_row, 1))

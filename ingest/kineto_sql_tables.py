@@ -186,6 +186,8 @@ def part_files(parts: Path, part: str) -> list[Path]:
 
 #: The memory instants' columns that come from their facts (``mem_facts``), not from their parts.
 _MEMORY_FACTS = ("op", "step")
+#: The memory instants' facts sorted by id, for their merge (``kineto_memory_facts.sorted_facts`` makes it).
+MEMORY_FACTS_FILE = "memory_facts_by_id.parquet"
 
 
 def _memory_merged(con: duckdb.DuckDBPyConnection, out: Path, parts: Path, exprs: dict[str, str]) -> bool:
@@ -197,7 +199,7 @@ def _memory_merged(con: duckdb.DuckDBPyConnection, out: Path, parts: Path, exprs
         return False
     rows = {name: expr for name, expr in exprs.items() if name not in _MEMORY_FACTS}
     return _write_merged(con, out, schema.MEMORY_EVENTS, rows, "mem_rows",
-                         _Facts("mem_facts", _MEMORY_FACTS, parts / "memory_facts_by_id.parquet"), ordered_by="ts_ns")
+                         _Facts("mem_facts", _MEMORY_FACTS, parts / MEMORY_FACTS_FILE), ordered_by="ts_ns")
 
 
 def in_order(parts: Path, part: str) -> str:

@@ -21,7 +21,7 @@ import pytest
 from support import ROOT, real_kineto_files
 from tracelake import ingest
 from tracelake.contracts.errors import TraceFormatError
-from tracelake.ingest import kineto_scan, kineto_sql_facts
+from tracelake.ingest import kineto_memory_facts, kineto_scan, kineto_sql_facts, kineto_sql_tables
 from tracelake.ingest.kineto_sql_events import DEVICE_TYPES
 from tracelake.ingest.model import ParseOptions
 
@@ -178,16 +178,64 @@ def test_small_batches_give_the_same_rows(tmp_path: Path) -> None:
     assert cut["counters"].to_pylist() == whole["counters"].to_pylist()
 
 
+def ranges_made(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
+    """Memory instants' ops named and facts joined about 10 a range (at a 100 MB share); per relation, how many
+    ranges each call of ``id_ranges`` made."""
+    for name in ("OP_NAME_BYTES_PER_ROW", "FACTS_BYTES_PER_ROW"):
+        monkeypatch.setattr(kineto_memory_facts, name, 10 << 20)
+    ranges = kineto_memory_facts.id_ranges
+    made: dict[str, list[int]] = defaultdict(list)
+
+    def counted(con: object, facts: str, rows: int) -> list[tuple[int, int]]:
+        found = ranges(con, facts, rows)  # type: ignore[arg-type]
+        made[facts].append(len(found))
+        return found
+
+    monkeypatch.setattr(kineto_memory_facts, "id_ranges", counted)
+    return made
+
+
 def test_memory_instants_joined_by_ranges_give_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Where one join would not fit DuckDB's memory limit, the instants get their op and step range by range."""
+    """Where one join would not fit DuckDB's memory limit, the instants get their op and step range by range; the
+    native path names their ops by ranges of the ops' ids and sorts their facts by ranges of their own."""
     leak = [p for p in GPU_TRACES if p.parent.name == "leak"]
     if not leak:
         pytest.skip("sample_traces/gpu_h200/leak is absent")
     whole = parse_both(leak[0], tmp_path)
     for name in ("MEMORY_JOIN_BYTES_PER_ROW", "NATIVE_MEMORY_JOIN_BYTES_PER_ROW"):  # both engines' budgets
         monkeypatch.setattr(kineto_sql_facts, name, 20 << 20)  # 10 instants a range at 200 MB
+    made = ranges_made(monkeypatch)
     ranged = parse_both(leak[0], tmp_path, memory_limit="200MB", threads=1)
     assert ranged["memory_events"].to_pylist() == whole["memory_events"].to_pylist()
+    assert max(made["mem_op_keys"]) > 1  # the ops named in several ranges (its instants are not in time order)
+
+
+def test_instants_in_time_order_give_the_same_facts_by_ranges(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """Instants in time order are merged with their facts, which are sorted a range of instants at a time (and their
+    ops named a range of ops at a time): the same rows as one range of each, with several ranges of each made."""
+    events: list[object] = [op("ProfilerStep#1", 0, 300, cat="user_annotation"),
+                            op("ProfilerStep#2", 300, 300, cat="user_annotation")]
+    events += [op(f"op{i}", 10 * i, 8) for i in range(60)]
+    events += [instant(10 * i + 2 * k, {"Bytes": k + 1, "Addr": 16 * i + k, "Device Type": 1, "Device Id": 0})
+               for i in range(60) for k in range(5)]  # in time order; those at 10i + 8 after their op
+    path = tmp_path / "ordered.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    (tmp_path / "whole").mkdir()
+    (tmp_path / "ranged").mkdir()
+    whole = parse_both(path, tmp_path / "whole")["memory_events"]
+    made = ranges_made(monkeypatch)
+    merged: list[bool] = []
+    original = kineto_sql_tables._memory_merged
+    monkeypatch.setattr(kineto_sql_tables, "_memory_merged", lambda *a, **k: merged.append(original(*a, **k))
+                        or merged[-1])
+    ranged = parse_both(path, tmp_path / "ranged")["memory_events"]
+    assert ranged.to_pylist() == whole.to_pylist() and ranged.num_rows == 300
+    assert max(made["mem_op_keys"]) > 1 and max(made["mem_n"]) > 1
+    assert merged[-1]  # the native engine's (parsed last) facts lined up with the instants: merged, not sorted
+    ops = [r["op"] for r in ranged.to_pylist()]
+    assert ops.count(None) == 60 and ops[:5] == ["op0"] * 4 + [None]  # the instants at 10i + 8 are after op i
+    assert [r["step"] for r in ranged.to_pylist()][149:151] == [1, 2]
 
 
 def instant(ts: float, args: dict[str, object], name: str = "[memory]", tid: object = 1) -> dict[str, object]:
@@ -246,6 +294,19 @@ def test_a_hand_made_trace_gives_the_known_op_step_and_values(tmp_path: Path) ->
     assert (host["outer"], host["inner"], host["worker"], host["zero"]) == (11, 12, None, None)
 
 
+def test_memory_instants_where_no_op_runs_keep_a_null_op(tmp_path: Path) -> None:
+    """Instants on a thread with no ``cpu_op`` (so no op to name, nothing for the names' ranges): every engine keeps
+    each instant, with no op and the step of its time."""
+    gpu: dict[str, object] = {"Device Type": 1, "Device Id": 0, "Total Allocated": 0, "Total Reserved": 0}
+    events: list[object] = [op("ProfilerStep#1", 0, 100, cat="user_annotation"),
+                            op("annotation", 10, 20, cat="user_annotation"),
+                            instant(15, {"Bytes": 8, "Addr": 1, **gpu}), instant(120, {"Bytes": -8, "Addr": 1, **gpu})]
+    path = tmp_path / "no_ops.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    rows = parse_both(path, tmp_path)["memory_events"].to_pylist()
+    assert [(r["bytes"], r["op"], r["step"]) for r in rows] == [(8, None, 1), (-8, None, None)]
+
+
 @pytest.mark.parametrize("order", ["by time", "shuffled", "two threads"])
 def test_the_table_is_kept_by_time_merged_or_sorted(order: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                     ) -> None:
@@ -264,8 +325,6 @@ def test_the_table_is_kept_by_time_merged_or_sorted(order: str, tmp_path: Path, 
         instants = [e for e in instants if e["tid"] == 1] + [e for e in instants if e["tid"] == 2]
     path = tmp_path / "ordered.json"
     path.write_text(json.dumps({"traceEvents": events + instants}))
-    from tracelake.ingest import kineto_sql_tables
-
     merged: list[bool] = []
     original = kineto_sql_tables._memory_merged
     monkeypatch.setattr(kineto_sql_tables, "_memory_merged", lambda *a, **k: merged.append(original(*a, **k))
