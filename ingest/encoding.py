@@ -9,8 +9,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracelake.contracts.allocators import release_free_memory
-
 #: Text columns of the big tables whose row-group statistics (least and greatest value) no reader prunes by: the
 #: names, categories and descriptions of ops and host events, mixed in every row group. The XLA parsers hand these
 #: to Parquet as Arrow dictionaries, whose statistics take a quarter of the time of writing a TPU trace's device
@@ -48,15 +46,7 @@ class EncodingWriter:
         self._wait()
         if self._writer is None:
             raise ValueError("write to a closed EncodingWriter")
-        self._pending = self._thread.submit(self._encode, self._writer, table, row_group_size)
-
-    @staticmethod
-    def _encode(writer: pq.ParquetWriter, table: pa.Table, row_group_size: int | None) -> None:
-        writer.write_table(table, row_group_size=row_group_size)
-        # The encoding's buffers are taken and freed on this thread, in a glibc arena of its own, and the holes they
-        # leave between buffers still held stay counted in the process's memory until trimmed: trimmed after each
-        # group, the merges of a Kineto trace's tables no longer grow with it (docs/architecture.md, "Memory").
-        release_free_memory()
+        self._pending = self._thread.submit(self._writer.write_table, table, row_group_size=row_group_size)
 
     def close(self) -> None:
         """Wait for the last write and close the file (once; a failed write is raised here, the file closed)."""
