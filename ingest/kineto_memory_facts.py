@@ -23,11 +23,12 @@ from .kineto_sql_tables import SIDE_SHARE, id_ranges, memory_limit, memory_share
 #: ops' ids, then their names; DuckDB builds the second on the instants, about 110 bytes each). At 8 GB of the Qwen
 #: shape (3.3M instants) one join of all of them ran out of a 100 MB share in 3 of 8 runs under load. On the 4 GB
 #: shape's parts (1.65M instants), alone: one join under the whole 200 MB limit took 100 MiB above the process in
-#: 0.45 s; ranges at 400 bytes a row (4 ranges) 47-49 MiB in 0.66-0.70 s.
-OP_NAME_BYTES_PER_ROW = 400
+#: 0.45 s; ranges at 400 bytes a row (4 ranges) 47-49 MiB in 0.66-0.70 s, at 250 (3 ranges) 62 MiB in 0.62 s. At 200,
+#: the instants of a 1 GB trace (414K) are named in one range, those of 8 GB in seven.
+OP_NAME_BYTES_PER_ROW = 200
 #: The same for :func:`sorted_facts` (two hash joins and a sort of the instants): on the 4 GB shape's parts, one
 #: statement of all 1.65M instants took 109 MiB above the process under a 95 MB limit, and ran out of a 40 MB one.
-FACTS_BYTES_PER_ROW = 400
+FACTS_BYTES_PER_ROW = 200
 #: The files of the ops' names (:func:`op_names`): one, or one per range.
 OPS_GLOB = "mem_ops-*.parquet"
 #: Rows per row group of the sorted facts (the merge reads them a row group at a time).
@@ -59,27 +60,34 @@ def op_names(con: duckdb.DuckDBPyConnection, ids: str, host: str, parts: Path) -
 
 def sorted_facts(con: duckdb.DuckDBPyConnection, parts: Path, out: Path) -> None:
     """``out``: every memory instant of the parts (``mem_n``) with its ``op`` and ``step``, in order of ``event_id``,
-    as the merge of the final table reads them (``kineto_sql_tables._write_merged``). The ops' names are sorted by
-    instant first (a sort spills), then joined with the steps by ranges of the instants' ids, under half of DuckDB's
-    limit."""
+    as the merge of the final table reads them (``kineto_sql_tables._write_merged``), under half of DuckDB's limit.
+    Where one join of them all fits, in one statement; else the ops' names are sorted by instant first (a sort
+    spills), then joined with the steps by ranges of the instants' ids, written in order."""
     memory, steps = (sql_literal(str(parts / name)) for name in ("memory-*.parquet", "mem_steps.parquet"))
     ops = parts / "mem_ops_by_id.parquet"
     rows = _GROUP_ROWS
+
+    def joined(names: str, first: int | None = None, stop: int | None = None) -> str:
+        def within(source: str) -> str:
+            kept = "" if first is None else f" WHERE event_id >= {first} AND event_id < {stop}"
+            return f"(SELECT * FROM read_parquet({source}){kept})"
+        return (f"SELECT m.event_id, o.op, s.step FROM (SELECT event_id FROM {within(memory)}) m "
+                f"LEFT JOIN {within(names)} o USING (event_id) LEFT JOIN {within(steps)} s USING (event_id) "
+                "ORDER BY m.event_id")
+
     with memory_share(con, SIDE_SHARE):
+        ranges = id_ranges(con, "mem_n", max(memory_limit(con) // FACTS_BYTES_PER_ROW, 1))
+        if len(ranges) <= 1:
+            con.execute(f"COPY ({joined(sql_literal(str(parts / OPS_GLOB)))}) TO {sql_literal(str(out))} "
+                        f"(FORMAT parquet, COMPRESSION lz4, ROW_GROUP_SIZE {rows})")
+            return
         con.execute(f"COPY (SELECT event_id, op FROM read_parquet({sql_literal(str(parts / OPS_GLOB))}) "
                     f"ORDER BY event_id) TO {sql_literal(str(ops))} "
                     f"(FORMAT parquet, COMPRESSION lz4, ROW_GROUP_SIZE {rows})")
-        ranges = id_ranges(con, "mem_n", max(memory_limit(con) // FACTS_BYTES_PER_ROW, 1))
         writer: pq.ParquetWriter | None = None
         try:
             for first, stop in ranges:
-                def within(source: str, first: int = first, stop: int = stop) -> str:
-                    return f"(SELECT * FROM read_parquet({source}) WHERE event_id >= {first} AND event_id < {stop})"
-                reader = con.sql(f"""
-                    SELECT m.event_id, o.op, s.step FROM (SELECT event_id FROM {within(memory)}) m
-                    LEFT JOIN {within(sql_literal(str(ops)))} o USING (event_id)
-                    LEFT JOIN {within(steps)} s USING (event_id) ORDER BY m.event_id
-                """).to_arrow_reader(rows)
+                reader = con.sql(joined(sql_literal(str(ops)), first, stop)).to_arrow_reader(rows)
                 if writer is None:
                     writer = pq.ParquetWriter(out, reader.schema, compression="lz4")
                 for batch in reader:
