@@ -64,8 +64,8 @@ class KernelStats:
     def rows(self) -> pl.DataFrame:
         """One row per name: ``name``, ``category``, ``count``, ``total_ns``, ``mean_ns``, ``p50_ns``, ``p95_ns``,
         ``max_ns`` (the figures of ``kernel_stats``, floats where rounded), by name."""
-        kept = _COUNTS_SCHEMA  # the texts back from codes, for the sort by name below
-        counts = self._merged().cast(kept) if self._parts else pl.DataFrame(schema=kept)  # type: ignore[arg-type]
+        texts = _COUNTS_SCHEMA  # the names back from their codes, for the sort by name below
+        counts = self._merged().cast(texts) if self._parts else pl.DataFrame(schema=texts)  # type: ignore[arg-type]
         values = counts.filter(pl.col("dur_ns").is_not_null()).sort("name", "dur_ns").with_columns(
             pl.col("n").cum_sum().over("name").alias("upto"), (pl.col("n").sum().over("name") - 1).alias("last"))
         per_value = values.group_by("name").agg(

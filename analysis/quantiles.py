@@ -15,10 +15,20 @@ import polars as pl
 def quantile_cont(values: np.ndarray, q: float) -> float:
     """DuckDB's ``quantile_cont`` of ``values`` (not empty): linear between the values at floor and ceil of
     ``(n - 1) * q``, with the same arithmetic."""
-    position = (len(values) - 1) * q
-    low, high = int(np.floor(position)), int(np.ceil(position))
+    low, high, _ = cont_ranks(len(values), q)
     parted = np.partition(values, [low, high])
-    below, above = float(parted[low]), float(parted[high])
+    return between(float(parted[low]), float(parted[high]), len(values), q)
+
+
+def cont_ranks(count: int, q: float) -> tuple[int, int, float]:
+    """Of ``count`` values in order, the ranks at floor and ceil of ``(count - 1) * q`` and that position."""
+    position = (count - 1) * q
+    return int(np.floor(position)), int(np.ceil(position)), position
+
+
+def between(below: float, above: float, count: int, q: float) -> float:
+    """:func:`quantile_cont` from the values at the two ranks of :func:`cont_ranks`."""
+    low, _, position = cont_ranks(count, q)
     return below + (above - below) * (position - low)
 
 

@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 
 from .event_index import narrow
+from .quantiles import between, cont_ranks
 
 #: The length of the chunks :class:`MemoryLog` gives its values back in (views of one sorted array): the
 #: temporaries of :func:`deepest_queue` are this long, not the stream's.
@@ -64,11 +65,9 @@ class MemoryLog:
 
 
 def sorted_quantiles(chunks: Iterable[np.ndarray], count: int, qs: Sequence[float]) -> list[float]:
-    """DuckDB's ``quantile_cont`` (as :func:`.quantiles.quantile_cont`) of ``count`` values (at least one) given
-    ascending in ``chunks``, for each quantile in ``qs``: linear between the values at floor and ceil of
-    ``(count - 1) * q``, with the same arithmetic."""
-    positions = [(count - 1) * q for q in qs]
-    ranks = sorted({int(np.floor(p)) for p in positions} | {int(np.ceil(p)) for p in positions})
+    """DuckDB's ``quantile_cont`` (:mod:`.quantiles`' arithmetic) of ``count`` values (at least one) given ascending in
+    ``chunks``, for each quantile in ``qs``."""
+    ranks = sorted({rank for q in qs for rank in cont_ranks(count, q)[:2]})
     found: dict[int, float] = {}
     offset = 0
     for chunk in chunks:
@@ -78,11 +77,7 @@ def sorted_quantiles(chunks: Iterable[np.ndarray], count: int, qs: Sequence[floa
         offset += len(chunk)
     if offset != count:
         raise ValueError(f"the chunks held {offset} values where {count} were counted")
-    results = []
-    for position in positions:
-        low, high = int(np.floor(position)), int(np.ceil(position))
-        results.append(found[low] + (found[high] - found[low]) * (position - low))
-    return results
+    return [between(found[low], found[high], count, q) for q in qs for low, high, _ in [cont_ranks(count, q)]]
 
 
 def deepest_queue(launches: Iterable[np.ndarray], ends: Iterable[np.ndarray]) -> int:

@@ -299,10 +299,10 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
     memory; the op lookup holds the ``cpu_op`` events of the allocating threads (times, ids and names: about
     100 bytes each) while it runs. ``mem_d`` is a view joining them where one join fits DuckDB's memory limit
     (the final table's statement then joins and sorts at once), else files joined range by range. Where the
-    instants are in time order in the file, ``mem_rows`` (the parts in file order) and ``mem_facts`` (each
-    instant's op and step) let the final table be a merge instead, and ``mem_d`` is the one join's view, which the
-    merge leaves unused unless it finds the rows out of order. Nothing is made when the trace has no memory
-    instants.
+    instants are in time order in the file, ``mem_rows`` (the parts in file order) and a file of each instant's op
+    and step sorted by id (``kineto_memory_facts.sorted_facts``) let the final table be a merge instead, and
+    ``mem_d`` is the one join's view, which the merge leaves unused unless it finds the rows out of order. Nothing is
+    made when the trace has no memory instants.
     """
     if not any(parts.glob("memory-*.parquet")):
         return
@@ -340,12 +340,8 @@ def memory_events(con: duckdb.DuckDBPyConnection, parts: Path, *, native: bool) 
                         SELECT event_id, pid, tid, device, CASE device_type {types} END AS device_type, ts_ns, kind,
                                addr, bytes, total_allocated, total_reserved
                         FROM {kineto_sql_tables.in_order(parts, 'memory')}""")
-        con.execute(f"""CREATE VIEW mem_facts AS
-                        SELECT m.event_id, o.op, s.step FROM (SELECT event_id FROM read_parquet({memory})) m
-                        LEFT JOIN read_parquet({ops_file}) o USING (event_id)
-                        LEFT JOIN read_parquet({steps_file}) s USING (event_id)""")
-        # ... whose rows the merge reads sorted by id from this file, made here range by range: one join and sort of
-        # every instant, as the view would be sorted, grows with the trace
+        # ... beside each instant's op and step, sorted by id into this file range by range (one join and sort of
+        # every instant grows with the trace)
         kineto_memory_facts.sorted_facts(con, parts, parts / kineto_sql_tables.MEMORY_FACTS_FILE)
     per_row = MEMORY_JOIN_BYTES_PER_ROW if not native else NATIVE_MEMORY_JOIN_BYTES_PER_ROW
     ranges = [] if in_time_order else \

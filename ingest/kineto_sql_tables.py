@@ -184,7 +184,7 @@ def part_files(parts: Path, part: str) -> list[Path]:
     return sorted(parts.glob(f"{part}-*.parquet"), key=lambda path: int(path.stem.rpartition("-")[2]))
 
 
-#: The memory instants' columns that come from their facts (``mem_facts``), not from their parts.
+#: The memory instants' columns that come from their facts (:data:`MEMORY_FACTS_FILE`), not from their parts.
 _MEMORY_FACTS = ("op", "step")
 #: The memory instants' facts sorted by id, for their merge (``kineto_memory_facts.sorted_facts`` makes it).
 MEMORY_FACTS_FILE = "memory_facts_by_id.parquet"
@@ -193,13 +193,14 @@ MEMORY_FACTS_FILE = "memory_facts_by_id.parquet"
 def _memory_merged(con: duckdb.DuckDBPyConnection, out: Path, parts: Path, exprs: dict[str, str]) -> bool:
     """``out``: the memory instants merged with their op and step (:func:`_write_merged`), in order of time as the
     table is kept, where ``kineto_sql_facts.memory_events`` found them in that order in the file (it then made the
-    views ``mem_rows`` and ``mem_facts``). False, with nothing at ``out``, where it did not or the merge could not
-    keep that order: the instants are then sorted (``mem_d``)."""
-    if not con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'mem_facts'").fetchall()[0][0]:
+    view ``mem_rows`` and the facts' file :data:`MEMORY_FACTS_FILE`). False, with nothing at ``out``, where it did not
+    or the merge could not keep that order: the instants are then sorted (``mem_d``)."""
+    facts = parts / MEMORY_FACTS_FILE
+    if not facts.exists():
         return False
     rows = {name: expr for name, expr in exprs.items() if name not in _MEMORY_FACTS}
     return _write_merged(con, out, schema.MEMORY_EVENTS, rows, "mem_rows",
-                         _Facts("mem_facts", _MEMORY_FACTS, parts / MEMORY_FACTS_FILE), ordered_by="ts_ns")
+                         _Facts(f"read_parquet({sql_literal(str(facts))})", _MEMORY_FACTS, facts), ordered_by="ts_ns")
 
 
 def in_order(parts: Path, part: str) -> str:
