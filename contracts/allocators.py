@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 #: The variable polars' jemalloc reads its options from.
 POLARS_JEMALLOC_VARIABLE = "_RJEM_MALLOC_CONF"
@@ -65,6 +67,8 @@ ARROW_POOL = "system"
 GLIBC_M_TRIM_THRESHOLD, GLIBC_M_MMAP_THRESHOLD = -1, -3
 GLIBC_TRIM_THRESHOLD = 2 << 20
 GLIBC_MMAP_THRESHOLD = 32 << 20
+#: The trim threshold within :func:`freed_memory_kept`: a pass's per-row-group buffers stay on the heap between groups.
+GLIBC_KEPT_TRIM_THRESHOLD = 16 << 20
 #: The environment through which a user sets glibc's thresholds themselves: then they are left alone.
 GLIBC_USER_SETTINGS = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 GLIBC_TUNABLES_VARIABLE = "GLIBC_TUNABLES"
@@ -97,6 +101,28 @@ def _set_glibc_thresholds() -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(GLIBC_M_MMAP_THRESHOLD, GLIBC_MMAP_THRESHOLD)) and \
         bool(mallopt(GLIBC_M_TRIM_THRESHOLD, GLIBC_TRIM_THRESHOLD))
+
+
+@contextmanager
+def freed_memory_kept() -> Iterator[None]:
+    """Within: up to :data:`GLIBC_KEPT_TRIM_THRESHOLD` of a heap's free top is kept, not handed back as it forms;
+    after: the threshold of :func:`fix_glibc_thresholds` again, and what was freed handed back
+    (:func:`release_free_memory`).
+
+    For a pass that allocates and frees the same buffers for each of many row groups: with the heap's top handed
+    back above 2 MiB, each group faulted its buffers' pages in afresh (the operators' pass at 8 GB of Kineto trace:
+    213 row groups, 1 s more of its 6; docs/architecture.md, "Memory"). Those pages are part of the pass's peak
+    anyway. Nothing is changed where :func:`fix_glibc_thresholds` left glibc alone.
+    """
+    glibc = _GLIBC if fix_glibc_thresholds() else None
+    if glibc is not None:
+        glibc.mallopt(GLIBC_M_TRIM_THRESHOLD, GLIBC_KEPT_TRIM_THRESHOLD)
+    try:
+        yield
+    finally:
+        if glibc is not None:
+            glibc.mallopt(GLIBC_M_TRIM_THRESHOLD, GLIBC_TRIM_THRESHOLD)
+            release_free_memory()
 
 
 def release_free_memory() -> None:

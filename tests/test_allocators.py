@@ -91,3 +91,46 @@ def test_a_thread_hands_its_freed_heap_back_once_tracelake_is_imported(module: s
 @pytest.mark.skipif(not _GLIBC, reason="glibc's allocator only")
 def test_glibc_tunables_for_malloc_are_left_alone() -> None:
     assert _run("warehouse", GLIBC_TUNABLES="glibc.malloc.trim_threshold=1073741824")["set"] is False
+
+
+_KEPT_CHILD = """
+import ctypes, json
+import tracelake.warehouse
+import pyarrow  # loaded before the count: leaving the context hands back Arrow's pool too
+from tracelake.contracts import allocators
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+SIZE = 12 << 20  # under the kept threshold, over the usual one
+
+def resident_kib():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+
+def churn():
+    block = libc.malloc(SIZE)
+    ctypes.memset(block, 1, SIZE)
+    libc.free(block)
+
+before = resident_kib()
+with allocators.freed_memory_kept():
+    churn()
+    inside = resident_kib() - before
+    churn()  # the same pages again: nothing new
+    again = resident_kib() - before
+out = resident_kib() - before
+churn()
+print(json.dumps({"inside": inside, "again": again, "out": out, "after": resident_kib() - before}))
+"""
+
+
+@pytest.mark.skipif(not _GLIBC, reason="glibc's allocator only")
+def test_freed_memory_is_kept_within_a_pass_and_handed_back_after_it() -> None:
+    """Within ``freed_memory_kept`` a freed 12 MiB block stays resident for the next one to reuse; leaving hands it
+    back, and a block freed after that goes back as it is freed (the usual threshold is restored)."""
+    clean = {k: v for k, v in os.environ.items() if k not in allocators.GLIBC_USER_SETTINGS and k != "GLIBC_TUNABLES"}
+    seen = json.loads(subprocess.run([sys.executable, "-c", _KEPT_CHILD], env=clean, capture_output=True, text=True,
+                                     check=True).stdout)
+    assert seen["inside"] > 10 * 1024 and seen["again"] < seen["inside"] + 2 * 1024, seen
+    assert seen["out"] < 3 * 1024 and seen["after"] < 3 * 1024, seen

@@ -3,12 +3,14 @@ of every host event (analysis/event_flags.py) packed and unpacked."""
 
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 from tracelake.analysis.event_flags import EventFlags
-from tracelake.analysis.event_index import build, parent_rows
+from tracelake.analysis.event_index import Builder, build, parent_rows
 
 
 @st.composite
@@ -70,6 +72,65 @@ def test_spread_ids_take_at_most_4_bytes_each(gap: int) -> None:
     sample = np.concatenate([rng.choice(ids, 3000), rng.integers(int(ids[0]) - 10, int(ids[-1]) + 10, 3000)])
     where = {int(i): at for at, i in enumerate(ids)}
     assert index.positions(sample).tolist() == [where.get(int(i), -1) for i in sample]
+
+
+def test_dense_ids_are_indexed_without_holding_their_pieces() -> None:
+    """Four million ascending ids given a row group's worth at a time, their number and span first: the builder's
+    allocations (as tracemalloc counts numpy's) stay near the bits and one piece's temporaries, far under the 16 MB
+    the pieces would take held, and the index answers like a dict over a sample."""
+    rng = np.random.default_rng(3)
+    ids = np.sort(rng.choice(6_000_000, 4_000_000, replace=False)).astype(np.int32)
+    tracemalloc.start()
+    try:
+        builder = Builder(len(ids), int(ids[0]), int(ids[-1]))
+        for at in range(0, len(ids), 65_536):
+            builder.add(ids[at:at + 65_536].copy())  # a fresh piece, as a row group's read is
+        assert not builder.again
+        index = builder.index()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20
+    sample = rng.choice(6_000_000, 5000)
+    where = {int(i): at for at, i in enumerate(ids)}
+    assert index.positions(sample).tolist() == [where.get(int(i), -1) for i in sample]
+
+
+def test_ids_out_of_order_are_given_twice_for_their_first_positions() -> None:
+    """Dense ids that repeat and come out of order: the builder asks for a second pass, and then answers each id's
+    first position, as a dict made here does; an index asked for before that pass is refused."""
+    ids = [7, 3, 7, 9, 3, 12, 8, 3]
+    pieces = [np.array(ids[:3]), np.array(ids[3:6]), np.array(ids[6:])]
+    builder = Builder(len(ids), 3, 12)
+    for piece in pieces:
+        builder.add(piece)
+    assert builder.again
+    with pytest.raises(ValueError, match="ids given"):
+        builder.index()
+    for piece in pieces:
+        builder.add_again(piece)
+    first: dict[int, int] = {}
+    for at, i in enumerate(ids):
+        first.setdefault(i, at)
+    asked = np.arange(0, 15)
+    assert builder.index().positions(asked).tolist() == [first.get(int(i), -1) for i in asked]
+
+
+@pytest.mark.parametrize(("size", "low", "high", "pieces", "message"), [
+    (3, 10, 20, [[10, 11, 21]], "outside"),
+    (3, 10, 20, [[9, 11, 12]], "outside"),
+    (2, 10, 20, [[10, 11, 12]], "outside"),
+    (4, 10, 20, [[10, 11, 12]], "3 ids given of 4"),
+    (3, 0, 10**9, [[10], [11, 10**9 + 1]], "outside"),  # sparse: a span over 16 times their number
+])
+def test_a_builder_refuses_pieces_unlike_what_it_was_given(size: int, low: int, high: int, pieces: list[list[int]],
+                                                           message: str) -> None:
+    """Ids outside the span given, or more or fewer than the number given, are a bug of the caller's: refused."""
+    builder = Builder(size, low, high)
+    with pytest.raises(ValueError, match=message):
+        for piece in pieces:
+            builder.add(np.array(piece, dtype=np.int64))
+        builder.index()
 
 
 @settings(max_examples=200, deadline=None)

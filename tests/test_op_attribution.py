@@ -12,14 +12,14 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 from support import real_kineto_files
 
 from tracelake import ingest
 from tracelake.analysis.launches import GRAPH_CALL, launch_calls
 from tracelake.analysis.op_attribution import BackRefs, LaunchRows
 from tracelake.analysis.op_stats import Operators
-from tracelake.warehouse.derived_operators import operators
+from tracelake.warehouse.derived_operators import _id_spans, operators
 from tracelake.warehouse.launch_table import LaunchSink, LaunchTable
 
 NAMES = {  # category: names, chosen for the rules they touch
@@ -50,12 +50,14 @@ def _answers(ops: Operators, calls: np.ndarray, ids: np.ndarray, correlations: l
     return shown
 
 
-def _compare(host: pl.DataFrame, path: Path, row_group: int) -> dict[int, tuple[object, ...] | None]:
+def _compare(host: pl.DataFrame, path: Path, row_group: int, statistics: bool = True
+             ) -> dict[int, tuple[object, ...] | None]:
     """The answers of both ways, asserted equal; the launch calls as the windows find them (the table written
-    sorted by correlation id, read a row group at a time), against those the walks found."""
+    sorted by correlation id, read a row group at a time), against those the walks found. ``statistics``: whether
+    the file has row-group statistics (the events' ids are counted from them, else read)."""
     host = host.filter(pl.col("event_id").is_not_null())
     expected = Operators(host)
-    pq.write_table(host.to_arrow(), path, row_group_size=row_group)
+    pq.write_table(host.to_arrow(), path, row_group_size=row_group, write_statistics=statistics)
     folder = path.parent / "calls"
     folder.mkdir()
     got, tables, _ = operators(path, folder, {})
@@ -107,10 +109,31 @@ def forests(draw: st.DrawFn) -> pl.DataFrame:
 
 
 @settings(max_examples=150, deadline=None)
-@given(host=forests(), row_group=st.integers(1, 9))
-def test_the_attribution_a_row_group_at_a_time_equals_the_walks(host: pl.DataFrame, row_group: int,
+@given(host=forests(), row_group=st.integers(1, 9), statistics=st.booleans())
+def test_the_attribution_a_row_group_at_a_time_equals_the_walks(host: pl.DataFrame, row_group: int, statistics: bool,
                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
-    _compare(host, tmp_path_factory.mktemp("attribution") / "host_ops.parquet", row_group)
+    _compare(host, tmp_path_factory.mktemp("attribution") / "host_ops.parquet", row_group, statistics)
+
+
+@settings(max_examples=80, deadline=None)
+@given(rows=st.lists(st.tuples(st.sampled_from(["a", "b", None]), st.one_of(st.none(), st.integers(-50, 10**10))),
+                     max_size=40),
+       row_group=st.integers(1, 9), statistics=st.booleans())
+@example(rows=[("a", 1), ("b", 5), ("a", 3)], row_group=2, statistics=True)  # one row group of two traces
+def test_id_spans_equal_a_count_made_here(rows: list[tuple[str | None, int | None]], row_group: int,
+                                          statistics: bool, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Per trace, the events with a trace and an id, and their lowest and highest id: from the row groups'
+    statistics or read (row groups of two traces, rows without either, no statistics), as counted here."""
+    path = tmp_path_factory.mktemp("spans") / "host_ops.parquet"
+    pq.write_table(pl.DataFrame(rows, schema={"trace_id": pl.String, "event_id": pl.Int64}, orient="row").to_arrow(),
+                   path, row_group_size=row_group, write_statistics=statistics)
+    expected: dict[str, tuple[int, int, int]] = {}
+    for trace_id, event_id in rows:
+        if trace_id is not None and event_id is not None:
+            count, low, high = expected.get(trace_id, (0, event_id, event_id))
+            expected[trace_id] = (count + 1, min(low, event_id), max(high, event_id))
+    file = pq.ParquetFile(path)
+    assert _id_spans(file, range(file.num_row_groups)) == expected
 
 
 def test_a_small_tree_by_hand(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ from tracelake.analysis.op_attribution import Attribution, BackRefs, Events, Sco
 from tracelake.analysis.op_scope import scope_kind
 from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators
 from tracelake.analysis.recompute import recompute_kind
-from tracelake.contracts.allocators import release_free_memory
+from tracelake.contracts.allocators import freed_memory_kept, release_free_memory
 from tracelake.ingest.source import read_ahead
 
 from .derived_inputs import ints as _ints
@@ -67,13 +67,8 @@ def operators(host_ops: Path, folder: Path, shared: dict[str, np.ndarray]) -> Fo
     groups = range(file.num_row_groups)
     # First the event ids alone, for each trace's index of them: then a row group's parent ids become positions as
     # it is read, and no array of every event's id or parent id is held (docs/architecture.md, "Memory")
-    pieces: dict[str, list[np.ndarray]] = {}
-    for part in _read_ahead(file, [(group, ["trace_id", "event_id"]) for group in groups]):
-        for trace_id, mine, _ in _by_trace(part):
-            pieces.setdefault(trace_id, []).append(event_index.narrow(_ints(mine["event_id"], -1)))
-    indexes = {trace_id: event_index.build(found) for trace_id, found in pieces.items()}
-    del pieces
-    release_free_memory()  # every event's id, read in pieces on the reading thread: 4 bytes an event, handed back
+    indexes = _indexes(file, groups)
+    release_free_memory()  # the row groups read on the reading thread, back before the next pass reads its own
     refs = _back_refs(file, groups, indexes)
     floors = _floors(file)
     sinks: dict[str, LaunchSink] = {}
@@ -85,19 +80,20 @@ def operators(host_ops: Path, folder: Path, shared: dict[str, np.ndarray]) -> Fo
     # (row group, trace, first position, rows, whether the group is that trace's part as it is) of each trace's part
     spans: list[tuple[int, str, int, int, bool]] = []
     columns = ["trace_id", "event_id", "parent_id", "cat", "name", "correlation", "ts_ns", "dur_ns", *autograd]
-    for group, part in zip(groups, _read_ahead(file, [(group, columns) for group in groups]), strict=True):
-        for trace_id, mine, whole in _by_trace(part):
-            trace = traces.get(trace_id)
-            if trace is None:
-                trace = traces[trace_id] = _Trace(indexes[trace_id], Attribution(refs[trace_id], texts),
-                                                  graph_names.setdefault(trace_id, {}))
-                sinks[trace_id] = LaunchSink(folder / f"launch-calls-{len(sinks)}.parquet")
-            spans.append((group, trace_id, trace.size, mine.num_rows, whole))
-            trace.add(mine, known, words)
-            waiting, later = trace.attribution.waiting_floor(), floors[group]
-            floor = later if waiting is None or later is None else min(later, waiting)
-            sinks[trace_id].add(trace.attribution.take_launches(), floor)
-        del part
+    with freed_memory_kept():  # each row group's buffers reuse the last one's pages
+        for group, part in zip(groups, _read_ahead(file, [(group, columns) for group in groups]), strict=True):
+            for trace_id, mine, whole in _by_trace(part):
+                trace = traces.get(trace_id)
+                if trace is None:
+                    trace = traces[trace_id] = _Trace(indexes[trace_id], Attribution(refs[trace_id], texts),
+                                                      graph_names.setdefault(trace_id, {}))
+                    sinks[trace_id] = LaunchSink(folder / f"launch-calls-{len(sinks)}.parquet")
+                spans.append((group, trace_id, trace.size, mine.num_rows, whole))
+                trace.add(mine, known, words)
+                waiting, later = trace.attribution.waiting_floor(), floors[group]
+                floor = later if waiting is None or later is None else min(later, waiting)
+                sinks[trace_id].add(trace.attribution.take_launches(), floor)
+            del part
     found: dict[str, Operators] = {}
     scopes: dict[str, np.ndarray] = {}
     tables: dict[str, LaunchTable] = {}
@@ -157,6 +153,51 @@ def _floors(file: pq.ParquetFile) -> list[int | None]:
         elif not (stats is not None and stats.has_null_count and stats.null_count == meta.row_group(group).num_rows):
             least = None  # a row group whose ids are not known: every call is held until the end
     return floors[::-1]
+
+
+def _indexes(file: pq.ParquetFile, groups: range) -> dict[str, event_index.EventIndex]:
+    """Per trace, the index of its events' ids (:class:`~tracelake.analysis.event_index.Builder`), a row group's ids
+    at a time: their number and span from :func:`_id_spans`, and no piece of them held."""
+    builders = {trace_id: event_index.Builder(*span) for trace_id, span in _id_spans(file, groups).items()}
+    ids = [(group, ["trace_id", "event_id"]) for group in groups]
+    for part in _read_ahead(file, ids):
+        for trace_id, mine, _ in _by_trace(part):
+            builders[trace_id].add(event_index.narrow(_ints(mine["event_id"], -1)))
+    if any(builder.again for builder in builders.values()):  # ids out of order: each one's first position
+        for part in _read_ahead(file, ids):
+            for trace_id, mine, _ in _by_trace(part):
+                if builders[trace_id].again:
+                    builders[trace_id].add_again(_ints(mine["event_id"], -1))
+    return {trace_id: builder.index() for trace_id, builder in builders.items()}
+
+
+def _id_spans(file: pq.ParquetFile, groups: range) -> dict[str, tuple[int, int, int]]:
+    """Per trace, how many events it has (the rows :func:`_by_trace` gives) and their lowest and highest id: from the
+    row groups' statistics where each group holds one trace's events and every row has a trace and an id (as
+    ``host_ops`` is written), else read."""
+    meta = file.metadata
+    spans: dict[str, tuple[int, int, int]] = {}
+    at = [file.schema_arrow.get_field_index(column) for column in ("trace_id", "event_id")]
+    for group in groups:
+        trace, ids = (meta.row_group(group).column(column).statistics for column in at)
+        if not all(stats is not None and stats.has_min_max and stats.has_null_count and stats.null_count == 0
+                   for stats in (trace, ids)) or trace.min != trace.max:
+            break
+        _widen(spans, str(trace.min), meta.row_group(group).num_rows, int(ids.min), int(ids.max))
+    else:
+        return spans
+    spans.clear()
+    for part in _read_ahead(file, [(group, ["trace_id", "event_id"]) for group in groups]):
+        for trace_id, mine, _ in _by_trace(part):
+            low, high = pc.min_max(mine["event_id"]).values()
+            _widen(spans, trace_id, mine.num_rows, low.as_py(), high.as_py())
+    return spans
+
+
+def _widen(spans: dict[str, tuple[int, int, int]], trace_id: str, rows: int, low: int, high: int) -> None:
+    """Count ``rows`` more events of ``trace_id``, with ids from ``low`` to ``high``, into ``spans``."""
+    count, least, most = spans.get(trace_id, (0, low, high))
+    spans[trace_id] = (count + rows, min(least, low), max(most, high))
 
 
 def _back_refs(file: pq.ParquetFile, groups: range, indexes: dict[str, event_index.EventIndex]
