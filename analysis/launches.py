@@ -29,7 +29,7 @@ from tracelake.contracts.classify import Category
 
 from .event_index import EventIndex
 from .quantiles import rounded
-from .sorted_values import LogFactory, MemoryLog, ValueLog, deepest_queue, sorted_quantiles
+from .sorted_values import LogFactory, MemoryLog, ValueLog, deepest_queue, repeated, sorted_quantiles
 
 COLUMNS = (
     "trace_id", "rank", "launches", "mean_delay_ns", "p50_delay_ns", "p95_delay_ns", "max_delay_ns",
@@ -107,16 +107,9 @@ def _first_of_each(correlation: np.ndarray, ts_ns: np.ndarray, dur_ns: np.ndarra
 
 def shared_correlations(correlation: np.ndarray) -> np.ndarray:
     """The ids (sorted) that occur more than once in one trace's kernels: graph launches whatever the call's name.
-
-    Parsers number correlations densely, so the ids are counted in a table indexed by id, without a sort; else
-    a sort counts them.
-    """
-    if len(correlation):
-        low, high = int(correlation.min()), int(correlation.max())
-        if high - low < 4 * len(correlation) + 1024:
-            return np.flatnonzero(np.bincount(correlation - low, minlength=high - low + 1) > 1).astype(np.int64) + low
-    ids, counts = np.unique(correlation, return_counts=True)
-    return ids[counts > 1]
+    Held in memory and sorted; the stored analyses count them from a log (:func:`.sorted_values.repeated`), which
+    holds no more than a chunk at a time."""
+    return repeated([np.sort(np.asarray(correlation, dtype=np.int64))])
 
 
 @dataclass(frozen=True)

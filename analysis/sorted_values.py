@@ -4,7 +4,7 @@ time, so that what is computed from them needs a chunk of memory, not all of the
 A :class:`ValueLog` takes integers in any order and gives them back once, ascending, in chunks. :class:`MemoryLog`
 holds them (4 bytes each where they fit in int32); ``warehouse/spill_log.SpillLog`` writes them to disk in sorted
 runs and merges the runs as they are read. :func:`sorted_quantiles` and :func:`deepest_queue` work on the chunks as
-they come.
+they come; :func:`repeated` finds the values that repeat.
 """
 
 from __future__ import annotations
@@ -78,6 +78,29 @@ def sorted_quantiles(chunks: Iterable[np.ndarray], count: int, qs: Sequence[floa
     if offset != count:
         raise ValueError(f"the chunks held {offset} values where {count} were counted")
     return [between(found[low], found[high], count, q) for q in qs for low, high, _ in [cont_ranks(count, q)]]
+
+
+def repeated(chunks: Iterable[np.ndarray]) -> np.ndarray:
+    """The values that occur more than once among those given ascending in ``chunks`` (:meth:`ValueLog.sorted_chunks`),
+    each once, ascending (int64). A chunk and the last value before it are held at a time."""
+    found: list[np.ndarray] = []
+    last: int | None = None
+    for chunk in chunks:
+        if not len(chunk):
+            continue
+        chunk = np.asarray(chunk, dtype=np.int64)
+        again = chunk[1:][chunk[1:] == chunk[:-1]]
+        if last is not None and int(chunk[0]) == last:
+            again = np.concatenate([chunk[:1], again])
+        if len(again):
+            # a value repeated more than twice shows more than once here, and may also end the chunk before
+            again = again[np.concatenate([[True], again[1:] != again[:-1]])]
+            if found and int(found[-1][-1]) == int(again[0]):
+                again = again[1:]
+            if len(again):
+                found.append(again)
+        last = int(chunk[-1])
+    return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
 
 
 def deepest_queue(launches: Iterable[np.ndarray], ends: Iterable[np.ndarray]) -> int:

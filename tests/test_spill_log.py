@@ -5,13 +5,14 @@ from their sorted chunks, against numpy's sort and quantiles of all the values a
 from __future__ import annotations
 
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracelake.analysis.sorted_values import MemoryLog, sorted_quantiles
+from tracelake.analysis.sorted_values import MemoryLog, repeated, sorted_quantiles
 from tracelake.warehouse.spill_log import SpillLog
 
 pieces = st.lists(st.lists(st.integers(-2**40, 2**40) | st.integers(-3, 3), max_size=12), max_size=10)
@@ -65,3 +66,26 @@ def test_the_memory_log_keeps_values_that_fit_in_int32_narrow() -> None:
     chunks = list(log.sorted_chunks())
     assert [c.dtype for c in chunks] == [np.dtype(np.int64)]
     assert np.concatenate(chunks).tolist() == [-1, 0, 3, 5, 2**40]
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=pieces, run=st.integers(1, 5), budget=st.integers(1, 64), spilled=st.booleans())
+def test_repeated_values_from_sorted_chunks_equal_a_count(pieces: list[list[int]], run: int, budget: int,
+                                                          spilled: bool) -> None:
+    """The values given more than once (the kernels' shared correlation ids), from a log's chunks, whatever the
+    chunks' cuts (a value repeated across two, three or more chunks), equal a count made here: each once, ascending."""
+    counts = Counter(v for piece in pieces for v in piece)
+    with tempfile.TemporaryDirectory() as folder:
+        log = SpillLog(Path(folder) / "v.i64", run=run, budget=budget, min_block=1) if spilled else MemoryLog()
+        for piece in pieces:
+            log.append(np.array(piece, dtype=np.int64))
+        got = repeated(log.sorted_chunks())
+    assert got.dtype == np.int64
+    assert got.tolist() == sorted(v for v, n in counts.items() if n > 1)
+
+
+def test_a_value_repeated_across_chunk_cuts_is_found_once() -> None:
+    """A value that ends one chunk, fills the next and starts the one after: once; one only at the cut: found."""
+    chunks = [np.array([1, 4, 7]), np.array([7, 7]), np.array([7, 8, 9]), np.array([9]), np.array([], dtype=np.int64),
+              np.array([10, 11, 11])]
+    assert repeated(chunks).tolist() == [7, 9, 11]

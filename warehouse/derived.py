@@ -56,7 +56,8 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
     id by the operators' pass: :mod:`.launch_table`; a trace without operator calls holds its calls, 13 bytes each),
     each operator call that launched work (its position, key, host time and recompute flag: about 11 bytes) and the
     distinct (name, duration) pairs of a rank. What :class:`~tracelake.analysis.launches.LaunchParts` keeps per
-    launched op (delays, launches and ends) goes to files in the same folder (:mod:`.spill_log`).
+    launched op (delays, launches and ends), and the kernels' correlation ids while the ids that repeat are found,
+    go to files in the same folder (:mod:`.spill_log`).
     """
     windows = _read(parsed / "collectives.parquet", ["trace_id", "rank", "step", "ts_ns", "dur_ns", "is_async"])
     windows = windows.filter(pl.col("is_async").fill_null(False)).drop("is_async").sort("ts_ns")
@@ -73,11 +74,10 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
         mine = hardware.get(key) if any(matches(o, name) for o in given) else None
         figure = mine.flops_for(PROFILE_PEAK_DTYPE) if mine is not None else None
         peaks[key] = figure / 1e12 if figure else float(p)
-    # The kernels' shared ids first: counting them takes about 3x their ids for a moment, which is not then
-    # stacked on the calls (GPU 1 GB profile: 9.4 M launches, 75 MB a column).
-    shared = kernel_correlations(parsed / "device_ops.parquet")
-    release_free_memory()
     with tempfile.TemporaryDirectory(prefix=".launch-calls-", dir=out_dir) as folder:
+        # the kernels' shared ids first, through logs on disk in the same folder
+        shared = kernel_correlations(parsed / "device_ops.parquet", _spilled(Path(folder), "shared"))
+        release_free_memory()
         operators, calls, graph_calls = derived_operators.operators(parsed / "host_ops.parquet", Path(folder), shared)
         release_free_memory()  # the operators' passes freed their row groups: hand them back before the windows
         # the traces without operator calls: their launch calls held in memory (XLA has none)
@@ -100,13 +100,13 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
         pq.write_table(arrow.cast(tbl.arrow_schema), out_dir / f"{name}.parquet", compression="zstd")
 
 
-def _spilled(folder: Path) -> LogFactory:
-    """Logs in ``folder`` (:class:`.spill_log.SpillLog`), each in a file of its own: what the launch statistics keep
-    per launched op, on disk."""
+def _spilled(folder: Path, prefix: str = "values") -> LogFactory:
+    """Logs in ``folder`` (:class:`.spill_log.SpillLog`), each in a file of its own named ``<prefix>-<n>.i64``: what
+    the launch statistics keep per launched op, or the kernels' correlation ids, on disk."""
     numbers = itertools.count()  # next() on it is atomic: the ranks' threads make logs at once
 
     def made() -> SpillLog:
-        return SpillLog(folder / f"values-{next(numbers)}.i64")
+        return SpillLog(folder / f"{prefix}-{next(numbers)}.i64")
 
     return made
 
