@@ -19,7 +19,7 @@ from tracelake import ingest
 from tracelake.analysis.launches import GRAPH_CALL, launch_calls
 from tracelake.analysis.op_attribution import BackRefs, LaunchRows
 from tracelake.analysis.op_stats import Operators
-from tracelake.warehouse.derived_operators import _id_spans, operators
+from tracelake.warehouse.derived_operators import _id_spans, _indexes, operators
 from tracelake.warehouse.launch_table import LaunchSink, LaunchTable
 
 NAMES = {  # category: names, chosen for the rules they touch
@@ -224,3 +224,27 @@ def test_launch_table_equals_launch_calls_whatever_the_pieces(data: st.DataObjec
         assert bool(found.graph[row]) == bool(graphs[i] or value in shared.tolist())
         chosen = [r for r in range(n) if ids[r] == value]  # the first call of the id: by start, then the shorter
         assert found.owner[row] == owner[min(chosen, key=lambda r: (ts[r], dur[r], r))]
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 60)), min_size=1, max_size=40),
+       row_group=st.integers(1, 9), statistics=st.booleans())
+def test_each_traces_index_answers_like_a_dict_made_here(rows: list[tuple[str, int]], row_group: int,
+                                                         statistics: bool,
+                                                         tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Two traces' events interleaved in the row groups (ids repeating, out of order, or not): each trace's index,
+    built a row group at a time, gives each id's first position among that trace's own events."""
+    path = tmp_path_factory.mktemp("indexes") / "host_ops.parquet"
+    pq.write_table(pl.DataFrame(rows, schema={"trace_id": pl.String, "event_id": pl.Int64}, orient="row").to_arrow(),
+                   path, row_group_size=row_group, write_statistics=statistics)
+    file = pq.ParquetFile(path)
+    indexes = _indexes(file, range(file.num_row_groups))
+    for trace_id in ("a", "b"):
+        first: dict[int, int] = {}
+        for at, event_id in enumerate(e for t, e in rows if t == trace_id):
+            first.setdefault(event_id, at)
+        if not first:
+            assert trace_id not in indexes
+            continue
+        asked = np.arange(-1, 62)
+        assert indexes[trace_id].positions(asked).tolist() == [first.get(int(i), -1) for i in asked]
