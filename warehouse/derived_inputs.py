@@ -31,7 +31,7 @@ def keys(device_ops: Path) -> list[tuple[str, int]]:
     for group in range(file.num_row_groups):
         meta = file.metadata.row_group(group)
         ranks = meta.column(names.index("rank")).statistics
-        pinned = _pinned(file, group)
+        pinned = pinned_trace(file, group)
         if meta.num_rows and pinned is not None and ranks is not None and ranks.has_min_max \
                 and only(ranks, ranks.min):
             found.add((pinned, int(ranks.min)))
@@ -41,7 +41,7 @@ def keys(device_ops: Path) -> list[tuple[str, int]]:
     return sorted(found)
 
 
-def _pinned(file: pq.ParquetFile, group: int) -> str | None:
+def pinned_trace(file: pq.ParquetFile, group: int) -> str | None:
     """The one trace a row group holds, where its statistics say so (no null ``trace_id`` either); else None."""
     stats = file.metadata.row_group(group).column(file.schema_arrow.names.index("trace_id")).statistics
     return stats.min if stats is not None and stats.has_min_max and isinstance(stats.min, str) \
@@ -82,7 +82,7 @@ def launch_times(host_ops: Path, shared: dict[str, np.ndarray], skip: Collection
     for group in range(file.num_row_groups):
         if _all_null(file, group, "correlation") or _all_null(file, group, "ts_ns"):
             continue
-        pinned = _pinned(file, group)
+        pinned = pinned_trace(file, group)
         if pinned is not None and pinned in skip:  # one trace's, whose calls are found already: not read
             continue
         part = file.read_row_group(group, columns=["correlation", "ts_ns", "dur_ns", "name",
@@ -157,7 +157,7 @@ def kernel_correlations(device_ops: Path, logs: LogFactory = MemoryLog) -> dict[
         if _all_null(file, group, "correlation") or _all_null(file, group, "ts_ns") or (
                 kinds is not None and kinds.has_min_max and not kinds.min <= "kernel" <= kinds.max):
             continue
-        pinned = _pinned(file, group)
+        pinned = pinned_trace(file, group)
         # only the columns the statistics leave in doubt
         tests = {"kind": not only(kinds, "kernel"), "ts_ns": not (ts is not None and ts.has_null_count
                                                                    and ts.null_count == 0)}

@@ -29,7 +29,7 @@ from tracelake.analysis.recompute import recompute_kind
 from tracelake.contracts.allocators import freed_memory_kept, release_free_memory
 from tracelake.ingest.source import read_ahead
 
-from .derived_inputs import ints as _ints
+from .derived_inputs import ints as _ints, pinned_trace
 from .derived_names import CallNames
 from .launch_table import LaunchSink, LaunchTable
 
@@ -177,13 +177,12 @@ def _id_spans(file: pq.ParquetFile, groups: range) -> dict[str, tuple[int, int, 
     ``host_ops`` is written), else read."""
     meta = file.metadata
     spans: dict[str, tuple[int, int, int]] = {}
-    at = [file.schema_arrow.get_field_index(column) for column in ("trace_id", "event_id")]
+    at = file.schema_arrow.get_field_index("event_id")
     for group in groups:
-        trace, ids = (meta.row_group(group).column(column).statistics for column in at)
-        if not all(stats is not None and stats.has_min_max and stats.has_null_count and stats.null_count == 0
-                   for stats in (trace, ids)) or trace.min != trace.max:
+        trace, ids = pinned_trace(file, group), meta.row_group(group).column(at).statistics
+        if trace is None or ids is None or not (ids.has_min_max and ids.has_null_count and ids.null_count == 0):
             break
-        _widen(spans, str(trace.min), meta.row_group(group).num_rows, int(ids.min), int(ids.max))
+        _widen(spans, trace, meta.row_group(group).num_rows, int(ids.min), int(ids.max))
     else:
         return spans
     spans.clear()
