@@ -23,13 +23,16 @@ work, its scope and recompute flag. Pure: numpy in, arrays out.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from .event_index import narrow
+from .op_owners import OwnerLog, Owners
 from .op_scope import FRAME, MODULE, path_name
 from .recompute import KIND_MARKER
+from .sorted_values import ValueLog
 
 # An event's state: its nearest module path, frame, backward sequence number and recompute kind (each itself
 # included); then its nearest operator's position, the same four at that operator (recomputed: a flag) and the same
@@ -131,16 +134,6 @@ class BackRefs:
 
 
 @dataclass
-class Owners:
-    """The operators of one trace that own a launch (positions ascending, distinct), each with its scope text id (into
-    :attr:`ScopeTexts.texts`; -1 for none) and whether it runs as a recomputation."""
-
-    rows: np.ndarray
-    scope: np.ndarray
-    recomputed: np.ndarray
-
-
-@dataclass
 class LaunchRows:
     """Launch calls as they are settled: correlation id, start, duration, their operator's position (-1: none),
     their own position and whether each is named like a graph launch."""
@@ -218,9 +211,11 @@ _FIELDS = ("position", "parent", "bits", "word", "sequence", "launch", "correlat
 
 
 class Attribution:
-    """One trace's host events, fed a piece at a time (:meth:`add`), then :meth:`owners`."""
+    """One trace's host events, fed a piece at a time (:meth:`add`), then :meth:`owner_chunks` (or :meth:`owners`).
+    ``log``: where the operators that launched work wait until then (:class:`~.op_owners.OwnerLog`; in memory
+    when none is given)."""
 
-    def __init__(self, refs: BackRefs, texts: ScopeTexts) -> None:
+    def __init__(self, refs: BackRefs, texts: ScopeTexts, log: ValueLog | None = None) -> None:
         self.refs, self.texts = refs, texts
         self._pending = Events.empty()
         self._carry_at = np.zeros(0, dtype=np.int64)
@@ -230,7 +225,7 @@ class Attribution:
         # the launch calls settled since the caller last took them (:meth:`take_launches`); per piece, the owners'
         # position, path, frame, backward sequence number and whether recomputed (as narrow as their values allow)
         self._launches: list[LaunchRows] = []
-        self._owners: list[list[np.ndarray]] = [[], [], []]  # position, scope (module path, else frame), recomputed
+        self._owners = OwnerLog(log)  # position, scope (module path, else frame), recomputed
         self._deferred: list[np.ndarray] = []  # (position, backward sequence number) of those with no module
         self._forward: list[list[np.ndarray]] = [[], [], []]  # forward events' sequence numbers, ids and paths
         self._any_backward = False
@@ -247,23 +242,16 @@ class Attribution:
         self._pending = self._settle(self._pending.then(events), number, waiting)
 
     def owners(self) -> Owners:
-        """The answers, once every piece is in. Events still waiting (a parent chain that loops, which the parse
-        never writes) are settled with their loop cut."""
+        """Every answer at once (:meth:`owner_chunks` joined)."""
+        return Owners.joined(list(self.owner_chunks()))
+
+    def owner_chunks(self) -> Iterator[Owners]:
+        """The answers, once every piece is in: the operators that launched work, by position, a chunk at a time.
+        Events still waiting (a parent chain that loops, which the parse never writes) are settled with their loop
+        cut. Asked once."""
         if len(self._pending):
             self._pending = self._settle(self._pending, -1, len(self._pending), final=True)
-        position, scope, recomputed = (_joined(column, kind) for column, kind in zip(
-            self._owners, (None, np.int64, np.bool_), strict=True))
-        self._owners = [[], [], []]
-        # an operator's launches may fall in several pieces: once each; they come in order but for the few that
-        # waited for a parent (then sorted)
-        if len(position) and not bool((position[1:] >= position[:-1]).all()):
-            order = np.argsort(position, kind="stable")
-            position, scope, recomputed = position[order], scope[order], recomputed[order]
-            del order
-        if len(position):
-            first = np.concatenate([[True], position[1:] != position[:-1]])
-            if not first.all():
-                position, scope, recomputed = position[first], scope[first], recomputed[first]
+        fixed = None
         if self._any_backward and self._forward[0] and self._deferred:  # the forward op's module, by sequence number
             sequence, ids, paths = (_joined(column) for column in self._forward)
             order = np.lexsort((ids, sequence))  # of each sequence number, the lowest id first
@@ -272,11 +260,12 @@ class Attribution:
             first = np.concatenate([[True], sequence[1:] != sequence[:-1]])
             sequence, paths = sequence[first], paths[first]
             deferred = np.concatenate(self._deferred)
+            deferred = deferred[np.unique(deferred[:, 0], return_index=True)[1]]  # by position, each once
             at = np.minimum(np.searchsorted(sequence, deferred[:, 1]), len(sequence) - 1)
             hit = (sequence[at] == deferred[:, 1]) & (paths[at] >= 0)  # a forward op with no module: the frame
-            scope[np.searchsorted(position, deferred[hit, 0])] = paths[at[hit]]
+            fixed = (deferred[hit, 0], paths[at[hit]].astype(np.int64))
         self._forward, self._deferred = [[], [], []], []
-        return Owners(position, scope, recomputed)
+        return self._owners.chunks(fixed)
 
     def take_launches(self) -> LaunchRows | None:
         """The launch calls settled since the last call (None: none), let go here."""
@@ -400,11 +389,7 @@ class Attribution:
                 deferred = (owner[:, 1] < 0) & (owner[:, 3] >= 0)
                 if deferred.any():
                     self._deferred.append(owner[deferred][:, [0, 3]].astype(np.int64))
-                for column, values in zip(self._owners, (owner[:, 0], np.where(owner[:, 1] >= 0, owner[:, 1],
-                                                                               owner[:, 2]), owner[:, 4] > 0),
-                                          strict=True):
-                    # a column of ``owner`` is a view that would keep all five columns: copied out
-                    column.append(np.ascontiguousarray(values if values.dtype == bool else narrow(values)))
+                self._owners.add(owner[:, 0], np.where(owner[:, 1] >= 0, owner[:, 1], owner[:, 2]), owner[:, 4] > 0)
         mine = settled[events.forward]
         if mine.any():  # 12 bytes a forward event, where each fits 4 (a training trace marks every forward op)
             for column, values in zip(self._forward, (events.forward_sequence[mine], events.forward_id[mine],

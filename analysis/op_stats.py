@@ -24,7 +24,7 @@ from .event_flags import EventFlags
 from . import event_index
 from .event_index import narrow, parent_rows, position_type
 from .launches import LaunchArrays, Launched, launch_call_rows
-from .op_attribution import Owners
+from .op_calls import Bits, CallArrays, CallLookup, CallRows
 from .op_scope import MODULE, Autograd, Paths, chains, nearest, path_name, scope_kind, scopes
 from .recompute import recompute_kind, recomputed
 from .peaks import Peaks
@@ -158,18 +158,19 @@ class Operators:
         return self
 
     @classmethod
-    def from_owners(cls, owners: Owners, size: int) -> Operators:
-        """From what :class:`~.op_attribution.Attribution` found of a trace of ``size`` host events: the operators
-        that launched work and their scopes (the caller names them: :meth:`set_keyed`). Each launch call's operator
-        comes with the call (:class:`~.launches.Launched`'s ``owner``), not from here: :attr:`launches` is None."""
+    def from_calls(cls, calls: CallLookup, distinct: pl.DataFrame) -> Operators:
+        """From a trace's calls that launched work as a :class:`~.op_calls.CallLookup` (each with its row of
+        ``distinct``, columns :data:`GROUP_COLUMNS`; the warehouse keeps them on disk) whose launch calls come with
+        their operators (:class:`~.launches.Launched`'s ``owner``): :attr:`launches` is None, and nothing per call is
+        held here."""
         self = cls.__new__(cls)
-        self.rows = owners.rows.astype(position_type(size))
+        self.rows = np.zeros(0, dtype=np.int64)
         self.launches = None
-        self.recomputed = owners.recomputed
+        self.recomputed = np.zeros(0, dtype=bool)
         self.scope_rows = np.zeros(0, dtype=np.int64)
         self.scope_paths = Paths.empty()
-        self.set_keyed(np.zeros(0, dtype=np.int64), pl.DataFrame(schema={c: pl.String for c in GROUP_COLUMNS}),
-                       np.zeros(0, dtype=np.int64))
+        self._set_kinds(distinct)
+        self._calls = calls
         return self
 
     def _attribute(self, parent: np.ndarray, flags: EventFlags, launches: tuple[event_index.EventIndex, np.ndarray],
@@ -184,8 +185,8 @@ class Operators:
         self.rows = np.flatnonzero(marked).astype(position_type(len(parent)))
         del marked
         nothing = np.zeros(found.size, dtype=np.int64)
-        #: The launch calls by correlation id, each with its operator's position (-1: none): what :meth:`targets`
-        #: asks (None where the calls come with their operators from elsewhere: :meth:`from_owners`).
+        #: The launch calls by correlation id, each with its operator's position (-1: none): what :meth:`owners_of`
+        #: asks (None where the calls come with their operators from elsewhere: :meth:`from_calls`).
         self.launches: LaunchArrays | None = LaunchArrays(found, nothing, nothing, nothing > 0,
                                                           narrow(target.astype(np.int64)))
         del target  # gone before the walks below: 8 bytes a launch call
@@ -213,11 +214,14 @@ class Operators:
     def set_keyed(self, key: np.ndarray, distinct: pl.DataFrame, host_ns: np.ndarray) -> None:
         """The calls of :attr:`rows`, in that order, as the index ``key`` of each one's row in ``distinct`` (columns
         :data:`GROUP_COLUMNS`: a few hundred rows for 100,000s of calls) and its host duration ``host_ns``."""
+        self._set_kinds(distinct)
+        self._calls: CallLookup = CallArrays(self.rows, key.astype(position_type(len(distinct)), copy=False),
+                                             narrow(host_ns), self.recomputed)
+
+    def _set_kinds(self, distinct: pl.DataFrame) -> None:
         #: One row per distinct (name, shapes, types, concrete inputs, module) of a call: ``op``, ``input_shapes``,
         #: ``module`` and its cost.
         self.kinds = _costs(distinct)
-        self._key = key.astype(position_type(len(distinct)), copy=False)
-        self._host_ns = narrow(host_ns)
         self._flops = self.kinds["flops"].to_numpy()
         self._model = self.kinds["model_flops"].to_numpy()
         self._dtype_names: list[str] = self.kinds["dtype"].drop_nulls().unique().sort().to_list()
@@ -226,26 +230,20 @@ class Operators:
 
     def drop_scopes(self) -> None:
         """Let go of what only naming the calls reads, once :meth:`set_keyed` has them: their scope events
-        (:attr:`scope_rows`, :attr:`scope_paths`). :attr:`rows` stays: :meth:`call_of` finds a call by it."""
+        (:attr:`scope_rows`, :attr:`scope_paths`). :attr:`rows` stays: :meth:`find` finds a call by it."""
         self.scope_rows = np.zeros(0, dtype=np.int64)
         self.scope_paths = Paths.empty()
 
     @property
     def calls(self) -> int:
-        """How many operator calls launched device ops (the rows of :attr:`rows`)."""
-        return len(self._key)
+        """How many operator calls launched device ops."""
+        return len(self._calls)
 
-    def op(self, call: int) -> str | None:
-        """The name of the call ``call`` (an index into :attr:`rows`)."""
-        return self.kinds["op"][int(self._key[call])]
-
-    def key_of(self, calls: np.ndarray) -> np.ndarray:
-        """The row of :attr:`kinds` of each call ``calls`` (indices into :attr:`rows`)."""
-        return self._key[calls]
-
-    def host_of(self, calls: np.ndarray) -> np.ndarray:
-        """The host duration of each call ``calls`` (indices into :attr:`rows`), in ns."""
-        return self._host_ns[calls]
+    def find(self, owner: np.ndarray) -> CallRows:
+        """Each operator position of ``owner`` (-1: none) as a call that launched work (:class:`~.op_calls.CallRows`:
+        its number among the calls, by position, -1 where it is none; its row of :attr:`kinds`; its host time;
+        whether it is recomputed)."""
+        return self._calls.find(owner)
 
     def totals(self, count: np.ndarray, host_ns: np.ndarray, device_ns: np.ndarray,
                kernels: np.ndarray) -> pl.DataFrame:
@@ -260,30 +258,24 @@ class Operators:
             pl.col("flops") * pl.col("count"), pl.col("bytes") * pl.col("count"),
         ).drop("input_types", "concrete_inputs", "model_flops")
 
-    def credited(self, chosen: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float]]:
-        """The ``flops``, ``model_flops`` and recomputed model FLOPs (0 where the call is not recomputed) of the calls
-        ``chosen`` (indices into :attr:`rows`), and their positive model FLOPs summed per dtype."""
-        kinds = self._key[chosen]
-        flops, model = self._flops[kinds], self._model[kinds]
-        again = np.where(self.recomputed[chosen], model, np.where(np.isnan(model), np.nan, 0.0))
-        codes = self._dtype_code[kinds]
+    def credited(self, key: np.ndarray, recomputed: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, float]]:
+        """The ``flops``, ``model_flops`` and recomputed model FLOPs (0 where the call is not recomputed) of calls of
+        the rows ``key`` of :attr:`kinds`, each ``recomputed`` or not, and their positive model FLOPs summed per
+        dtype."""
+        flops, model = self._flops[key], self._model[key]
+        again = np.where(recomputed, model, np.where(np.isnan(model), np.nan, 0.0))
+        codes = self._dtype_code[key]
         keep = (codes >= 0) & (model > 0)  # NaN compares false: calls with no estimate drop out
         sums = np.bincount(codes[keep], weights=model[keep], minlength=len(self._dtype_names))
         return flops, model, again, {name: float(sums[i]) for i, name in enumerate(self._dtype_names) if sums[i] > 0}
 
-    def targets(self, correlation: pl.Series) -> np.ndarray:
-        """The :attr:`rows` index each op's correlation is attributed to; -1 where none (a trace whose calls come
-        with their operators, :meth:`from_owners`, asks :meth:`call_of` with them instead)."""
+    def owners_of(self, correlation: pl.Series) -> np.ndarray:
+        """The operator position each op's correlation is attributed to; -1 where none (a trace whose calls come with
+        their operators, :meth:`from_calls`, has its launch calls' ``owner`` instead)."""
         if self.launches is None:
-            raise ValueError("these operators were made without their launch calls: ask call_of")
-        return self.call_of(self.launches.find(correlation).owner)
-
-    def call_of(self, owner: np.ndarray) -> np.ndarray:
-        """The :attr:`rows` index of each operator position ``owner``; -1 for -1 or a position not among them."""
-        if not len(self.rows):
-            return np.full(len(owner), -1, dtype=np.int64)
-        at = np.minimum(np.searchsorted(self.rows, owner), len(self.rows) - 1)
-        return np.where((owner >= 0) & (self.rows[at] == owner), at, -1)
+            raise ValueError("these operators were made without their launch calls: ask with the calls' owners")
+        return self.launches.find(correlation).owner
 
 
 def _costs(distinct: pl.DataFrame) -> pl.DataFrame:
@@ -316,17 +308,17 @@ class OpParts:
     """The ``op_stats`` rows of one (trace, rank), fed its device ops window by window in time order.
 
     :meth:`credit` gives each window's ops the FLOPs of the operator calls whose first device op they
-    are (for the breakdown's ``flops`` and ``mfu_pct``); :meth:`rows` the rank's rows. Keeps two flags per launching
+    are (for the breakdown's ``flops`` and ``mfu_pct``); :meth:`rows` the rank's rows. Keeps two bits per launching
     operator call (credited; ran a device op) and the sums per row of :attr:`Operators.kinds` (a few hundred, not a
     figure per call: at 4 GB of trace, 690K calls took 11 MB more as two int64 each).
     """
 
     def __init__(self, operators: Operators | None) -> None:
         self._operators = operators
-        n = operators.calls if operators is not None else 0
+        self._calls = operators.calls if operators is not None else 0
         kinds = operators.kinds.height if operators is not None else 0
-        self._credited = np.zeros(n, dtype=bool)
-        self._ran = np.zeros(n, dtype=bool)  # whether the call has had a device op (not a sync) yet
+        self._credited = Bits(self._calls)
+        self._ran = Bits(self._calls)  # whether the call has had a device op (not a sync) yet
         self._count = np.zeros(kinds, dtype=np.int64)
         self._host_ns = np.zeros(kinds, dtype=np.int64)
         self._device_ns = np.zeros(kinds + 1, dtype=np.int64)  # the last slot: no operator
@@ -336,12 +328,12 @@ class OpParts:
     def credit(self, ops: pl.DataFrame,
                launched: Launched | None = None) -> tuple[pl.Series, pl.Series, pl.Series] | None:
         """Add one window's ops (``category``, ``ts_ns``, ``dur_ns``, ``correlation``, ``event_id``; ``launched``:
-        their launch calls with their operators, else the operators' own :meth:`Operators.targets`) and return each
+        their launch calls with their operators, else the operators' own :meth:`Operators.owners_of`) and return each
         op's credited ``flops``, ``model_flops`` and ``recomputed_flops`` (of its model FLOPs, those of a recomputed
         call), null where it is not the first device op of an estimated call; None where the rank has no operator
         call to credit (every op's three are null)."""
-        n, none = self._credited.size, self._count.size
-        if self._operators is None or not n:  # no call to credit: every op goes to no operator
+        none = self._count.size
+        if self._operators is None or not self._calls:  # no call to credit: every op goes to no operator
             working = (pl.col("category") != Category.SYNC).fill_null(False)
             busy, count = ops.select(pl.col("dur_ns").fill_null(0).filter(working).sum(), working.sum()).row(0)
             self._device_ns[none] += busy  # integer sums, here and below
@@ -349,39 +341,39 @@ class OpParts:
             return None
         work = ops.select((pl.col("category") != Category.SYNC).fill_null(False))[:, 0].to_numpy()
         dur = ops["dur_ns"].fill_null(0).to_numpy().astype(np.int64)
-        target = self._operators.targets(ops["correlation"]) if launched is None else \
-            self._operators.call_of(launched.owner)
-        working = target[work]
+        calls = self._operators.find(self._operators.owners_of(ops["correlation"]) if launched is None
+                                     else launched.owner)
+        target = calls.index
+        working, keys = target[work], calls.key[work]
         has = working >= 0
-        slot = np.full(len(working), none, dtype=np.int64)
-        slot[has] = self._operators.key_of(working[has])
+        slot = np.where(has, keys, none)
         # added in place at the window's slots, per row of the kinds
         np.add.at(self._device_ns, slot, dur[work])
         np.add.at(self._kernels, slot, 1)
-        first = np.unique(working[has])
-        first = first[~self._ran[first]]  # calls whose first device op is in this window: counted once, here
-        self._ran[first] = True
-        keys = self._operators.key_of(first)
+        first, at = np.unique(working[has], return_index=True)
+        new = ~self._ran.get(first)  # calls whose first device op is in this window: counted once, here
+        self._ran.set(first[new])
+        keys, host = keys[has][at][new], calls.host_ns[work][has][at][new]
         np.add.at(self._count, keys, 1)
-        np.add.at(self._host_ns, keys, self._operators.host_of(first))
+        np.add.at(self._host_ns, keys, host)
         flops = np.full(ops.height, np.nan)
         model = np.full(ops.height, np.nan)
         again = np.full(ops.height, np.nan)
         eligible = work & (target >= 0) & (ops["dur_ns"].fill_null(-1).to_numpy() >= 0)
-        if eligible.any() and self._operators is not None:
+        if eligible.any():
             rows = np.flatnonzero(eligible)
-            rows = rows[~self._credited[target[rows]]]
+            rows = rows[~self._credited.get(target[rows])]
             if len(rows):
                 # per call, its first device op here: by start, then event_id (nulls first, as a sort puts them)
                 low = np.iinfo(np.int64).min
                 ts = ops["ts_ns"].fill_null(low).to_numpy()[rows]
                 event = ops["event_id"].fill_null(low).to_numpy()[rows]
                 order = np.lexsort((event, ts, target[rows]))
-                calls = target[rows][order]
-                first = order[np.r_[True, calls[1:] != calls[:-1]]]
-                rows, chosen = rows[first], target[rows][first]
-                self._credited[chosen] = True
-                flops[rows], model[rows], again[rows], by_dtype = self._operators.credited(chosen)
+                chosen = target[rows][order]
+                rows = rows[order[np.r_[True, chosen[1:] != chosen[:-1]]]]
+                self._credited.set(target[rows])
+                flops[rows], model[rows], again[rows], by_dtype = self._operators.credited(calls.key[rows],
+                                                                                           calls.recomputed[rows])
                 for dtype, value in by_dtype.items():
                     self._model_by_dtype[dtype] = self._model_by_dtype.get(dtype, 0.0) + value
         return (pl.Series("flops", flops).fill_nan(None), pl.Series("model_flops", model).fill_nan(None),

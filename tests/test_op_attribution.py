@@ -6,7 +6,10 @@ Kineto trace at hand."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import polars as pl
@@ -19,7 +22,9 @@ from tracelake import ingest
 from tracelake.analysis.launches import GRAPH_CALL, launch_calls
 from tracelake.analysis.op_attribution import BackRefs, LaunchRows
 from tracelake.analysis.op_stats import Operators
+from tracelake.warehouse import call_table, derived_operators, keyed_groups
 from tracelake.warehouse.derived_operators import _id_spans, _indexes, operators
+from tracelake.warehouse.spill_log import SpillLog
 from tracelake.warehouse.launch_table import LaunchSink, LaunchTable
 
 NAMES = {  # category: names, chosen for the rules they touch
@@ -36,40 +41,49 @@ COLUMNS = {"trace_id": pl.String, "event_id": pl.Int64, "rank": pl.Int32, "cat":
            "concrete_inputs": pl.String}
 
 
-def _answers(ops: Operators, calls: np.ndarray, ids: np.ndarray, correlations: list[int]
+def _answers(ops: Operators, owners: np.ndarray, ids: np.ndarray, correlations: list[int]
              ) -> dict[int, tuple[object, ...] | None]:
-    """Per correlation id (``calls``: its operator call, an index into ``ops.rows``; -1 for none): the event id of
-    its operator, that operator's module and whether it is recomputed."""
+    """Per correlation id (``owners``: its operator's position; -1 for none): the event id of its operator, that
+    operator's module and whether it is recomputed."""
+    calls = ops.find(owners)
     shown: dict[int, tuple[object, ...] | None] = {}
-    for correlation, call in zip(correlations, calls.tolist(), strict=True):
-        if call < 0:
+    for at, correlation in enumerate(correlations):
+        if calls.index[at] < 0:
             shown[correlation] = None
             continue
-        key = int(ops.key_of(np.array([call]))[0])
-        shown[correlation] = (int(ids[int(ops.rows[call])]), ops.kinds["module"][key], bool(ops.recomputed[call]))
+        shown[correlation] = (int(ids[int(owners[at])]), ops.kinds["module"][int(calls.key[at])],
+                              bool(calls.recomputed[at]))
     return shown
 
 
-def _compare(host: pl.DataFrame, path: Path, row_group: int, statistics: bool = True
+def _compare(host: pl.DataFrame, path: Path, row_group: int, statistics: bool = True, small: bool = False
              ) -> dict[int, tuple[object, ...] | None]:
     """The answers of both ways, asserted equal; the launch calls as the windows find them (the table written
     sorted by correlation id, read a row group at a time), against those the walks found. ``statistics``: whether
-    the file has row-group statistics (the events' ids are counted from them, else read)."""
+    the file has row-group statistics (the events' ids are counted from them, else read); ``small``: the operators
+    logged in runs of 2 values merged a block of 1 at a time, and their calls written in row groups of 2, one kept
+    read at a time (every cut the sizes of real traces make, in a few events)."""
     host = host.filter(pl.col("event_id").is_not_null())
     expected = Operators(host)
     pq.write_table(host.to_arrow(), path, row_group_size=row_group, write_statistics=statistics)
     folder = path.parent / "calls"
     folder.mkdir()
-    got, tables, _ = operators(path, folder, {})
-    correlations = sorted(set(host["correlation"].drop_nulls().to_list()))
-    asked = pl.Series(correlations, dtype=pl.Int64)
-    ids = host["event_id"].to_numpy()
-    want = _answers(expected, expected.targets(asked), ids, correlations)
-    if "t" not in got:  # no event is a cpu_op
-        assert all(v is None for v in want.values())
-        return want
-    found = tables["t"].find(asked)
-    assert _answers(got["t"], got["t"].call_of(found.owner), ids, correlations) == want
+    with contextlib.ExitStack() as sizes:
+        if small:
+            sizes.enter_context(mock.patch.object(derived_operators, "SpillLog",
+                                                  functools.partial(SpillLog, run=2, budget=8, min_block=1)))
+            sizes.enter_context(mock.patch.object(call_table, "GROUP_ROWS", 2))
+            sizes.enter_context(mock.patch.object(keyed_groups, "CACHED_GROUPS", 1))
+        got, tables, _ = operators(path, folder, {})
+        correlations = sorted(set(host["correlation"].drop_nulls().to_list()))
+        asked = pl.Series(correlations, dtype=pl.Int64)
+        ids = host["event_id"].to_numpy()
+        want = _answers(expected, expected.owners_of(asked), ids, correlations)
+        if "t" not in got:  # no event is a cpu_op
+            assert all(v is None for v in want.values())
+            return want
+        found = tables["t"].find(asked)
+        assert _answers(got["t"], found.owner, ids, correlations) == want
     # each id's call, start, duration and graph flag as launch_calls picks them from the host events at once
     launching = host.filter(pl.col("correlation").is_not_null() & pl.col("ts_ns").is_not_null())
     keys, starts, durations, graph = launch_calls(
@@ -109,10 +123,11 @@ def forests(draw: st.DrawFn) -> pl.DataFrame:
 
 
 @settings(max_examples=150, deadline=None)
-@given(host=forests(), row_group=st.integers(1, 9), statistics=st.booleans())
+@given(host=forests(), row_group=st.integers(1, 9), statistics=st.booleans(), small=st.booleans())
 def test_the_attribution_a_row_group_at_a_time_equals_the_walks(host: pl.DataFrame, row_group: int, statistics: bool,
+                                                                 small: bool,
                                                                  tmp_path_factory: pytest.TempPathFactory) -> None:
-    _compare(host, tmp_path_factory.mktemp("attribution") / "host_ops.parquet", row_group, statistics)
+    _compare(host, tmp_path_factory.mktemp("attribution") / "host_ops.parquet", row_group, statistics, small)
 
 
 @settings(max_examples=80, deadline=None)

@@ -221,8 +221,8 @@ def _rule_host() -> pl.DataFrame:
 
 def test_the_innermost_op_with_a_cost_rule_wins() -> None:
     ops = Operators(_rule_host())
-    targets = ops.targets(pl.Series([100, 101, 102, 999, None], dtype=pl.Int64))
-    names = [ops.op(int(t)) if t >= 0 else None for t in targets]
+    calls = ops.find(ops.owners_of(pl.Series([100, 101, 102, 999, None], dtype=pl.Int64)))
+    names = [ops.kinds["op"][int(k)] if i >= 0 else None for i, k in zip(calls.index, calls.key, strict=True)]
     assert names == ["aten::mm", "aten::linear", None, None, None]
 
 
@@ -246,7 +246,8 @@ def test_each_call_is_credited_once_across_windows() -> None:
 def test_a_parent_cycle_does_not_hang() -> None:
     host = _host([(1, 2, "python_function", "a", None, None), (2, 1, "python_function", "b", None, None),
                   (3, 1, "cuda_runtime", "cudaLaunchKernel", 7, None)])
-    assert Operators(host).targets(pl.Series([7], dtype=pl.Int64)).tolist() == [-1]
+    ops = Operators(host)
+    assert ops.find(ops.owners_of(pl.Series([7], dtype=pl.Int64))).index.tolist() == [-1]
 
 
 def test_roofline_columns() -> None:
@@ -350,6 +351,8 @@ def test_the_calls_key_names_each_calls_own_row(rows: list[tuple[str | None, str
     names = ("name", "input_dims", "input_types", "concrete_inputs")
     calls = CallNames(texts)
     order: dict[str, list[str]] = {n: [] for n in names}  # each column's values in the order the groups list them
+    keys: list[np.ndarray] = []
+    hosts: list[np.ndarray] = []
     for at in range(0, len(rows), size):
         group = rows[at:at + size]
         columns = {}
@@ -360,8 +363,12 @@ def test_the_calls_key_names_each_calls_own_row(rows: list[tuple[str | None, str
             order[name] += [w for w in column.dictionary.to_pylist() if w not in order[name]]
             columns[name] = column
         columns["dur_ns"] = pa.array([7] * len(group), pa.int64())
-        calls.add(pa.table(columns), np.array([r[4] for r in group], dtype=np.int64))
-    key, distinct, host = calls.keyed()
+        got = calls.add(pa.table(columns), np.array([r[4] for r in group], dtype=np.int64))
+        keys.append(got[0])
+        hosts.append(got[1])
+    rank, distinct = calls.ranked()
+    none = [np.zeros(0, dtype=np.int64)]  # no row group at all
+    key, host = rank[np.concatenate(keys or none)], np.concatenate(hosts or none)
     assert len(key) == len(rows) and distinct.height == len(set(distinct.rows())) and host.tolist() == [7] * len(rows)
     expected = [tuple(None if n in missing else r[i] for i, n in enumerate(names)) + (texts[r[4]] if r[4] >= 0
                                                                                         else None,) for r in rows]

@@ -4,9 +4,10 @@ Each call's key is its row of the distinct (name, input_dims, input_types, concr
 (:data:`~tracelake.analysis.op_stats.GROUP_COLUMNS`, :meth:`~tracelake.analysis.op_stats.Operators.set_keyed`).
 The values come as each row group's dictionary codes: a value's number is its place among every dictionary met so
 far (each new value numbered as its dictionary lists it, as Arrow's ``unify_dictionaries`` would), so no string is
-made per call and nothing but the key and the host time (4 bytes each) is kept per call. The distinct rows are
+made per call: :meth:`CallNames.add` gives each group's calls their keys (their numbers among the distinct rows as
+met), which the caller writes away (``call_table.CallSink``), and nothing is kept per call. The distinct rows are
 ordered by those numbers (a null last) and by the module's text (sorted, none last): the order the calls' codes
-sort in (docs/architecture.md, "Memory").
+sort in; :meth:`CallNames.ranked` gives each key its row in that order (docs/architecture.md, "Memory").
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ from .derived_inputs import ints as _ints
 
 
 class CallNames:
-    """One trace's calls, fed in the order of :attr:`~tracelake.analysis.op_stats.Operators.rows` (:meth:`add`), then
-    :meth:`keyed`. ``texts``: the scopes' texts (``ScopeTexts.texts``) that the calls' scope ids point at."""
+    """One trace's calls, fed in the order of their positions (:meth:`add`), then :meth:`ranked`. ``texts``: the scopes' texts (``ScopeTexts.texts``) that the calls' scope ids point at."""
 
     def __init__(self, texts: list[str | None]) -> None:
         self._numbers: dict[str, dict[str, int]] = {column: {} for column in KEY_COLUMNS}
@@ -34,12 +34,10 @@ class CallNames:
         self._canonical = np.array([first.setdefault(t, i) if t is not None else -1 for i, t in enumerate(texts)]
                                    + [-1], dtype=np.int64)
         self._rows: dict[tuple[int, ...], int] = {}
-        self._keys: list[np.ndarray] = []
-        self._host: list[np.ndarray] = []
 
-    def add(self, calls: pa.Table, scope: np.ndarray) -> None:
+    def add(self, calls: pa.Table, scope: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The next calls: ``calls`` (``dur_ns`` and the :data:`KEY_COLUMNS` it has, as dictionaries or not) and
-        each one's scope id (-1: none)."""
+        each one's scope id (-1: none); returns each call's key and host time."""
         count = calls.num_rows
         numbers = np.full((count, len(GROUP_COLUMNS)), -1, dtype=np.int64)
         for i, column in enumerate(KEY_COLUMNS):
@@ -65,13 +63,12 @@ class CallNames:
                         dtype=np.int64)
         key = np.empty(count, dtype=np.int64)
         key[order] = keys[np.cumsum(first) - 1]
-        self._keys.append(narrow(key))
-        self._host.append(narrow(_ints(calls["dur_ns"], 0)) if "dur_ns" in calls.column_names
-                          else np.zeros(count, dtype=np.int32))
+        host = _ints(calls["dur_ns"], 0) if "dur_ns" in calls.column_names else np.zeros(count, dtype=np.int64)
+        return narrow(key), host
 
-    def keyed(self) -> tuple[np.ndarray, pl.DataFrame, np.ndarray]:
-        """Each call's key (in the order fed), the distinct rows (columns :data:`GROUP_COLUMNS`) in the order of
-        their numbers, and each call's host time."""
+    def ranked(self) -> tuple[np.ndarray, pl.DataFrame]:
+        """Each key's row of the distinct rows, and those rows (columns :data:`GROUP_COLUMNS`) in the order of their
+        numbers."""
         rows = list(self._rows)
         words = {column: list(known) for column, known in self._numbers.items()}
         shown = sorted({text for r in rows if r[-1] >= 0 and (text := self._texts[r[-1]]) is not None})
@@ -85,15 +82,10 @@ class CallNames:
         ranked = sorted(range(len(rows)), key=lambda i: order(rows[i]))
         rank = np.empty(len(rows), dtype=np.int64)
         rank[ranked] = np.arange(len(rows))
-        keys = np.concatenate(self._keys) if self._keys else np.zeros(0, dtype=np.int64)
-        self._keys = []
-        key = rank[keys] if len(keys) else keys
-        host = np.concatenate(self._host) if self._host else np.zeros(0, dtype=np.int32)
-        self._host = []
         values: dict[str, list[str | None]] = {column: [] for column in GROUP_COLUMNS}
         for i in ranked:
             row = rows[i]
             for column, number in zip(KEY_COLUMNS, row, strict=False):
                 values[column].append(words[column][number] if number >= 0 else None)
             values["module"].append(self._texts[row[-1]] if row[-1] >= 0 else None)
-        return key, pl.DataFrame(values, schema={c: pl.String for c in GROUP_COLUMNS}), host
+        return rank, pl.DataFrame(values, schema={c: pl.String for c in GROUP_COLUMNS})

@@ -23,6 +23,7 @@ from tracelake.analysis.event_flags import EventFlags
 from tracelake.analysis.flops import counted
 from tracelake.analysis.launches import GRAPH_CALL
 from tracelake.analysis.op_attribution import Attribution, BackRefs, Events, ScopeTexts
+from tracelake.analysis.op_owners import OwnerCursor
 from tracelake.analysis.op_scope import scope_kind
 from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators
 from tracelake.analysis.recompute import recompute_kind
@@ -30,8 +31,10 @@ from tracelake.contracts.allocators import freed_memory_kept, release_free_memor
 from tracelake.ingest.source import read_ahead
 
 from .derived_inputs import ints as _ints, pinned_trace
+from .call_table import CallSink, CallTable
 from .derived_names import CallNames
 from .launch_table import LaunchSink, LaunchTable
+from .spill_log import SpillLog
 
 #: What is known of a name, once looked up: whether it is a counted operator, its scope kind (as a
 #: ``python_function``), its recompute kind, its number among the names kept for scopes (-1: not kept) and whether
@@ -54,8 +57,10 @@ def operators(host_ops: Path, folder: Path, shared: dict[str, np.ndarray]) -> Fo
     :class:`~tracelake.analysis.event_index.EventIndex`; then the parent ids, for which events a later row group's
     events name as parent (:class:`BackRefs`); then the attribution, which writes each launch call with its operator
     as it is settled (:class:`LaunchSink`: sorted by correlation id, as soon as no call to come can have a lower id,
-    which the row groups' statistics of ``correlation`` tell), keeps per operator that launched work its scope, and
-    nothing per host event; then the names and shapes of those operators only, as dictionary codes.
+    which the row groups' statistics of ``correlation`` tell), logs each operator that launched work with its scope
+    on disk (:class:`~tracelake.analysis.op_owners.OwnerLog` in a :class:`SpillLog`), and keeps nothing per host
+    event; then the names and shapes of those operators only, as dictionary codes, a row group at a time, each
+    group's calls written as they are named (:class:`CallSink`, read back by position: :class:`CallTable`).
     """
     names = set(pq.read_schema(host_ops).names)
     if not _has_operators(host_ops):  # XLA's host events, say: every device op goes to no operator
@@ -85,7 +90,8 @@ def operators(host_ops: Path, folder: Path, shared: dict[str, np.ndarray]) -> Fo
             for trace_id, mine, whole in _by_trace(part):
                 trace = traces.get(trace_id)
                 if trace is None:
-                    trace = traces[trace_id] = _Trace(indexes[trace_id], Attribution(refs[trace_id], texts),
+                    attribution = Attribution(refs[trace_id], texts, SpillLog(folder / f"owners-{len(sinks)}.i64"))
+                    trace = traces[trace_id] = _Trace(indexes[trace_id], attribution,
                                                       graph_names.setdefault(trace_id, {}))
                     sinks[trace_id] = LaunchSink(folder / f"launch-calls-{len(sinks)}.parquet")
                 spans.append((group, trace_id, trace.size, mine.num_rows, whole))
@@ -94,43 +100,37 @@ def operators(host_ops: Path, folder: Path, shared: dict[str, np.ndarray]) -> Fo
                 floor = later if waiting is None or later is None else min(later, waiting)
                 sinks[trace_id].add(trace.attribution.take_launches(), floor)
             del part
-    found: dict[str, Operators] = {}
-    scopes: dict[str, np.ndarray] = {}
     tables: dict[str, LaunchTable] = {}
+    cursors: dict[str, OwnerCursor] = {}
     for trace_id, trace in traces.items():
-        owners = trace.attribution.owners()
         sink = sinks.pop(trace_id)
         sink.add(trace.attribution.take_launches(), None)
         sink.close()
         tables[trace_id] = LaunchTable(sink.path, sink.count, shared.get(trace_id, np.zeros(0, dtype=np.int64)))
-        scopes[trace_id] = owners.scope
-        found[trace_id] = Operators.from_owners(owners, trace.size)
-        del owners
+        cursors[trace_id] = OwnerCursor(trace.attribution.owner_chunks())
     del traces
     release_free_memory()  # the attribution's pieces, back before the names are read
+    # the operators that launched work, by position, with their row groups: each group's calls named and written
+    # away as they come (call_table.CallSink), so nothing per call is held (docs/architecture.md, "Memory")
     wanted = [c for c in ("name", "dur_ns", *KEY_COLUMNS[1:]) if c in names]
-    taken = dict.fromkeys(found, 0)  # per trace, how many of its calls' rows are read
-    reads: list[tuple[int, str, int, bool, np.ndarray]] = []  # the row groups holding calls, and the calls' positions
-    for group, trace_id, first, count, whole in spans:
-        rows = found[trace_id].rows
-        stop = int(np.searchsorted(rows, first + count))
-        if stop > taken[trace_id]:
-            reads.append((group, trace_id, first, whole, rows[taken[trace_id]:stop]))
-            taken[trace_id] = stop
     read = _read_ahead(file, [(group, wanted if whole else ["trace_id", "event_id", *wanted])
-                              for group, _, _, whole, _ in reads])
-    named = {trace_id: CallNames(texts.texts) for trace_id in found}
-    done = dict.fromkeys(found, 0)
-    for (_, trace_id, first, whole, calls), part in zip(reads, read, strict=True):
+                              for group, _, _, _, whole in spans])
+    named = {trace_id: CallNames(texts.texts) for trace_id in cursors}
+    calls = {trace_id: CallSink(folder / f"operator-calls-{n}.parquet") for n, trace_id in enumerate(cursors)}
+    for (_, trace_id, first, count, whole), part in zip(spans, read, strict=True):
+        owners = cursors[trace_id].below(first + count)
+        if not len(owners):
+            continue
         if not whole:
             part = part.filter(pc.and_(pc.equal(part["trace_id"], trace_id), pc.is_valid(part["event_id"])))
-        scope = scopes[trace_id][done[trace_id]:done[trace_id] + len(calls)]
-        named[trace_id].add(part.take(pa.array(calls - first)).select(wanted), scope)
-        done[trace_id] += len(calls)
+        key, host_ns = named[trace_id].add(part.take(pa.array(owners.rows - first)).select(wanted), owners.scope)
+        calls[trace_id].add(owners.rows, key, host_ns, owners.recomputed)
         del part
-    for trace_id, operators in found.items():
-        operators.set_keyed(*named.pop(trace_id).keyed())
-        del scopes[trace_id]
+    found: dict[str, Operators] = {}
+    for trace_id, call_sink in calls.items():
+        call_sink.close()
+        rank, distinct = named.pop(trace_id).ranked()
+        found[trace_id] = Operators.from_calls(CallTable(call_sink.path, call_sink.count, rank), distinct)
     return found, tables, {trace_id: names for trace_id, names in graph_names.items() if trace_id in found}
 
 

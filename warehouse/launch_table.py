@@ -12,8 +12,6 @@ few row groups kept at once. So neither holds anything per launch call of the tr
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -24,10 +22,10 @@ import pyarrow.parquet as pq
 from tracelake.analysis.launches import Launched, member
 from tracelake.analysis.op_attribution import LaunchRows
 
+from .keyed_groups import KeyedGroups
+
 SCHEMA = pa.schema([("correlation", pa.int64()), ("launch_ns", pa.int64()), ("call_ns", pa.int64()),
                     ("graph", pa.bool_()), ("owner", pa.int64())])
-#: Row groups :class:`LaunchTable` keeps read at once.
-CACHED_GROUPS = 4
 
 
 class LaunchSink:
@@ -91,19 +89,9 @@ class LaunchTable:
     carries, graph launches whatever the call's name. Safe to ask from several threads (ranks computed at once)."""
 
     def __init__(self, path: Path, count: int, shared: np.ndarray) -> None:
-        self._file = pq.ParquetFile(path)
+        self._groups = KeyedGroups(path, "correlation", SCHEMA.names)
         self._count = count
         self._shared = shared
-        meta = self._file.metadata
-        column = self._file.schema_arrow.get_field_index("correlation")
-        groups = [meta.row_group(i) for i in range(meta.num_row_groups)]
-        kept = [i for i, group in enumerate(groups) if group.num_rows]
-        stats = [groups[i].column(column).statistics for i in kept]
-        self._groups = np.array(kept, dtype=np.int64)
-        self._lows = np.array([int(s.min) for s in stats], dtype=np.int64)
-        self._highs = np.array([int(s.max) for s in stats], dtype=np.int64)
-        self._cache: OrderedDict[int, tuple[np.ndarray, ...]] = OrderedDict()
-        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return self._count
@@ -114,30 +102,13 @@ class LaunchTable:
         found = np.zeros(n, dtype=bool)
         launch_ns, call_ns = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         graph, owner = np.zeros(n, dtype=bool), np.full(n, -1, dtype=np.int64)
-        if len(self._groups):
-            at = np.minimum(np.searchsorted(self._highs, values, side="left"), len(self._groups) - 1)
-            inside = correlation.is_not_null().to_numpy() & (values >= self._lows[at]) & (values <= self._highs[at])
-            for group in np.unique(at[inside]).tolist():
-                rows = np.flatnonzero(inside & (at == group))
-                ids, starts, durations, graphs, owners = self._group(group)
-                where = np.minimum(np.searchsorted(ids, values[rows]), len(ids) - 1)
-                hit = ids[where] == values[rows]
-                rows, where = rows[hit], where[hit]
-                found[rows] = True
-                launch_ns[rows], call_ns[rows] = starts[where], durations[where]
-                graph[rows], owner[rows] = graphs[where], owners[where]
+        for group, rows in self._groups.matches(values, correlation.is_not_null().to_numpy()):
+            ids, starts, durations, graphs, owners = self._groups.group(group)
+            where = np.minimum(np.searchsorted(ids, values[rows]), len(ids) - 1)
+            hit = ids[where] == values[rows]
+            rows, where = rows[hit], where[hit]
+            found[rows] = True
+            launch_ns[rows], call_ns[rows] = starts[where], durations[where]
+            graph[rows], owner[rows] = graphs[where], owners[where]
         graph |= found & member(values, self._shared)
         return Launched(found, launch_ns, call_ns, graph, owner)
-
-    def _group(self, index: int) -> tuple[np.ndarray, ...]:
-        with self._lock:
-            cached = self._cache.get(index)
-            if cached is not None:
-                self._cache.move_to_end(index)
-                return cached
-            part = self._file.read_row_group(int(self._groups[index]))
-            cached = tuple(part[name].to_numpy() for name in SCHEMA.names)
-            self._cache[index] = cached
-            if len(self._cache) > CACHED_GROUPS:
-                self._cache.popitem(last=False)
-            return cached
