@@ -53,9 +53,9 @@ def write_derived(parsed: Path, out_dir: Path, peak_overrides: tuple[Override, .
 
     Rank by rank in windows of :data:`CHUNK_ROWS` ops: memory follows ``threads`` windows, plus a few row groups of
     a trace's launch calls (written into ``out_dir``, in a folder removed before this returns, sorted by correlation
-    id by the operators' pass: :mod:`.launch_table`; a trace without operator calls holds its calls, 13 bytes each),
-    each operator call that launched work (its position, key, host time and recompute flag: about 11 bytes) and the
-    distinct (name, duration) pairs of a rank. What :class:`~tracelake.analysis.launches.LaunchParts` keeps per
+    id by the operators' pass: :mod:`.launch_table`; a trace without operator calls holds its calls, 13 bytes each)
+    and of its operator calls that launched work (by position: :mod:`.call_table`; two bits each are kept, whether
+    credited and whether run), and the distinct (name, duration) pairs of a rank. What :class:`~tracelake.analysis.launches.LaunchParts` keeps per
     launched op (delays, launches and ends), and the kernels' correlation ids while the ids that repeat are found,
     go to files in the same folder (:mod:`.spill_log`).
     """
