@@ -17,8 +17,9 @@ in the *carry*: the states of the events some later piece's event names as paren
 pass over the parent ids first), each kept until its last such piece. An event whose parent comes in a later piece
 waits, with its descendants, until that piece. So memory follows a piece and the events open across pieces (a few
 thousand at 4 GB of trace), not the trace. The launch calls go to the caller as they are settled
-(:meth:`Attribution.take_launches`, with each one's operator); what is kept to the end is, per operator that launched
-work, its scope and recompute flag. Pure: numpy in, arrays out.
+(:meth:`Attribution.take_launches`, with each one's operator); each operator that launched work goes, with its scope
+and recompute flag, into a log the caller may keep on disk (:class:`~.op_owners.OwnerLog`), given back by position
+once the trace is read (:meth:`Attribution.owner_chunks`). Pure: numpy in, arrays out.
 """
 
 from __future__ import annotations
