@@ -212,7 +212,7 @@ _FIELDS = ("position", "parent", "bits", "word", "sequence", "launch", "correlat
 
 
 class Attribution:
-    """One trace's host events, fed a piece at a time (:meth:`add`), then :meth:`owner_chunks` (or :meth:`owners`).
+    """One trace's host events, fed a piece at a time (:meth:`add`), then :meth:`owner_chunks`.
     ``log``: where the operators that launched work wait until then (:class:`~.op_owners.OwnerLog`; in memory
     when none is given)."""
 
@@ -241,10 +241,6 @@ class Attribution:
             self._carry = self._carry.astype(np.int64)
         waiting = len(self._pending)
         self._pending = self._settle(self._pending.then(events), number, waiting)
-
-    def owners(self) -> Owners:
-        """Every answer at once (:meth:`owner_chunks` joined)."""
-        return Owners.joined(list(self.owner_chunks()))
 
     def owner_chunks(self) -> Iterator[Owners]:
         """The answers, once every piece is in: the operators that launched work, by position, a chunk at a time.

@@ -48,6 +48,10 @@ class Owners:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def take(self, chosen: np.ndarray | slice) -> Owners:
+        """The operators ``chosen`` (a mask, indices or a slice)."""
+        return Owners(self.rows[chosen], self.scope[chosen], self.recomputed[chosen])
+
 
 def pack(position: np.ndarray, scope: np.ndarray, recomputed: np.ndarray) -> np.ndarray:
     """Each operator as one int64 that sorts by ``position``; ValueError where a position or a scope id does not
@@ -89,7 +93,7 @@ class OwnerLog:
             first[1:] = owners.rows[1:] != owners.rows[:-1]
             first &= owners.rows != last
             if not first.all():
-                owners = Owners(owners.rows[first], owners.scope[first], owners.recomputed[first])
+                owners = owners.take(first)
             if not len(owners):
                 continue
             last = int(owners.rows[-1])
@@ -113,9 +117,9 @@ class OwnerCursor:
         while True:
             cut = int(np.searchsorted(self._held.rows, limit))
             if cut:
-                pieces.append(Owners(self._held.rows[:cut], self._held.scope[:cut], self._held.recomputed[:cut]))
+                pieces.append(self._held.take(slice(None, cut)))
             if cut < len(self._held):
-                self._held = Owners(self._held.rows[cut:], self._held.scope[cut:], self._held.recomputed[cut:])
+                self._held = self._held.take(slice(cut, None))
                 break
             following = next(self._chunks, None)
             if following is None:

@@ -24,7 +24,8 @@ from .derived_inputs import ints as _ints
 
 
 class CallNames:
-    """One trace's calls, fed in the order of their positions (:meth:`add`), then :meth:`ranked`. ``texts``: the scopes' texts (``ScopeTexts.texts``) that the calls' scope ids point at."""
+    """One trace's calls, fed in the order of their positions (:meth:`add`), then :meth:`ranked`. ``texts``: the
+    scopes' texts (``ScopeTexts.texts``) that the calls' scope ids point at."""
 
     def __init__(self, texts: list[str | None]) -> None:
         self._numbers: dict[str, dict[str, int]] = {column: {} for column in KEY_COLUMNS}

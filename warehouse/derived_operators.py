@@ -23,15 +23,15 @@ from tracelake.analysis.event_flags import EventFlags
 from tracelake.analysis.flops import counted
 from tracelake.analysis.launches import GRAPH_CALL
 from tracelake.analysis.op_attribution import Attribution, BackRefs, Events, ScopeTexts
-from tracelake.analysis.op_owners import OwnerCursor
+from tracelake.analysis.op_owners import OwnerCursor, Owners
 from tracelake.analysis.op_scope import scope_kind
 from tracelake.analysis.op_stats import GROUP_COLUMNS, KEY_COLUMNS, Operators
 from tracelake.analysis.recompute import recompute_kind
 from tracelake.contracts.allocators import freed_memory_kept, release_free_memory
 from tracelake.ingest.source import read_ahead
 
-from .derived_inputs import ints as _ints, pinned_trace
 from .call_table import CallSink, CallTable
+from .derived_inputs import ints as _ints, pinned_trace
 from .derived_names import CallNames
 from .launch_table import LaunchSink, LaunchTable
 from .spill_log import SpillLog
@@ -113,14 +113,19 @@ def operators(host_ops: Path, folder: Path, shared: dict[str, np.ndarray]) -> Fo
     # the operators that launched work, by position, with their row groups: each group's calls named and written
     # away as they come (call_table.CallSink), so nothing per call is held (docs/architecture.md, "Memory")
     wanted = [c for c in ("name", "dur_ns", *KEY_COLUMNS[1:]) if c in names]
-    read = _read_ahead(file, [(group, wanted if whole else ["trace_id", "event_id", *wanted])
-                              for group, _, _, _, whole in spans])
+
+    def holding_calls() -> Iterator[tuple[str, int, bool, Owners, pa.Table]]:
+        """Each span with its operators, and its row group read: only the groups that hold one (on the reading
+        thread, which takes the operators from the log too)."""
+        for group, trace_id, first, count, whole in spans:
+            owners = cursors[trace_id].below(first + count)
+            if len(owners):
+                yield trace_id, first, whole, owners, file.read_row_group(
+                    group, columns=wanted if whole else ["trace_id", "event_id", *wanted])
+
     named = {trace_id: CallNames(texts.texts) for trace_id in cursors}
     calls = {trace_id: CallSink(folder / f"operator-calls-{n}.parquet") for n, trace_id in enumerate(cursors)}
-    for (_, trace_id, first, count, whole), part in zip(spans, read, strict=True):
-        owners = cursors[trace_id].below(first + count)
-        if not len(owners):
-            continue
+    for trace_id, first, whole, owners, part in read_ahead(holding_calls(), depth=1, name="tracelake-operators-read"):
         if not whole:
             part = part.filter(pc.and_(pc.equal(part["trace_id"], trace_id), pc.is_valid(part["event_id"])))
         key, host_ns = named[trace_id].add(part.take(pa.array(owners.rows - first)).select(wanted), owners.scope)
