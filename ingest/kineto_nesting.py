@@ -350,6 +350,7 @@ def sweep(con: duckdb.DuckDBPyConnection, out: Path, steps: pa.Table, threads: i
     parts = out.parent
     with_memory = any(parts.glob("memory-*.parquet"))
     cut = slices(parts, threads)
+    release_free_memory()  # every part's footer read for its statistics: 12 MiB of holes at 8 GB (1,900 parts)
     sweeps = _Sweeps(steps, per_thread=len(cut) > 1)
     nested = _Rows(out, _HOST_SCHEMA)
     ids = _Rows(parts / "mem_op_ids.parquet", _IDS_SCHEMA) if with_memory else None

@@ -2,8 +2,8 @@
 
 :func:`write_tables` writes ``<table>.parquet`` for every data table into the staging
 directory. The big tables (host and device ops) are the parts, which hold their events in
-event-id order, merged with their facts sorted by event id (:func:`_write_merged`): no hash
-table, so their memory does not grow with the trace. Parts that are not in that order go by
+event-id order, merged with their facts sorted by event id (:func:`_write_merged`; the parts read in runs of
+files, :func:`in_runs`): no hash table, so their memory does not grow with the trace. Parts that are not in that order go by
 DuckDB's hash join instead, by ranges of event ids when one join would not fit DuckDB's memory
 limit (:data:`JOIN_BYTES_PER_ROW`).
 """
@@ -11,7 +11,7 @@ limit (:data:`JOIN_BYTES_PER_ROW`).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracelake.contracts import schema
+from tracelake.contracts.allocators import GLIBC_MAPPED_THRESHOLD, large_buffers_mapped, release_free_memory
 from tracelake.contracts.lazy import duckdb
 from tracelake.contracts.schema import sql_literal
 
@@ -146,7 +147,8 @@ def write_tables(
     }
     for table_name, (part, facts, fact_columns, exprs) in joined.items():
         _write_joined(con, staging / f"{table_name}.parquet", schema.table(table_name), common | exprs,
-                      in_order(parts, part), _Facts(facts, fact_columns, facts_file(parts, part)))
+                      in_runs(parts, part), _Facts(facts, fact_columns, facts_file(parts, part)))
+        release_free_memory()  # the merge's batches and row groups, freed on three threads: back before the next
     sources = {
         "collectives": ("coll", {
             c: shifted(c) if c in ("ts_ns", "cpu_ts_ns") else c
@@ -199,7 +201,7 @@ def _memory_merged(con: duckdb.DuckDBPyConnection, out: Path, parts: Path, exprs
     if not facts.exists():
         return False
     rows = {name: expr for name, expr in exprs.items() if name not in _MEMORY_FACTS}
-    return _write_merged(con, out, schema.MEMORY_EVENTS, rows, "mem_rows",
+    return _write_merged(con, out, schema.MEMORY_EVENTS, rows, ["mem_rows"],
                          _Facts(f"read_parquet({sql_literal(str(facts))})", _MEMORY_FACTS, facts), ordered_by="ts_ns")
 
 
@@ -209,6 +211,24 @@ def in_order(parts: Path, part: str) -> str:
     files = part_files(parts, part)
     return "read_parquet([" + ", ".join(sql_literal(str(path)) for path in files) + "])" if files else \
         f"read_parquet({sql_literal(str(parts / f'{part}-*.parquet'))})"
+
+
+#: Part files a merge reads in one statement, at most (:func:`in_runs`). DuckDB holds some state for every file a
+#: scan has opened until the statement ends, about 15 KiB each (a scan of the 8 GB Qwen shape's 954 device parts
+#: held 14 MiB more at its end than one of the same rows in 120 files), and the scanner writes a part per batch of
+#: about 8 MB of trace: one statement over them all grew with the trace. Alone on those parts the merge in runs of
+#: 64 peaked 2-9 MiB lower than in one statement, for 0.05-0.1 s more of its 2 s.
+FILES_PER_RUN = 64
+
+
+def in_runs(parts: Path, part: str) -> list[str]:
+    """The parts ``<part>-<batch>.parquet`` in ``parts`` as relations of up to :data:`FILES_PER_RUN` files each, to
+    be read one after the other: together, in order, the rows of :func:`in_order`."""
+    files = part_files(parts, part)
+    if not files:
+        return [in_order(parts, part)]
+    return ["read_parquet([" + ", ".join(sql_literal(str(path)) for path in files[first:first + FILES_PER_RUN]) + "])"
+            for first in range(0, len(files), FILES_PER_RUN)]
 
 
 @dataclass(frozen=True)
@@ -222,25 +242,27 @@ class _Facts:
 
 
 def _write_joined(
-    con: duckdb.DuckDBPyConnection, out: Path, tbl: schema.Table, exprs: dict[str, str], part_rows: str,
+    con: duckdb.DuckDBPyConnection, out: Path, tbl: schema.Table, exprs: dict[str, str], runs: list[str],
     facts: _Facts,
 ) -> None:
-    """``out``: the rows of ``part_rows`` (the parts, each column from ``exprs``) joined with ``facts`` on
-    ``event_id``, the rows of either without a match left out.
+    """``out``: the rows of ``runs`` (relations over the parts, read one after the other; each column from
+    ``exprs``) joined with ``facts`` on ``event_id``, the rows of either without a match left out.
 
     Merged (:func:`_write_merged`) where the parts come in event-id order, as both readers write them; else by
     DuckDB's hash join (:func:`_write_hash_joined`).
     """
-    if not _write_merged(con, out, tbl, exprs, part_rows, facts):
-        _write_hash_joined(con, out, tbl, exprs, part_rows, facts)
+    if not _write_merged(con, out, tbl, exprs, runs, facts):
+        whole = runs[0] if len(runs) == 1 else "(" + " UNION ALL ".join(f"SELECT * FROM {run}" for run in runs) + ")"
+        _write_hash_joined(con, out, tbl, exprs, whole, facts)
 
 
 def _write_merged(
-    con: duckdb.DuckDBPyConnection, out: Path, tbl: schema.Table, exprs: dict[str, str], part_rows: str,
+    con: duckdb.DuckDBPyConnection, out: Path, tbl: schema.Table, exprs: dict[str, str], runs: list[str],
     facts: _Facts, ordered_by: str | None = None,
 ) -> bool:
     """``out`` (as :func:`_write_joined`) by a merge: the facts sorted by event id into a file (DuckDB's sort,
-    under :data:`SIDE_SHARE` of the limit, spills), then the parts read in order beside them, a batch at a time.
+    under :data:`SIDE_SHARE` of the limit, spills), then the parts read in order beside them, a batch at a time,
+    a statement for each of ``runs``.
     False, with nothing left at ``out``, where the two do not line up one to one (the parts are out of order or
     either side has a row the other lacks), or where ``ordered_by`` names a column the rows must come in order of
     (no nulls, never decreasing) and they do not: the hash join or the sort is left to do it.
@@ -259,8 +281,13 @@ def _write_merged(
     select = schema.select_list(tbl, exprs)  # the facts' columns NULL here, filled below
     sorted_facts = _Rows(facts.sorted_file)
     order = _Order(ordered_by)
-    with _insertion_order(con), memory_share(con, SIDE_SHARE), _GroupedWriter(out, arrow_schema) as writer:
-        for batch in con.sql(f"SELECT {select} FROM {part_rows}").to_arrow_reader(_ROW_GROUP_ROWS):
+    with _insertion_order(con), memory_share(con, SIDE_SHARE), ExitStack() as mapped, \
+            _GroupedWriter(out, arrow_schema) as writer:
+        mapping = False
+        for batch in _batches(con, select, runs):
+            if not mapping and _largest_text(batch) >= GLIBC_MAPPED_THRESHOLD // 2:
+                mapped.enter_context(large_buffers_mapped())  # DuckDB's next batches' texts: mapped apart
+                mapping = True
             ids, values = sorted_facts.take(batch.num_rows)
             if not np.array_equal(ids, batch.column("event_id").to_numpy()) or not order.holds(batch):
                 break
@@ -273,6 +300,22 @@ def _write_merged(
                 return True
         writer.abandon()
     return False
+
+
+def _largest_text(batch: pa.RecordBatch) -> int:
+    """The bytes of the largest text column's characters in ``batch``: where DuckDB's batches hold texts of half
+    :data:`.GLIBC_MAPPED_THRESHOLD` or more (the 8 GB Qwen shape's device ops: 1-2 MiB of kernel names a batch), the
+    merge reads them with such buffers mapped apart (:func:`.large_buffers_mapped`); the host ops' (under 1 MiB)
+    gained nothing so and took 0.2-0.4 s longer of 5.3 s."""
+    sizes = [column.buffers()[2].size for column in batch.columns
+             if pa.types.is_string(column.type) and column.buffers()[2] is not None]
+    return max(sizes, default=0)
+
+
+def _batches(con: duckdb.DuckDBPyConnection, select: str, runs: list[str]) -> Iterator[pa.RecordBatch]:
+    """The rows of ``select`` over each of ``runs`` in turn, as DuckDB's batches."""
+    for run in runs:
+        yield from con.sql(f"SELECT {select} FROM {run}").to_arrow_reader(_ROW_GROUP_ROWS)
 
 
 class _Order:

@@ -28,6 +28,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tracelake.contracts.allocators import release_free_memory
 from tracelake.contracts.lazy import duckdb
 from tracelake.contracts.schema import sql_literal
 from tracelake.contracts.errors import IngestMemoryLimit, TraceFormatError
@@ -283,13 +284,16 @@ class Normaliser:
             self._insert_scanned(con)
             kineto_sql_facts.narrow(con, self.parts)
             kineto_sql_facts.steps(con)
+            release_free_memory()
             kineto_sql_facts.nesting(con, self.parts, native=self.native)
             kineto_sql_facts.device_steps(con, self.parts)
             kineto_sql_facts.collectives(con, self.parts)
             kernel_collectives.add(con, self.parts, pg_config, info.rank)
             kineto_sql_facts.counters(con, sorted(self.counter_batches))
+            release_free_memory()
             kineto_sql_facts.memory_events(con, self.parts, native=self.native)
             kineto_sql_facts.fill_info(con, info, base_ns)
+            release_free_memory()
             kineto_sql_tables.write_tables(con, self.staging, self.parts, trace_id(), info.rank, base_ns)
         except duckdb.Error as exc:
             raise _translate(exc, self.source, self.memory_limit) from exc

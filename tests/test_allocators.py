@@ -134,3 +134,54 @@ def test_freed_memory_is_kept_within_a_pass_and_handed_back_after_it() -> None:
                                      check=True).stdout)
     assert seen["inside"] > 10 * 1024 and seen["again"] < seen["inside"] + 2 * 1024, seen
     assert seen["out"] < 3 * 1024 and seen["after"] < 3 * 1024, seen
+
+
+_MAPPED_CHILD = """
+import ctypes, json
+import tracelake.warehouse
+from tracelake.contracts import allocators
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+SIZE = 3 << 19  # 1.5 MiB: over the mapped threshold, under the usual one
+
+class Info(ctypes.Structure):  # glibc's struct mallinfo2
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = Info
+
+def resident_kib():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+
+pins = []
+
+def freed_below_a_live_block():
+    '''A block written and freed while a small block made after it lives: not the heap's top. Its bytes mapped
+    apart, and the KiB still resident once it is freed.'''
+    before, mapped = resident_kib(), libc.mallinfo2().hblkhd
+    block = libc.malloc(SIZE)
+    ctypes.memset(block, 1, SIZE)
+    pins.append(libc.malloc(64))
+    mapped = libc.mallinfo2().hblkhd - mapped
+    libc.free(block)
+    return {"mapped": mapped, "kept_kib": resident_kib() - before}
+
+with allocators.large_buffers_mapped():
+    inside = freed_below_a_live_block()
+after = freed_below_a_live_block()
+print(json.dumps({"inside": inside, "after": after}))
+"""
+
+
+@pytest.mark.skipif(not _GLIBC, reason="glibc's allocator only")
+def test_large_buffers_are_mapped_apart_within_the_context_and_from_the_heap_after_it() -> None:
+    """Within ``large_buffers_mapped`` a 1.5 MiB block is a mapping of its own (glibc's own count of mapped bytes),
+    so freeing it hands it back though a live block lies after it; after the context the same block comes from the
+    heap and stays resident once freed (the usual threshold is restored)."""
+    clean = {k: v for k, v in os.environ.items() if k not in allocators.GLIBC_USER_SETTINGS and k != "GLIBC_TUNABLES"}
+    seen = json.loads(subprocess.run([sys.executable, "-c", _MAPPED_CHILD], env=clean, capture_output=True,
+                                     text=True, check=True).stdout)
+    assert seen["inside"]["mapped"] >= 3 << 19 and seen["inside"]["kept_kib"] < 512, seen
+    assert seen["after"]["mapped"] == 0 and seen["after"]["kept_kib"] > 1024, seen
