@@ -116,15 +116,12 @@ def freed_memory_kept() -> Iterator[None]:
     213 row groups, 1 s more of its 6; docs/architecture.md, "Memory"). Those pages are part of the pass's peak
     anyway. Nothing is changed where :func:`fix_glibc_thresholds` left glibc alone.
     """
-    glibc = _GLIBC if fix_glibc_thresholds() else None
-    if glibc is not None:
-        glibc.mallopt(GLIBC_M_TRIM_THRESHOLD, GLIBC_KEPT_TRIM_THRESHOLD)
-    try:
-        yield
-    finally:
-        if glibc is not None:
-            glibc.mallopt(GLIBC_M_TRIM_THRESHOLD, GLIBC_TRIM_THRESHOLD)
-            release_free_memory()
+    with _glibc_set_within(GLIBC_M_TRIM_THRESHOLD, GLIBC_KEPT_TRIM_THRESHOLD, GLIBC_TRIM_THRESHOLD) as changed:
+        try:
+            yield
+        finally:
+            if changed:
+                release_free_memory()
 
 
 @contextmanager
@@ -140,14 +137,22 @@ def large_buffers_mapped() -> Iterator[None]:
     they gave: at 256 KiB the host ops' merge took 25% longer. Nothing is changed where :func:`fix_glibc_thresholds`
     left glibc alone.
     """
+    with _glibc_set_within(GLIBC_M_MMAP_THRESHOLD, GLIBC_MAPPED_THRESHOLD, GLIBC_MMAP_THRESHOLD):
+        yield
+
+
+@contextmanager
+def _glibc_set_within(parameter: int, inside: int, after: int) -> Iterator[bool]:
+    """glibc's ``mallopt`` ``parameter`` at ``inside`` within, at ``after`` (the value :func:`fix_glibc_thresholds`
+    sets) after; yields whether it was changed (not where that call left glibc alone)."""
     glibc = _GLIBC if fix_glibc_thresholds() else None
     if glibc is not None:
-        glibc.mallopt(GLIBC_M_MMAP_THRESHOLD, GLIBC_MAPPED_THRESHOLD)
+        glibc.mallopt(parameter, inside)
     try:
-        yield
+        yield glibc is not None
     finally:
         if glibc is not None:
-            glibc.mallopt(GLIBC_M_MMAP_THRESHOLD, GLIBC_MMAP_THRESHOLD)
+            glibc.mallopt(parameter, after)
 
 
 def release_free_memory() -> None:

@@ -2,10 +2,10 @@
 
 :func:`write_tables` writes ``<table>.parquet`` for every data table into the staging
 directory. The big tables (host and device ops) are the parts, which hold their events in
-event-id order, merged with their facts sorted by event id (:func:`_write_merged`; the parts read in runs of
-files, :func:`in_runs`): no hash table, so their memory does not grow with the trace. Parts that are not in that order go by
-DuckDB's hash join instead, by ranges of event ids when one join would not fit DuckDB's memory
-limit (:data:`JOIN_BYTES_PER_ROW`).
+event-id order, merged with their facts sorted by event id (:func:`_write_merged`; the parts
+read in runs of files, :func:`in_runs`): no hash table, so their memory does not grow with the
+trace. Parts that are not in that order go by DuckDB's hash join instead, by ranges of event ids
+when one join would not fit DuckDB's memory limit (:data:`JOIN_BYTES_PER_ROW`).
 """
 
 from __future__ import annotations

@@ -284,6 +284,8 @@ class Normaliser:
             self._insert_scanned(con)
             kineto_sql_facts.narrow(con, self.parts)
             kineto_sql_facts.steps(con)
+            # Between the steps: what each freed on DuckDB's and the loaders' threads goes back before the next one's
+            # peak (docs/architecture.md, "Memory"; a few ms each).
             release_free_memory()
             kineto_sql_facts.nesting(con, self.parts, native=self.native)
             kineto_sql_facts.device_steps(con, self.parts)
