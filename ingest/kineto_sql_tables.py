@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tracelake.contracts import schema
 from tracelake.contracts.allocators import GLIBC_MAPPED_THRESHOLD, large_buffers_mapped, release_free_memory
@@ -25,6 +24,7 @@ from tracelake.contracts.lazy import duckdb
 from tracelake.contracts.schema import sql_literal
 
 from .encoding import EncodingWriter
+from .row_batches import FileRows, HeldBatches
 
 
 _ORDER = {
@@ -279,7 +279,7 @@ def _write_merged(
     arrow_schema = tbl.arrow_schema
     at = [arrow_schema.get_field_index(name) for name in facts.columns]
     select = schema.select_list(tbl, exprs)  # the facts' columns NULL here, filled below
-    sorted_facts = _Rows(facts.sorted_file)
+    sorted_facts = FileRows(facts.sorted_file)
     order = _Order(ordered_by)
     with _insertion_order(con), memory_share(con, SIDE_SHARE), ExitStack() as mapped, \
             _GroupedWriter(out, arrow_schema) as writer:
@@ -339,51 +339,6 @@ class _Order:
         return True
 
 
-class _Held:
-    """Batches held in order until a given number of rows is taken off their front."""
-
-    def __init__(self, arrow_schema: pa.Schema) -> None:
-        self.schema = arrow_schema
-        self.batches: list[pa.RecordBatch] = []
-        self.count = 0
-
-    def add(self, batch: pa.RecordBatch) -> None:
-        self.batches.append(batch)
-        self.count += batch.num_rows
-
-    def take(self, rows: int) -> pa.Table:
-        """The first ``rows`` rows held (fewer if fewer are held); the rest stay."""
-        held = pa.Table.from_batches(self.batches, schema=self.schema)
-        rest = held.slice(rows)
-        self.batches, self.count = rest.to_batches(), rest.num_rows
-        return held.slice(0, rows)
-
-
-class _Rows:
-    """The rows of a Parquet file in order, taken a given number at a time.
-
-    Read a row group at a time (the facts' files are written in groups of :data:`_ROW_GROUP_ROWS`): pyarrow's
-    ``iter_batches`` read the whole file ahead, 49 MB of host events' facts at 4 GB of trace, at the merge's peak.
-    """
-
-    def __init__(self, path: Path) -> None:
-        file = pq.ParquetFile(path)
-        self._batches = (batch for group in range(file.num_row_groups)
-                         for batch in file.read_row_group(group).to_batches())
-        self._held = _Held(file.schema_arrow)
-
-    def take(self, rows: int) -> tuple[np.ndarray, pa.Table]:
-        """The next ``rows`` rows (fewer at the end): their ``event_id`` and the whole rows."""
-        while self._held.count < rows and (batch := next(self._batches, None)) is not None:
-            self._held.add(batch)
-        taken = self._held.take(rows)
-        return taken.column("event_id").to_numpy(), taken
-
-    def exhausted(self) -> bool:
-        """Whether every row has been taken."""
-        return not self._held.count and next(self._batches, None) is None
-
-
 def _write_hash_joined(
     con: duckdb.DuckDBPyConnection, out: Path, tbl: schema.Table, exprs: dict[str, str], part_rows: str,
     facts: _Facts,
@@ -418,7 +373,7 @@ class _GroupedWriter:
         # Each row group is encoded on a thread of its own while the next is read and joined.
         self._writer: EncodingWriter | None = EncodingWriter(out, arrow_schema, compression="zstd",
                                                              use_dictionary=texts)
-        self._held = _Held(arrow_schema)
+        self._held = HeldBatches(arrow_schema)
         self._rows = 0  # per row group; 0 until rows come
 
     def write(self, batch: pa.RecordBatch) -> None:
