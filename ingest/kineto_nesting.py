@@ -18,7 +18,6 @@ facts, sorted once it is swept, wait only until no later slice can hold a smalle
 from __future__ import annotations
 
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -226,9 +225,13 @@ class _InIdOrder:
 
     A slice's facts come in the sweep's order (by thread and time); once the slice is swept they are sorted (with
     those held from slices before), those below the least id a later slice may hold are written and the rest held.
-    The sorting runs on a thread of its own while the next slice is swept (numpy and Arrow let go of the GIL).
     Where more than :data:`HELD_ROWS` would be held, the file is given up (removed) and the final table sorts the
     facts as before.
+
+    The sorting runs on the sweep's own thread, between its slices. On a thread of its own, beside the next slice's
+    sweep, the rows it held from slice to slice lay among that thread's passing buffers in a heap of their own, and
+    the holes they left grew with the slices: alone on the 8 GB Qwen shape's parts the nesting peaked at 193-201 MiB
+    against 164-168 at 1 GB; on the sweep's thread at 172-176 against 151-154 (docs/architecture.md, "Memory").
     """
 
     def __init__(self, out: Path, floors: list[int]) -> None:
@@ -238,8 +241,6 @@ class _InIdOrder:
         self._slice: list[pa.RecordBatch] = []
         self._held = _FACTS_SCHEMA.empty_table()
         self._ready = _FACTS_SCHEMA.empty_table()  # in order, written once a row group's worth
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="tracelake-facts-order")
-        self._pending: Future[None] | None = None
 
     def write(self, nested: pa.RecordBatch) -> None:
         if self._out is not None:  # copied out: a selection would hold on to every column of the sweep's batch
@@ -247,18 +248,15 @@ class _InIdOrder:
                 [pa.concat_arrays([nested.column(name)]) for name in _FACTS_SCHEMA.names], schema=_FACTS_SCHEMA))
 
     def end_slice(self, index: int) -> None:
+        """The slice's facts with those held, sorted; those below the least id of every later slice written."""
         batches, self._slice = self._slice, []
-        self._wait()
-        if self._out is not None:
-            self._pending = self._worker.submit(self._order, batches, self._floors[index])
-
-    def _order(self, batches: list[pa.RecordBatch], floor: int) -> None:
-        """On the worker: the slice's facts with those held, sorted; those below ``floor`` written."""
-        assert self._out is not None
+        if self._out is None:
+            return
         rows = pa.concat_tables([self._held, pa.Table.from_batches(batches, schema=_FACTS_SCHEMA)])
+        del batches
         ids = rows.column("event_id").to_numpy()
         order = np.argsort(ids, kind="stable")  # timsort: the held rows and each thread's rows are sorted runs
-        at = int(np.searchsorted(ids[order], floor, side="left"))
+        at = int(np.searchsorted(ids[order], self._floors[index], side="left"))
         self._held = rows.take(order[at:])
         if self._held.num_rows > HELD_ROWS:
             self._give_up()
@@ -271,29 +269,17 @@ class _InIdOrder:
         self._ready = ready.slice(whole).combine_chunks()
 
     def close(self) -> None:
-        try:
-            self._wait()
-            if self._out is not None:
-                out, self._out = self._out, None
-                out.write_table(pa.concat_tables([self._ready, self._held]), row_group_size=BATCH_ROWS)
-                out.close()
-        finally:
-            self._worker.shutdown(wait=True)
+        if self._out is not None:
+            out, self._out = self._out, None
+            out.write_table(pa.concat_tables([self._ready, self._held]), row_group_size=BATCH_ROWS)
+            out.close()
 
     def abandon(self) -> None:
-        with suppress(Exception):  # the error under way, if any, is the one to report
-            self._wait()
         self._give_up()
         self._slice = []
-        self._worker.shutdown(wait=True)
-
-    def _wait(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
 
     def _give_up(self) -> None:
-        """Remove the file (on the worker, or on the sweep's thread once the worker is idle)."""
+        """Close and remove the file; the merge sorts the facts instead."""
         if self._out is not None:
             out, self._out = self._out, None
             with suppress(Exception):  # a failed write of a file being removed
@@ -385,4 +371,3 @@ def sweep(con: duckdb.DuckDBPyConnection, out: Path, steps: pa.Table, threads: i
         output.close()
     if by_id is not None:
         by_id.close()
-        release_free_memory()  # the ordering thread's freed tables lie in a heap of its own: back before the merge

@@ -111,7 +111,7 @@ def side_connection(con: duckdb.DuckDBPyConnection, share: float = SIDE_SHARE,
     threads, temp = con.execute("SELECT current_setting('threads'), current_setting('temp_directory')").fetchall()[0]
     side = duckdb.connect(config={"memory_limit": f"{_shared(limit, share, floor)}B",
                                   "threads": int(threads), "temp_directory": f"{temp}-side",
-                                  "preserve_insertion_order": False})
+                                  "preserve_insertion_order": False, "enable_external_file_cache": False})
     try:
         yield side
     finally:

@@ -43,12 +43,21 @@ class UnreadableValue(Exception):
     """DuckDB could not convert a value in the events (a wrongly typed field)."""
 
 
+#: The scanner's rows kept for the end (step marks, collectives' args), in pieces of one batch each, are copied
+#: into one table once this many pieces are held: each piece's columns lie in buffers of the scan's own, about
+#: 5 KiB a batch with their Python objects, which grew with the trace (5 MiB at 8 GB of the Qwen shape).
+KEPT_PIECES = 64
+
+
 def _connect(staging: Path, memory_limit: str, threads: int) -> duckdb.DuckDBPyConnection:
     return duckdb.connect(config={
         "memory_limit": memory_limit,
         "threads": threads,
         "temp_directory": str(staging / "duckdb_tmp"),
         "preserve_insertion_order": False,
+        # Each Parquet part is read a few times and never changed: DuckDB's cache of the files it opened kept about
+        # 1.5 KiB a part to the end (the 8 GB Qwen shape's 2,900 parts: 2 MiB), growing with the trace.
+        "enable_external_file_cache": False,
     })
 
 
@@ -208,6 +217,8 @@ class Normaliser:
             for table, parts in self._scanned.items():
                 if scanned.tables[table].num_rows:
                     parts.append(scanned.tables[table])
+                if len(parts) >= KEPT_PIECES:
+                    parts[:] = [pa.concat_tables(parts).combine_chunks()]
             self._hip_calls += scanned.hip_calls
             self._mtia_ops += scanned.mtia_ops
 
@@ -311,6 +322,7 @@ class Normaliser:
                 con.register("scanned_rows", pa.concat_tables(parts))
                 con.execute(f"INSERT INTO {targets[name]} SELECT * FROM scanned_rows")
                 con.unregister("scanned_rows")
+                parts.clear()
         if self._hip_calls or self._mtia_ops:
             con.execute("INSERT INTO facts VALUES (?, ?)", [self._hip_calls, self._mtia_ops])
 

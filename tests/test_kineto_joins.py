@@ -217,6 +217,8 @@ def test_a_side_connection_has_its_share_of_the_limit_the_same_threads_and_its_o
         assert abs(limit(side) - limit(main) // 2) < 10**6  # DuckDB words it to a tenth of a MiB
         assert side.execute("SELECT current_setting('threads'), current_setting('temp_directory')").fetchall() == \
             [(3, f"{tmp_path}-side")]  # a folder of its own for what it spills
+        # no cache of the files it opens: the parts are read a few times, never changed, and it grew with them
+        assert side.execute("SELECT current_setting('enable_external_file_cache')").fetchall() == [(False,)]
         side.execute("CREATE TABLE mine AS SELECT 1 AS a")
     assert main.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'mine'").fetchall() == [(0,)]
     with kineto_sql_tables.side_connection(main, 0.1, 100 * 10**6) as side:  # never below the floor...

@@ -255,3 +255,47 @@ def test_read_ahead_hands_over_chunks_errors_and_stops_cleanly() -> None:
     reader.close()  # the consumer stops early: the thread ends and the source is closed
     assert closed == [True, True, True]
     assert not [t for t in threading.enumerate() if t.name == "tracelake-read-ahead"]
+
+
+def test_the_ingests_connection_keeps_no_cache_of_the_files_it_opens(tmp_path: Path) -> None:
+    """DuckDB's cache of opened files kept about 1.5 KiB for each Parquet part to the end of the ingest."""
+    from tracelake.ingest import pytorch_profiler_sql
+
+    normaliser = pytorch_profiler_sql.Normaliser(tmp_path, memory_limit="1GB", threads=1, source="t", native=False)
+    try:
+        assert normaliser.con.execute("SELECT current_setting('enable_external_file_cache')").fetchall() == [(False,)]
+    finally:
+        normaliser.close()
+
+
+def test_the_step_marks_kept_from_many_batches_are_compacted_and_make_every_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scanner's step marks, kept a piece per batch until the end, are copied into one table every few pieces
+    (they held the scan's buffers, growing with the trace); every step comes out as the trace's events make it."""
+    from tracelake.ingest import pytorch_profiler_sql
+
+    monkeypatch.setattr(pytorch_profiler_sql, "KEPT_PIECES", 3)
+    held: list[int] = []
+    insert = pytorch_profiler_sql.Normaliser._insert_scanned
+
+    def counted(self: pytorch_profiler_sql.Normaliser, con: object) -> None:
+        held.append(len(self._scanned["step_marks"]))
+        insert(self, con)  # type: ignore[arg-type]
+        held.append(len(self._scanned["step_marks"]))
+
+    monkeypatch.setattr(pytorch_profiler_sql.Normaliser, "_insert_scanned", counted)
+    events = []
+    for step in range(2000):  # 6 MB: the first 4 MiB read is one batch, the rest 40 batches of 64 KiB
+        start = 1_000 + step * 100
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step + 7}", "pid": 1, "tid": 1,
+                       "ts": start, "dur": 90, "args": {"note": "x" * 3000}})
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": start + 5,
+                       "dur": 20 + step})
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    steps = _parse_tables(path, tmp_path / "staging", 64 << 10)["steps"]
+    assert 1 <= held[0] <= 3 and held[1] == 0
+    expected = {int(e["name"].split("#")[1]): (e["ts"] * 1000, e["dur"] * 1000) for e in events
+                if e["name"].startswith("ProfilerStep#")}
+    assert {row["step"]: (row["ts_ns"], row["dur_ns"]) for row in steps} == expected
