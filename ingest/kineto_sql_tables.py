@@ -77,6 +77,13 @@ def _limit_bytes(con: duckdb.DuckDBPyConnection) -> int:
         return 10**9
 
 
+#: Settings of every DuckDB connection of an ingest (:func:`side_connection`, and the ingest's own in
+#: ``pytorch_profiler_sql``): rows in any order unless a statement asks (:func:`_insertion_order`); and no cache of
+#: the files opened: each Parquet part is read a few times and never changed, and that cache kept about 1.5 KiB a
+#: part to the end (the 8 GB Qwen shape's 2,900 parts: 2 MiB), growing with the trace.
+PARTS_SETTINGS = {"preserve_insertion_order": False, "enable_external_file_cache": False}
+
+
 #: The share of the ingest's DuckDB memory limit a statement gets on a :func:`side_connection`, and the least it
 #: gets. The nesting's sort of the host events took about 280 MB of RSS under the whole 200 MB limit on a 1 GB
 #: trace, the peak of the ingest: at half the limit it spills sooner, 87 MB off that peak for +0.17 s of CPU in 12.
@@ -110,8 +117,7 @@ def side_connection(con: duckdb.DuckDBPyConnection, share: float = SIDE_SHARE,
     limit = _limit_bytes(con)
     threads, temp = con.execute("SELECT current_setting('threads'), current_setting('temp_directory')").fetchall()[0]
     side = duckdb.connect(config={"memory_limit": f"{_shared(limit, share, floor)}B",
-                                  "threads": int(threads), "temp_directory": f"{temp}-side",
-                                  "preserve_insertion_order": False, "enable_external_file_cache": False})
+                                  "threads": int(threads), "temp_directory": f"{temp}-side", **PARTS_SETTINGS})
     try:
         yield side
     finally:
@@ -205,12 +211,16 @@ def _memory_merged(con: duckdb.DuckDBPyConnection, out: Path, parts: Path, exprs
                          _Facts(f"read_parquet({sql_literal(str(facts))})", _MEMORY_FACTS, facts), ordered_by="ts_ns")
 
 
+def parquet_files(paths: list[Path]) -> str:
+    """The Parquet files ``paths`` as one relation, read in the order given."""
+    return "read_parquet([" + ", ".join(sql_literal(str(path)) for path in paths) + "])"
+
+
 def in_order(parts: Path, part: str) -> str:
     """The parts ``<part>-<batch>.parquet`` in ``parts`` as one relation, their files in the order of their batches
     (named out in a list: the order of a glob's matches is not a documented promise)."""
     files = part_files(parts, part)
-    return "read_parquet([" + ", ".join(sql_literal(str(path)) for path in files) + "])" if files else \
-        f"read_parquet({sql_literal(str(parts / f'{part}-*.parquet'))})"
+    return parquet_files(files) if files else f"read_parquet({sql_literal(str(parts / f'{part}-*.parquet'))})"
 
 
 #: Part files a merge reads in one statement, at most (:func:`in_runs`). DuckDB holds some state for every file a
@@ -227,8 +237,7 @@ def in_runs(parts: Path, part: str) -> list[str]:
     files = part_files(parts, part)
     if not files:
         return [in_order(parts, part)]
-    return ["read_parquet([" + ", ".join(sql_literal(str(path)) for path in files[first:first + FILES_PER_RUN]) + "])"
-            for first in range(0, len(files), FILES_PER_RUN)]
+    return [parquet_files(files[first:first + FILES_PER_RUN]) for first in range(0, len(files), FILES_PER_RUN)]
 
 
 @dataclass(frozen=True)

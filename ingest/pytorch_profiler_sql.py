@@ -54,10 +54,7 @@ def _connect(staging: Path, memory_limit: str, threads: int) -> duckdb.DuckDBPyC
         "memory_limit": memory_limit,
         "threads": threads,
         "temp_directory": str(staging / "duckdb_tmp"),
-        "preserve_insertion_order": False,
-        # Each Parquet part is read a few times and never changed: DuckDB's cache of the files it opened kept about
-        # 1.5 KiB a part to the end (the 8 GB Qwen shape's 2,900 parts: 2 MiB), growing with the trace.
-        "enable_external_file_cache": False,
+        **kineto_sql_tables.PARTS_SETTINGS,
     })
 
 
