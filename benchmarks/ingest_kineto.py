@@ -44,6 +44,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,6 +216,22 @@ def hta_python() -> str:
     """The cached HTA virtualenv's Python, made on first use."""
     return cached_venv(HTA_VENV, list(HTA_REQUIREMENTS),
                        "import hta.trace_analysis, pandas; assert int(pandas.__version__[0]) < 3")
+
+
+@contextmanager
+def work_folder(parent: Path | None, prefix: str, keep: bool) -> Iterator[Path]:
+    """A fresh folder under ``parent`` (made if missing; None: the system's temporary folder), removed after unless
+    ``keep``."""
+    if parent:
+        parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        yield folder
+    finally:
+        if keep:
+            print(f"kept {folder}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def warm_page_cache(path: Path) -> None:

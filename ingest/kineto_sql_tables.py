@@ -3,15 +3,15 @@
 :func:`write_tables` writes ``<table>.parquet`` for every data table into the staging
 directory. The big tables (host and device ops) are the parts, which hold their events in
 event-id order, merged with their facts sorted by event id (:func:`_write_merged`; the parts
-read in runs of files, :func:`in_runs`): no hash table, so their memory does not grow with the
-trace. Parts that are not in that order go by DuckDB's hash join instead, by ranges of event ids
+read by Arrow, a part at a time: :mod:`.part_rows`): no hash table, so their memory does not grow
+with the trace. Parts that are not in that order go by DuckDB's hash join instead, by ranges of event ids
 when one join would not fit DuckDB's memory limit (:data:`JOIN_BYTES_PER_ROW`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Generator, Iterator
+from contextlib import ExitStack, closing, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from tracelake.contracts.lazy import duckdb
 from tracelake.contracts.schema import sql_literal
 
 from .encoding import EncodingWriter
+from .part_rows import PartColumns
 from .row_batches import FileRows, HeldBatches
 
 
@@ -57,6 +58,23 @@ _ROW_GROUP_MIN_ROWS = 16_384
 
 #: The host events' facts (from the nesting), as ``host_ops`` names them.
 HOST_FACTS = ("depth", "parent_id", "step")
+#: The joined tables' columns taken from their parts (the table's name: the parts'); ``ts_ns`` is shifted by the
+#: trace's base time. The others are the facts' and the trace's id and rank.
+PART_SOURCES = {
+    "device_ops": {
+        "event_id": "event_id", "device": "device", "stream": "stream", "kind": "kind", "name": "name",
+        "ts_ns": "ts_ns", "dur_ns": "dur_ns", "correlation": "correlation", "external_id": "external_id",
+        "bytes": "bytes", "grid": "grid", "block": "block", "registers_per_thread": "regs",
+        "shared_memory_bytes": "smem", "occupancy_pct": "occupancy", "graph_id": "graph_id",
+    },
+    "host_ops": {
+        "event_id": "event_id", "pid": "pid", "tid": "tid", "cat": "cat", "name": "name",
+        "ts_ns": "ts_ns", "dur_ns": "dur_ns", "correlation": "correlation", "external_id": "external_id",
+        "sequence_number": "sequence_number", "fwd_thread_id": "fwd_thread_id",
+        "input_dims": "input_dims", "input_types": "input_types", "flops": "flops",
+        "concrete_inputs": "concrete_inputs", "record_function_id": "record_function_id",
+    },
+}
 
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -90,11 +108,12 @@ PARTS_SETTINGS = {"preserve_insertion_order": False, "enable_external_file_cache
 #: The final tables' sorts (each joined table's facts by event id, the memory instants by time) run under the same
 #: share on the ingest's own connection (:func:`memory_share`): at 1 GB the memory instants' sort peaked 50 MiB
 #: lower for 0.09 s. (Hash joins under the share went by twice the ranges, each reading all the facts again: 3-5%
-#: more time on the 1 GB Qwen shape; the merge has no ranges.) So do the merge's ordered scan of the parts
-#: (:func:`_write_merged`: on the 4 GB Qwen shape its step peaked at 339 MiB against 346-358, in the same time) and
-#: the device ops' steps' group of the launch calls by correlation (``kineto_sql_facts.device_steps``: 1.29 M
-#: correlations at 4 GB reached 374 MiB of RSS under the whole limit, 278-282 under the share). Not below 100 MB,
-#: where it would spill for little gain; a lower limit a person set holds.
+#: more time on the 1 GB Qwen shape; the merge has no ranges.) So do the memory instants' ordered scan for their
+#: merge (:func:`_sql_batches`; the ops' merges read their parts by Arrow: their scan in DuckDB peaked at 339 MiB
+#: on the 4 GB Qwen shape under the share, against 346-358) and the device ops' steps' group of the launch calls by
+#: correlation (``kineto_sql_facts.device_steps``: 1.29 M correlations at 4 GB reached 374 MiB of RSS under the
+#: whole limit, 278-282 under the share). Not below 100 MB, where it would spill for little gain; a lower limit a
+#: person set holds.
 SIDE_SHARE = 0.5
 SIDE_FLOOR = 100 * 10**6
 
@@ -134,27 +153,14 @@ def write_tables(
     def shifted(column: str) -> str:
         return f"{column} + {base}" if base else column
 
-    # Per table: the parts' prefix, the facts (a relation on ``con`` keyed by ``event_id``), the facts' columns
-    # (named as the table's), and the other columns from the parts' own.
-    joined = {
-        "device_ops": ("device", "dev_d", ("category", "step"), {
-            "event_id": "event_id", "device": "device", "stream": "stream", "kind": "kind", "name": "name",
-            "ts_ns": shifted("ts_ns"), "dur_ns": "dur_ns", "correlation": "correlation", "external_id": "external_id",
-            "bytes": "bytes", "grid": "grid", "block": "block", "registers_per_thread": "regs",
-            "shared_memory_bytes": "smem", "occupancy_pct": "occupancy", "graph_id": "graph_id",
-        }),
-        "host_ops": ("host", "host_d", HOST_FACTS, {
-            "event_id": "event_id", "pid": "pid", "tid": "tid", "cat": "cat", "name": "name",
-            "ts_ns": shifted("ts_ns"), "dur_ns": "dur_ns", "correlation": "correlation", "external_id": "external_id",
-            "sequence_number": "sequence_number", "fwd_thread_id": "fwd_thread_id",
-            "input_dims": "input_dims", "input_types": "input_types", "flops": "flops",
-            "concrete_inputs": "concrete_inputs", "record_function_id": "record_function_id",
-        }),
-    }
-    for table_name, (part, facts, fact_columns, exprs) in joined.items():
-        _write_joined(con, staging / f"{table_name}.parquet", schema.table(table_name), common | exprs,
-                      in_runs(parts, part), _Facts(facts, fact_columns, facts_file(parts, part)))
-        release_free_memory()  # the merge's batches and row groups, freed on three threads: back before the next
+    # Per table: the parts' prefix, the facts (a relation on ``con`` keyed by ``event_id``) and their columns.
+    joined = {"device_ops": ("device", "dev_d", ("category", "step")), "host_ops": ("host", "host_d", HOST_FACTS)}
+    for table_name, (part, facts, fact_columns) in joined.items():
+        taken = PartColumns(schema.table(table_name), PART_SOURCES[table_name],
+                            {"trace_id": trace_id, "rank": int(rank)}, frozenset({"ts_ns"}), base)
+        _write_joined(con, staging / f"{table_name}.parquet", taken, parts, part,
+                      _Facts(facts, fact_columns, facts_file(parts, part)))
+        release_free_memory()  # the merge's batches and row groups, freed on two threads: back before the next
     sources = {
         "collectives": ("coll", {
             c: shifted(c) if c in ("ts_ns", "cpu_ts_ns") else c
@@ -207,7 +213,8 @@ def _memory_merged(con: duckdb.DuckDBPyConnection, out: Path, parts: Path, exprs
     if not facts.exists():
         return False
     rows = {name: expr for name, expr in exprs.items() if name not in _MEMORY_FACTS}
-    return _write_merged(con, out, schema.MEMORY_EVENTS, rows, ["mem_rows"],
+    select = schema.select_list(schema.MEMORY_EVENTS, rows)  # the facts' columns NULL here, filled by the merge
+    return _write_merged(con, out, schema.MEMORY_EVENTS, _sql_batches(con, select, "mem_rows"),
                          _Facts(f"read_parquet({sql_literal(str(facts))})", _MEMORY_FACTS, facts), ordered_by="ts_ns")
 
 
@@ -223,23 +230,6 @@ def in_order(parts: Path, part: str) -> str:
     return parquet_files(files) if files else f"read_parquet({sql_literal(str(parts / f'{part}-*.parquet'))})"
 
 
-#: Part files a merge reads in one statement, at most (:func:`in_runs`). DuckDB holds some state for every file a
-#: scan has opened until the statement ends, about 15 KiB each (a scan of the 8 GB Qwen shape's 954 device parts
-#: held 14 MiB more at its end than one of the same rows in 120 files), and the scanner writes a part per batch of
-#: about 8 MB of trace: one statement over them all grew with the trace. Alone on those parts the merge in runs of
-#: 64 peaked 2-9 MiB lower than in one statement, for 0.05-0.1 s more of its 2 s.
-FILES_PER_RUN = 64
-
-
-def in_runs(parts: Path, part: str) -> list[str]:
-    """The parts ``<part>-<batch>.parquet`` in ``parts`` as relations of up to :data:`FILES_PER_RUN` files each, to
-    be read one after the other: together, in order, the rows of :func:`in_order`."""
-    files = part_files(parts, part)
-    if not files:
-        return [in_order(parts, part)]
-    return [parquet_files(files[first:first + FILES_PER_RUN]) for first in range(0, len(files), FILES_PER_RUN)]
-
-
 @dataclass(frozen=True)
 class _Facts:
     """The cross-event facts of a joined table: ``relation`` (on the ingest's connection, keyed by ``event_id``),
@@ -251,51 +241,46 @@ class _Facts:
 
 
 def _write_joined(
-    con: duckdb.DuckDBPyConnection, out: Path, tbl: schema.Table, exprs: dict[str, str], runs: list[str],
-    facts: _Facts,
+    con: duckdb.DuckDBPyConnection, out: Path, columns: PartColumns, parts: Path, part: str, facts: _Facts,
 ) -> None:
-    """``out``: the rows of ``runs`` (relations over the parts, read one after the other; each column from
-    ``exprs``) joined with ``facts`` on ``event_id``, the rows of either without a match left out.
+    """``out``: the rows of the parts ``<part>-*`` in ``parts`` (each column as ``columns`` says) joined with
+    ``facts`` on ``event_id``, the rows of either without a match left out.
 
     Merged (:func:`_write_merged`) where the parts come in event-id order, as both readers write them; else by
     DuckDB's hash join (:func:`_write_hash_joined`).
     """
-    if not _write_merged(con, out, tbl, exprs, runs, facts):
-        whole = runs[0] if len(runs) == 1 else "(" + " UNION ALL ".join(f"SELECT * FROM {run}" for run in runs) + ")"
-        _write_hash_joined(con, out, tbl, exprs, whole, facts)
+    if not _write_merged(con, out, columns.table, columns.batches(part_files(parts, part)), facts):
+        _write_hash_joined(con, out, columns.table, columns.sql(), in_order(parts, part), facts)
 
 
 def _write_merged(
-    con: duckdb.DuckDBPyConnection, out: Path, tbl: schema.Table, exprs: dict[str, str], runs: list[str],
+    con: duckdb.DuckDBPyConnection, out: Path, tbl: schema.Table, batches: Generator[pa.RecordBatch, None, None],
     facts: _Facts, ordered_by: str | None = None,
 ) -> bool:
     """``out`` (as :func:`_write_joined`) by a merge: the facts sorted by event id into a file (DuckDB's sort,
-    under :data:`SIDE_SHARE` of the limit, spills), then the parts read in order beside them, a batch at a time,
-    a statement for each of ``runs``.
-    False, with nothing left at ``out``, where the two do not line up one to one (the parts are out of order or
+    under :data:`SIDE_SHARE` of the limit, spills), then ``batches`` (``tbl``'s rows, the facts' columns null) read
+    in order beside them.
+    False, with nothing left at ``out``, where the two do not line up one to one (the rows are out of order or
     either side has a row the other lacks), or where ``ordered_by`` names a column the rows must come in order of
     (no nulls, never decreasing) and they do not: the hash join or the sort is left to do it.
 
     A hash join holds a table of the facts (a range of them at a time) and the rows coming through: on a 1 GB
     trace it took 180-210 MiB above the process for either table; the merge 70-100 MiB, at the same CPU time.
     """
-    columns = ", ".join(facts.columns)
     if not facts.sorted_file.exists():  # the sliced native sweep writes the host events' facts so itself
         with memory_share(con, SIDE_SHARE):
-            con.execute(f"COPY (SELECT event_id, {columns} FROM {facts.relation} ORDER BY event_id) "
+            con.execute(f"COPY (SELECT event_id, {', '.join(facts.columns)} FROM {facts.relation} ORDER BY event_id) "
                         f"TO {sql_literal(str(facts.sorted_file))} "
                         f"(FORMAT parquet, COMPRESSION lz4, ROW_GROUP_SIZE {_ROW_GROUP_ROWS})")
     arrow_schema = tbl.arrow_schema
     at = [arrow_schema.get_field_index(name) for name in facts.columns]
-    select = schema.select_list(tbl, exprs)  # the facts' columns NULL here, filled below
     sorted_facts = FileRows(facts.sorted_file)
     order = _Order(ordered_by)
-    with _insertion_order(con), memory_share(con, SIDE_SHARE), ExitStack() as mapped, \
-            _GroupedWriter(out, arrow_schema) as writer:
+    with closing(batches), ExitStack() as mapped, _GroupedWriter(out, arrow_schema) as writer:
         mapping = False
-        for batch in _batches(con, select, runs):
+        for batch in batches:
             if not mapping and _largest_text(batch) >= GLIBC_MAPPED_THRESHOLD // 2:
-                mapped.enter_context(large_buffers_mapped())  # DuckDB's next batches' texts: mapped apart
+                mapped.enter_context(large_buffers_mapped())  # the next batches' texts: mapped apart
                 mapping = True
             ids, values = sorted_facts.take(batch.num_rows)
             if not np.array_equal(ids, batch.column("event_id").to_numpy()) or not order.holds(batch):
@@ -312,19 +297,22 @@ def _write_merged(
 
 
 def _largest_text(batch: pa.RecordBatch) -> int:
-    """The bytes of the largest text column's characters in ``batch``: where DuckDB's batches hold texts of half
-    :data:`.GLIBC_MAPPED_THRESHOLD` or more (the 8 GB Qwen shape's device ops: 1-2 MiB of kernel names a batch), the
-    merge reads them with such buffers mapped apart (:func:`.large_buffers_mapped`); the host ops' (under 1 MiB)
-    gained nothing so and took 0.2-0.4 s longer of 5.3 s."""
+    """The bytes of the largest text column's characters in ``batch``: where a merge's batches hold texts of half
+    :data:`.GLIBC_MAPPED_THRESHOLD` or more (the Qwen shape's device ops: 650 KB of kernel names a part), it reads
+    them with such buffers mapped apart (:func:`.large_buffers_mapped`): read by Arrow, the 8 GB shape's device ops'
+    merge peaked at 111-118 MiB so, at 134-140 without (1.5-2.0 s against 1.3 s). The host ops' texts (under half a
+    MiB a part) are not: through DuckDB they gained nothing so and took 0.2-0.4 s longer of 5.3 s."""
     sizes = [column.buffers()[2].size for column in batch.columns
              if pa.types.is_string(column.type) and column.buffers()[2] is not None]
     return max(sizes, default=0)
 
 
-def _batches(con: duckdb.DuckDBPyConnection, select: str, runs: list[str]) -> Iterator[pa.RecordBatch]:
-    """The rows of ``select`` over each of ``runs`` in turn, as DuckDB's batches."""
-    for run in runs:
-        yield from con.sql(f"SELECT {select} FROM {run}").to_arrow_reader(_ROW_GROUP_ROWS)
+def _sql_batches(con: duckdb.DuckDBPyConnection, select: str, relation: str
+                 ) -> Generator[pa.RecordBatch, None, None]:
+    """The rows of ``select`` over ``relation`` as DuckDB's batches, in the relation's order, under
+    :data:`SIDE_SHARE` of ``con``'s limit."""
+    with _insertion_order(con), memory_share(con, SIDE_SHARE):
+        yield from con.sql(f"SELECT {select} FROM {relation}").to_arrow_reader(_ROW_GROUP_ROWS)
 
 
 class _Order:

@@ -33,7 +33,7 @@ from tracelake.contracts.lazy import duckdb
 from tracelake.contracts.schema import sql_literal
 from tracelake.contracts.errors import IngestMemoryLimit, TraceFormatError
 
-from . import kernel_collectives, kineto_scan, kineto_sql_events, kineto_sql_facts, kineto_sql_tables
+from . import kernel_collectives, kineto_scan, kineto_sql_events, kineto_sql_facts, kineto_sql_tables, part_rows
 from .model import TraceInfo
 
 log = logging.getLogger(__name__)
@@ -307,6 +307,8 @@ class Normaliser:
             kineto_sql_tables.write_tables(con, self.staging, self.parts, trace_id(), info.rank, base_ns)
         except duckdb.Error as exc:
             raise _translate(exc, self.source, self.memory_limit) from exc
+        except part_rows.UnfitValue as exc:
+            raise UnreadableValue(str(exc)) from exc
         except UnicodeDecodeError as exc:  # DuckDB cut its message, quoting a value, inside a UTF-8 sequence
             raise UnreadableValue("a value DuckDB could not convert (its message is not valid UTF-8)") from exc
         log.debug("normalised %s in %.3fs", self.source, time.perf_counter() - started)

@@ -23,6 +23,7 @@ from tracelake import ingest
 from tracelake.contracts import schema
 from tracelake.ingest import kineto_scan, kineto_sql_tables
 from tracelake.ingest.model import ParseOptions
+from tracelake.ingest.part_rows import PartColumns
 
 JOINED = ("device_ops", "host_ops")
 ENGINES = ["duckdb", "native"] if kineto_scan.AVAILABLE else ["duckdb"]
@@ -94,13 +95,12 @@ def _join_in_python(parts: list[list[tuple[int, str, int]]], facts: list[tuple[i
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(rng=st.randoms(), events=st.integers(0, 400), files=st.integers(1, 4), shuffle=st.booleans(),
-       missing_facts=st.integers(0, 3), extra_facts=st.integers(0, 3), per_run=st.integers(1, 3))
+       missing_facts=st.integers(0, 3), extra_facts=st.integers(0, 3))
 def test_the_joined_table_is_the_inner_join_of_parts_and_facts(
-    rng: object, events: int, files: int, shuffle: bool, missing_facts: int, extra_facts: int, per_run: int,
+    rng: object, events: int, files: int, shuffle: bool, missing_facts: int, extra_facts: int,
     tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """In order or not, with rows on either side lacking a partner, the parts read in runs of ``per_run`` files: the
-    rows of a join counted in Python."""
+    """In order or not, with rows on either side lacking a partner: the rows of a join counted in Python."""
     import random
     assert isinstance(rng, random.Random)
     folder = tmp_path_factory.mktemp("parts")
@@ -131,17 +131,13 @@ def test_the_joined_table_is_the_inner_join_of_parts_and_facts(
         return merges[-1]
 
     kineto_sql_tables._write_merged = spied  # type: ignore[assignment]
-    files_per_run, kineto_sql_tables.FILES_PER_RUN = kineto_sql_tables.FILES_PER_RUN, per_run
     try:
-        runs = kineto_sql_tables.in_runs(folder, "host")
-        assert len(runs) == -(-files // per_run)
         kineto_sql_tables._write_joined(
-            con, out, schema.table("host_ops"),
-            {"trace_id": "'t'", "rank": "0", "event_id": "event_id", "name": "name", "ts_ns": "ts_ns + 5"},
-            runs, kineto_sql_tables._Facts("host_d", FACT_COLUMNS, folder / "host_facts_by_id.parquet"))
+            con, out, PartColumns(schema.table("host_ops"), {"event_id": "event_id", "name": "name", "ts_ns": "ts_ns"},
+                                  {"trace_id": "t", "rank": 0}, frozenset({"ts_ns"}), 5),
+            folder, "host", kineto_sql_tables._Facts("host_d", FACT_COLUMNS, folder / "host_facts_by_id.parquet"))
     finally:
         kineto_sql_tables._write_merged = merge  # type: ignore[assignment]
-        kineto_sql_tables.FILES_PER_RUN = files_per_run
     in_step = [i for rows in parts for i, _, _ in rows] == ids and len(kept) == len(ids) and not extra
     assert merges == [in_step]  # merged exactly where parts and facts line up one to one
     got = pq.read_table(out)
@@ -162,9 +158,11 @@ def test_a_merge_kept_in_order_of_a_column_gives_up_where_the_rows_are_not(times
     con = duckdb.connect()
     con.execute("CREATE TABLE facts AS SELECT range AS event_id, 'op' || range AS op, range // 2 AS step FROM range(4)")
     out = tmp_path / "memory_events.parquet"
+    select = schema.select_list(schema.MEMORY_EVENTS, {"trace_id": "'t'", "rank": "0", "event_id": "event_id",
+                                                      "ts_ns": "ts_ns"})
     kept = kineto_sql_tables._write_merged(
-        con, out, schema.MEMORY_EVENTS, {"trace_id": "'t'", "rank": "0", "event_id": "event_id", "ts_ns": "ts_ns"},
-        [kineto_sql_tables.in_order(tmp_path, "memory")],
+        con, out, schema.MEMORY_EVENTS,
+        kineto_sql_tables._sql_batches(con, select, kineto_sql_tables.in_order(tmp_path, "memory")),
         kineto_sql_tables._Facts("facts", ("op", "step"), tmp_path / "facts_by_id.parquet"), ordered_by="ts_ns")
     in_order = None not in times and times == sorted(t for t in times if t is not None)
     assert kept is in_order and out.exists() is in_order
@@ -254,21 +252,17 @@ def test_row_groups_hold_about_the_bytes_set_and_every_row_in_order(tmp_path: Pa
     assert not abandoned.exists()
 
 
-def test_the_parts_are_named_to_duckdb_in_the_order_of_their_batches(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_parts_are_read_in_the_order_of_their_batches(tmp_path: Path) -> None:
+    """By DuckDB (the hash join) and by Arrow (the merge) alike, whatever order the folder lists them in."""
     for batch in (10, 2, 1_000_000, 0):
         pq.write_table(pa.table({"event_id": pa.array([batch], pa.int64())}), tmp_path / f"host-{batch:06d}.parquet")
     pq.write_table(pa.table({"event_id": pa.array([-1], pa.int64())}), tmp_path / "host_facts_by_id.parquet")
     con = duckdb.connect(config={"preserve_insertion_order": True})
     relation = kineto_sql_tables.in_order(tmp_path, "host")
     assert [row[0] for row in con.execute(f"SELECT event_id FROM {relation}").fetchall()] == [0, 2, 10, 1_000_000]
-    for per_run, count in ((3, 2), (1, 4), (4, 1)):  # in runs of at most so many files, one after the other
-        monkeypatch.setattr(kineto_sql_tables, "FILES_PER_RUN", per_run)
-        runs = kineto_sql_tables.in_runs(tmp_path, "host")
-        assert len(runs) == count and all(run.count(".parquet") <= per_run for run in runs)
-        assert [row[0] for run in runs for row in con.execute(f"SELECT event_id FROM {run}").fetchall()] == \
-            [0, 2, 10, 1_000_000]
+    columns = PartColumns(schema.table("host_ops"), {"event_id": "event_id"})
+    batches = columns.batches(kineto_sql_tables.part_files(tmp_path, "host"))
+    assert [i for batch in batches for i in batch.column("event_id").to_pylist()] == [0, 2, 10, 1_000_000]
 
 
 @pytest.mark.parametrize("name_bytes", [10, 400])
@@ -298,11 +292,11 @@ def test_a_merge_maps_large_buffers_apart_only_where_its_batches_hold_that_much_
     con.execute(f"CREATE TABLE facts AS SELECT range AS event_id, 1 AS depth, NULL::BIGINT AS parent_id, "
                 f"range // 7 AS step FROM range({rows * parts})")
     out = tmp_path / "host_ops.parquet"
+    columns = PartColumns(schema.table("host_ops"), {"event_id": "event_id", "name": "name", "ts_ns": "ts_ns"},
+                          {"trace_id": "t", "rank": 0})
     assert kineto_sql_tables._write_merged(
-        con, out, schema.table("host_ops"), {"trace_id": "'t'", "rank": "0", "event_id": "event_id", "name": "name",
-                                             "ts_ns": "ts_ns"},
-        kineto_sql_tables.in_runs(tmp_path, "host"), kineto_sql_tables._Facts("facts", FACT_COLUMNS,
-                                                                             tmp_path / "host_facts_by_id.parquet"))
+        con, out, schema.table("host_ops"), columns.batches(kineto_sql_tables.part_files(tmp_path, "host")),
+        kineto_sql_tables._Facts("facts", FACT_COLUMNS, tmp_path / "host_facts_by_id.parquet"))
     text = rows * name_bytes
     assert entered == ([True] if text >= kineto_sql_tables.GLIBC_MAPPED_THRESHOLD // 2 else []), (text, entered)
     got = pq.read_table(out, columns=["event_id", "name", "step"])

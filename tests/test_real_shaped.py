@@ -146,3 +146,29 @@ def test_a_memory_limit_too_low_for_a_trace_is_named_not_blamed_on_the_trace(tmp
     assert "Traceback" not in run.stdout + run.stderr
     fine = Warehouse(settings=Settings.from_env({}, home=home)).ingest([trace], job="low").results[0]
     assert fine.status == IngestStatus.INGESTED
+
+
+def test_the_memory_by_size_benchmark_measures_each_size_against_the_first(tmp_path: Path) -> None:
+    """``benchmarks/memory_by_size.py`` at two small sizes, one round: a row per size, its peak the child's own, and
+    its difference from the first size's median recomputed here."""
+    import statistics
+    import subprocess
+
+    out = tmp_path / "sizes.json"
+    script = ROOT / "benchmarks" / "memory_by_size.py"
+    done = subprocess.run([sys.executable, str(script), "--real", str(DEFAULT_SOURCE), "--sizes", "8,16", "--rounds",
+                           "2", "--workdir", str(tmp_path), "--json", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["sizes"]
+    assert [row["trace"] for row in rows] == ["real-8mb.json", "real-16mb.json"]
+    assert rows[0]["bytes"] < rows[1]["bytes"]
+    for row in rows:
+        assert len(row["peaks_mib"]) == len(row["seconds"]) == 2
+        assert 20 < min(row["peaks_mib"]) <= max(row["peaks_mib"]) < 4096
+        assert row["median_mib"] == pytest.approx(statistics.median(row["peaks_mib"]), abs=1)
+    first = rows[0]["median_mib"]
+    assert rows[0]["over_first_mib"] == 0
+    assert rows[1]["over_first_mib"] == pytest.approx(rows[1]["median_mib"] - first, abs=0.1)
+    assert "largest median beyond the first size: real-16mb.json" in done.stdout
+    assert not list(tmp_path.glob("tracelake-sizes-*"))  # the traces made are removed without --keep
