@@ -218,6 +218,13 @@ def hta_python() -> str:
                        "import hta.trace_analysis, pandas; assert int(pandas.__version__[0]) < 3")
 
 
+def make_real_shaped(trace: Path, size_mb: float, source: Path, facts: Path) -> None:
+    """``trace``: the real capture ``source`` repeated to ``size_mb`` MB (``real_shaped.py``, in a child process);
+    what was written goes to ``facts`` as JSON."""
+    subprocess.run([sys.executable, "-c", REAL_SHAPED_CHILD, str(HERE), str(trace), str(size_mb * MB), str(source),
+                    str(facts)], check=True)
+
+
 @contextmanager
 def work_folder(parent: Path | None, prefix: str, keep: bool) -> Iterator[Path]:
     """A fresh folder under ``parent`` (made if missing; None: the system's temporary folder), removed after unless
@@ -389,8 +396,7 @@ def main(argv: list[str] | None = None) -> int:
         started, source_id = time.perf_counter(), tracelake_source_id()
         generated = workdir / "generated.json"
         if args.real:
-            subprocess.run([sys.executable, "-c", REAL_SHAPED_CHILD, str(HERE), str(trace), str(args.size_mb * MB),
-                            str(args.real), str(generated)], check=True)
+            make_real_shaped(trace, args.size_mb, args.real, generated)
         else:
             subprocess.run([sys.executable, "-c", GENERATE_CHILD, str(HERE), str(trace), str(args.size_mb * MB),
                             str(args.steps), str(args.layers or 0), str(generated)], check=True)

@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-from ingest_kineto import HERE, MB, REAL_SHAPED_CHILD, Figures, measure_tracelake, warm_page_cache, work_folder
+from ingest_kineto import MB, Figures, make_real_shaped, measure_tracelake, warm_page_cache, work_folder
 
 MIB = 1 << 20
 
@@ -31,9 +30,7 @@ def make_traces(sizes: list[float], source: Path, workdir: Path) -> list[Path]:
     traces = []
     for size in sizes:
         trace = workdir / f"real-{size:g}mb.json"
-        facts = workdir / f"real-{size:g}mb.facts.json"
-        subprocess.run([sys.executable, "-c", REAL_SHAPED_CHILD, str(HERE), str(trace), str(size * MB), str(source),
-                        str(facts)], check=True)
+        make_real_shaped(trace, size, source, workdir / f"real-{size:g}mb.facts.json")
         print(f"made {trace} ({trace.stat().st_size / MB:,.0f} MB)", flush=True)
         traces.append(trace)
     return traces

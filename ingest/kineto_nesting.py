@@ -169,18 +169,19 @@ def _query(piece: _Slice, *, with_memory: bool) -> str | None:
     """The slice's host events (and memory instants) in the sweep's order; None where it holds no rows."""
     times = " AND ".join([f"ts_ns >= {piece.start}"] * (piece.start is not None)
                          + [f"ts_ns < {piece.stop}"] * (piece.stop is not None)) or "TRUE"
+    files = kineto_sql_tables.parquet_files
     if not with_memory:
-        return f"""SELECT event_id, pid, tid, ts_ns, dur_ns, correlation FROM {kineto_sql_tables.parquet_files(piece.host)} WHERE {times}
+        return f"""SELECT event_id, pid, tid, ts_ns, dur_ns, correlation FROM {files(piece.host)} WHERE {times}
                    ORDER BY pid, tid, ts_ns, dur_ns DESC, event_id""" if piece.host else None
     selects = []
     if piece.host:
         selects.append(f"""SELECT event_id, pid, tid, ts_ns, dur_ns, correlation,
                                   CAST(CASE WHEN {IS_CPU_OP.format(table='')} THEN 1 ELSE 0 END AS UTINYINT) AS kind
-                           FROM {kineto_sql_tables.parquet_files(piece.host)} WHERE {times}""")
+                           FROM {files(piece.host)} WHERE {times}""")
     if piece.memory:
         selects.append(f"""SELECT event_id, pid, tid, ts_ns, NULL::BIGINT AS dur_ns, NULL::BIGINT AS correlation,
                                   CAST(2 AS UTINYINT) AS kind
-                           FROM {kineto_sql_tables.parquet_files(piece.memory)}
+                           FROM {files(piece.memory)}
                            WHERE ts_ns IS NOT NULL AND pid IS NOT NULL AND tid IS NOT NULL AND {times}""")
     if not selects:
         return None

@@ -147,40 +147,35 @@ def write_tables(
     con: duckdb.DuckDBPyConnection, staging: Path, parts: Path, trace_id: str, rank: int, base_ns: int
 ) -> None:
     """Write ``<table>.parquet`` into ``staging`` for every data table, times shifted by ``base_ns``."""
-    common = {"trace_id": sql_literal(trace_id), "rank": str(int(rank))}
-    base = int(base_ns)
+    constants: dict[str, str | int] = {"trace_id": trace_id, "rank": int(rank)}
 
-    def shifted(column: str) -> str:
-        return f"{column} + {base}" if base else column
+    def taken(table_name: str, shifted: tuple[str, ...], sources: dict[str, str] | None = None,
+              leave: tuple[str, ...] = ()) -> PartColumns:
+        """``table_name``'s columns: from ``sources``, else each from the source's column of its name (less
+        ``leave``); the trace's id and rank as constants; ``shifted`` moved by the base time."""
+        tbl = schema.table(table_name)
+        own = {c: c for c in tbl.column_names if c not in constants and c not in leave}
+        return PartColumns(tbl, own if sources is None else sources, constants, frozenset(shifted), int(base_ns))
 
     # Per table: the parts' prefix, the facts (a relation on ``con`` keyed by ``event_id``) and their columns.
     joined = {"device_ops": ("device", "dev_d", ("category", "step")), "host_ops": ("host", "host_d", HOST_FACTS)}
     for table_name, (part, facts, fact_columns) in joined.items():
-        taken = PartColumns(schema.table(table_name), PART_SOURCES[table_name],
-                            {"trace_id": trace_id, "rank": int(rank)}, frozenset({"ts_ns"}), base)
-        _write_joined(con, staging / f"{table_name}.parquet", taken, parts, part,
-                      _Facts(facts, fact_columns, facts_file(parts, part)))
+        _write_joined(con, staging / f"{table_name}.parquet", taken(table_name, ("ts_ns",), PART_SOURCES[table_name]),
+                      parts, part, _Facts(facts, fact_columns, facts_file(parts, part)))
         release_free_memory()  # the merge's batches and row groups, freed on two threads: back before the next
+    # Per table: the relation on ``con`` it is read from, and its columns as SQL.
     sources = {
-        "collectives": ("coll", {
-            c: shifted(c) if c in ("ts_ns", "cpu_ts_ns") else c
-            for c in schema.COLLECTIVES.column_names
-            if c not in common and c not in ("is_async", "channels")
-        } | {"is_async": "FALSE"}),
-        "steps": ("step_rows", {
-            c: shifted(c) if c in ("ts_ns", "device_start_ns", "device_end_ns") else c
-            for c in schema.STEPS.column_names if c not in common
-        }),
-        "counters": ("counter_rows", {
-            c: shifted(c) if c == "ts_ns" else c for c in schema.COUNTERS.column_names if c not in common
-        }),
+        "collectives": ("coll", taken("collectives", ("ts_ns", "cpu_ts_ns"), leave=("is_async", "channels")).sql()
+                        | {"is_async": "FALSE"}),
+        "steps": ("step_rows", taken("steps", ("ts_ns", "device_start_ns", "device_end_ns")).sql()),
+        "counters": ("counter_rows", taken("counters", ("ts_ns",)).sql()),
     }
     if any(parts.glob("memory-*.parquet")):  # the trace has memory instants (kineto_sql_facts.memory_events)
-        columns = {c: shifted(c) if c == "ts_ns" else c for c in schema.MEMORY_EVENTS.column_names if c not in common}
-        if not _memory_merged(con, staging / "memory_events.parquet", parts, common | columns):
+        columns = taken("memory_events", ("ts_ns",)).sql()
+        if not _memory_merged(con, staging / "memory_events.parquet", parts, columns):
             sources["memory_events"] = ("mem_d", columns)
     for table_name, (source, exprs) in sources.items():
-        select = schema.select_list(schema.table(table_name), common | exprs)
+        select = schema.select_list(schema.table(table_name), exprs)
         out = sql_literal(str(staging / f"{table_name}.parquet"))
         with memory_share(con, SIDE_SHARE):  # the memory instants' sort spills sooner: 50 MiB off its peak at 1 GB
             con.execute(f"COPY (SELECT {select} FROM {source} ORDER BY {_ORDER[table_name]}) TO {out} "

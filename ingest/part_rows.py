@@ -39,7 +39,10 @@ class UnfitValue(ValueError):
 class PartColumns:
     """Where the columns of ``table`` come from: ``sources`` maps a column to the parts' column holding it, those in
     ``shifted`` moved by ``base_ns`` (the trace's times made absolute), and ``constants`` hold one value in every row
-    (the trace's id and rank). Any other column of the table is null (the facts', which the merge fills)."""
+    (the trace's id and rank). Any other column of the table is null (the facts', which the merge fills).
+
+    The final tables read from DuckDB's relations rather than parts (collectives, steps...) take their SQL from the
+    same declaration (:meth:`sql`), so the rule for the constants and the shift is written once."""
 
     table: schema.Table
     sources: Mapping[str, str]

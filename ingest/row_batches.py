@@ -35,8 +35,9 @@ class HeldBatches:
 class FileRows:
     """The rows of a Parquet file in order, taken a given number at a time.
 
-    Read a row group at a time (the facts' files are written in groups of ``kineto_sql_tables._ROW_GROUP_ROWS``): pyarrow's
-    ``iter_batches`` read the whole file ahead, 49 MB of host events' facts at 4 GB of trace, at the merge's peak.
+    Read a row group at a time (the facts' files are written in groups of ``kineto_sql_tables._ROW_GROUP_ROWS``):
+    pyarrow's ``iter_batches`` read the whole file ahead, 49 MB of host events' facts at 4 GB of trace, at the merge's
+    peak.
     """
 
     def __init__(self, path: Path) -> None:
